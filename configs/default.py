@@ -1,0 +1,71 @@
+"""The demo: FedAvg on the embedded rotated-digits dataset, 20 single-domain clients.
+
+Domains are rotations 0..75 degrees; 0 degrees is the held-out validation domain and 75
+the test domain, the other four train. lambda = 0 (complete heterogeneity) gives every
+client one domain (5 clients per domain).
+"""
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.workdir = "runs/default"
+  c.resume = False
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "rotated_digits"
+  c.data.image_size = 16
+  c.data.angles = (0, 15, 30, 45, 60, 75)
+  c.data.correlations = (0.95, 0.9, 0.8, 0.7, 0.5, 0.1)  # for data.name = "spurious"
+  c.data.n_per_domain = 400                               # for data.name = "spurious"
+  c.data.seed = 0
+  c.data.test_domains = (5,)
+  c.data.val_domains = (0,)
+  c.data.in_val_fraction = 0.1
+  c.data.in_test_fraction = 0.1
+  c.data.leave_one_domain_out = False
+
+  c.partition = ml_collections.ConfigDict()
+  c.partition.method = "heterogeneous"  # heterogeneous | dirichlet | iid
+  c.partition.lam = 0.0                 # Heterogeneous Partitioning's lambda
+  c.partition.alpha = 0.5               # Dirichlet concentration
+  c.num_clients = 20
+  c.cohort_size = 0          # clients per round; 0 means use cohort_fraction
+  c.cohort_fraction = 1.0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp
+  c.model.hidden = (200, 200)
+  c.model.head_hidden = ()
+
+  c.algorithm = ml_collections.ConfigDict()
+  c.algorithm.name = "fedavg"
+  c.algorithm.prox_mu = 0.01  # FedProx
+
+  c.client = ml_collections.ConfigDict()
+  c.client.optimizer = "sgd"
+  c.client.lr = 0.05
+  c.client.momentum = 0.9
+  c.client.weight_decay = 0.0
+  c.client.batch_size = 32
+  c.client.local_steps = 0   # > 0: fixed steps per round; 0: local_epochs passes
+  c.client.local_epochs = 1
+
+  c.server = ml_collections.ConfigDict()
+  c.server.lr = 1.0          # eta_g
+  c.server.momentum = 0.9    # FedAvgM
+  c.server.b1 = 0.9          # FedAdam / FedYogi
+  c.server.b2 = 0.99
+  c.server.eps = 1e-3
+
+  c.num_rounds = 40
+  c.eval_every = 5
+  c.checkpoint_every = 10
+  c.eval_batch_size = 512
+
+  c.engine = ml_collections.ConfigDict()
+  c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto
+  c.engine.chunk_size = 10
+  c.engine.unroll = -1        # local-step scan unroll: -1 auto (full on CPU), else the factor
+  return c

@@ -1,0 +1,3 @@
+from fedjax_dg.main import run
+
+run()

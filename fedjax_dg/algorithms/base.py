@@ -1,0 +1,187 @@
+"""The algorithm contract and the pieces every algorithm shares.
+
+An algorithm is a record of pure functions, like `optax.GradientTransformation` one
+level up (see README, "Writing an algorithm"):
+
+  server_init(rng, params)                             -> server_state
+  client_init(params)                                  -> client_state   (one client)
+  broadcast(server_state)                              -> broadcast      (what clients receive)
+  client_update(broadcast, client_state, data, rng)    -> ClientOutput(message, state, metrics)
+  server_update(server_state, aggregate)               -> server_state
+  params_of(server_state)                              -> model parameters to evaluate
+
+`aggregation` says what `server_update` receives:
+  "mean":  the weighted mean over the cohort of the clients' messages (a pytree without
+           a client axis). Because it is a sum, the engine may compute it in chunks, on
+           several devices, or client by client with a carried partial sum.
+  "stack": `Stacked(messages, weights)` with a leading cohort axis, for server rules that
+           need every update (e.g. FedOMG's Gram matrix). Padding members have weight 0.
+`weighting` is "examples" (`p_c = n_c / sum n`) or "uniform".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class ClientData(NamedTuple):
+  """One client's padded examples; rows `>= count` are padding."""
+  x: jax.Array       # [N_max, ...]
+  y: jax.Array       # [N_max]
+  domain: jax.Array  # [N_max]
+  count: jax.Array   # scalar int
+
+
+class Batch(NamedTuple):
+  x: jax.Array
+  y: jax.Array
+  domain: jax.Array
+  mask: jax.Array  # [B] float, 1 for real examples
+
+
+class ClientOutput(NamedTuple):
+  message: Any   # sent to the server (counted for communication)
+  state: Any     # the client's new persistent state (stays on the client)
+  metrics: Any   # dict of scalars, averaged over the cohort with the same weights
+
+
+class Stacked(NamedTuple):
+  messages: Any
+  weights: jax.Array
+
+
+class Algorithm(NamedTuple):
+  name: str
+  server_init: Callable
+  client_init: Callable
+  broadcast: Callable
+  client_update: Callable
+  server_update: Callable
+  params_of: Callable
+  aggregation: str = "mean"
+  weighting: str = "examples"
+
+
+class LocalSchedule(NamedTuple):
+  """Static description of a client's local loop.
+
+  `epochs > 0`: every client makes `epochs` passes over its own data in fresh random
+  orders, `ceil(epochs * n_c / B)` real steps; the compiled loop has
+  `num_steps = ceil(epochs * N_max / B)` steps and the ones past a client's data are
+  exact no-ops. `epochs == 0`: exactly `num_steps` steps for every client, cycling through
+  fresh permutations of its data. `passes` is the static number of permutations drawn.
+  """
+  num_steps: int
+  batch_size: int
+  epochs: int
+  passes: int
+  unroll: int | bool
+
+
+def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: int, n_min: int,
+                  unroll: int | bool = 1) -> LocalSchedule:
+  if local_steps > 0:
+    return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll)
+  return LocalSchedule(math.ceil(local_epochs * n_max / batch_size), batch_size, local_epochs,
+                       local_epochs, unroll)
+
+
+def batch_indices(rng, count, n_max: int, sched: LocalSchedule):
+  """Index and mask arrays `[num_steps, B]` for one client with `count` examples."""
+  keys = jax.random.split(rng, sched.passes)
+  valid_rows = jnp.arange(n_max) < count
+
+  def one_perm(k):  # a uniformly random order of the first `count` rows, padding last
+    return jnp.argsort(jnp.where(valid_rows, jax.random.uniform(k, (n_max,)), 2.0))
+
+  perms = jax.vmap(one_perm)(keys)                               # [passes, N_max]
+  pos = jnp.arange(sched.num_steps * sched.batch_size)           # position in the stream
+  p, i = pos // count, pos % count
+  idx = perms[jnp.minimum(p, sched.passes - 1), i]
+  if sched.epochs > 0:
+    mask = pos < sched.epochs * count
+  else:
+    mask = jnp.ones_like(pos, dtype=bool)
+  shape = (sched.num_steps, sched.batch_size)
+  return idx.reshape(shape), mask.reshape(shape).astype(jnp.float32)
+
+
+def real_steps(count, sched: LocalSchedule):
+  """The number of local steps that touch data, `K_c` (SCAFFOLD's K)."""
+  if sched.epochs > 0:
+    return (sched.epochs * count + sched.batch_size - 1) // sched.batch_size
+  return jnp.asarray(sched.num_steps)
+
+
+def tree_where(cond, a, b):
+  return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+def masked_cross_entropy(logits, labels, mask):
+  """Mean cross-entropy over the real examples of a padded batch (`R_c(theta; zeta)`)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def erm_objective(model):
+  """`R_c(theta; zeta)`: the plain local objective. Signature of every objective:
+  `objective(params, batch, rng) -> (loss, aux_dict)`."""
+  def objective(params, batch, rng):
+    del rng
+    return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask), {}
+  return objective
+
+
+def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
+                grad_correction: Callable | None = None):
+  """Runs the local loop as a `lax.scan` over steps; returns `(params, mean_loss)`.
+
+  A step whose batch has no real example leaves parameters and optimizer state
+  unchanged (so Adam's moments and momentum do not drift on padding). `grad_correction`
+  maps the raw gradient to the one the optimizer sees (SCAFFOLD's `- c_i + c`).
+  """
+  n_max = data.y.shape[0]
+  k_order, k_steps = jax.random.split(rng)
+  idx, mask = batch_indices(k_order, data.count, n_max, sched)
+  step_keys = jax.random.split(k_steps, sched.num_steps)
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def step(carry, inp):
+    p, opt_state = carry
+    i, m, k = inp
+    batch = Batch(data.x[i], data.y[i], data.domain[i], m)
+    (loss, _), g = grad_fn(p, batch, k)
+    if grad_correction is not None:
+      g = grad_correction(g)
+    updates, new_opt = optimizer.update(g, opt_state, p)
+    active = jnp.sum(m) > 0
+    new_p = optax.apply_updates(p, updates)
+    return (tree_where(active, new_p, p), tree_where(active, new_opt, opt_state)), (loss * jnp.sum(m), jnp.sum(m))
+
+  (params, _), (losses, seen) = jax.lax.scan(step, (params, optimizer.init(params)),
+                                             (idx, mask, step_keys), unroll=sched.unroll)
+  return params, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
+
+
+def make_optimizer(opt_config) -> optax.GradientTransformation:
+  """Client or server optimizer from `{optimizer, lr, momentum, b1, b2, eps, weight_decay}`."""
+  name, lr = opt_config.optimizer, opt_config.lr
+  wd = opt_config.get("weight_decay", 0.0)
+  if name == "sgd":
+    mom = opt_config.get("momentum", 0.0)
+    opt = optax.sgd(lr, momentum=mom if mom > 0 else None)
+  elif name == "adam":
+    opt = optax.adam(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                     eps=opt_config.get("eps", 1e-8))
+  elif name == "yogi":
+    opt = optax.yogi(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                     eps=opt_config.get("eps", 1e-3))
+  else:
+    raise ValueError(f"optimizer: unknown {name!r}; choose sgd, adam or yogi")
+  if wd > 0:
+    opt = optax.chain(optax.add_decayed_weights(wd), opt)
+  return opt

@@ -1,0 +1,69 @@
+"""Config validation: every check runs before any data is packed or anything compiles,
+and a failure is one line naming the field and the accepted range."""
+from __future__ import annotations
+
+import math
+
+from fedjax_dg.algorithms import ALGORITHMS
+from fedjax_dg.engine.round import STRATEGIES
+from fedjax_dg.models import MODELS
+
+PARTITIONS = ("heterogeneous", "dirichlet", "iid")
+DATASETS = ("rotated_digits", "spurious")
+
+
+class ConfigError(ValueError):
+  """A config field holds a value outside its accepted range."""
+
+
+def _check(cond, msg):
+  if not cond:
+    raise ConfigError(msg)
+
+
+def validate(config) -> None:
+  """Checks that need no data."""
+  _check(config.algorithm.name in ALGORITHMS,
+         f"algorithm.name: unknown algorithm {config.algorithm.name!r}; choose one of {list(ALGORITHMS)}")
+  _check(config.data.name in DATASETS, f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)}")
+  _check(config.model.name in MODELS, f"model.name: unknown model {config.model.name!r}; choose one of {list(MODELS)}")
+  _check(config.partition.method in PARTITIONS,
+         f"partition.method: unknown {config.partition.method!r}; choose one of {list(PARTITIONS)}")
+  lam = config.partition.lam
+  _check(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, f"partition.lam must lie in [0, 1], got {lam}")
+  _check(config.partition.alpha > 0, f"partition.alpha must be > 0, got {config.partition.alpha}")
+  _check(config.num_clients >= 1, f"num_clients must be >= 1, got {config.num_clients}")
+  _check(config.cohort_size >= 0, f"cohort_size must be >= 0 (0: use cohort_fraction), got {config.cohort_size}")
+  _check(config.cohort_size <= config.num_clients,
+         f"cohort_size ({config.cohort_size}) must not exceed num_clients ({config.num_clients})")
+  _check(0.0 < config.cohort_fraction <= 1.0, f"cohort_fraction must lie in (0, 1], got {config.cohort_fraction}")
+  for field, v in (("client.lr", config.client.lr), ("server.lr", config.server.lr)):
+    _check(v > 0 and math.isfinite(v), f"{field} must be a positive step size, got {v}")
+  _check(config.client.optimizer in ("sgd", "adam"), f"client.optimizer must be 'sgd' or 'adam', got {config.client.optimizer!r}")
+  _check(config.client.batch_size >= 1, f"client.batch_size must be >= 1, got {config.client.batch_size}")
+  _check(config.client.local_steps >= 0, f"client.local_steps must be >= 0, got {config.client.local_steps}")
+  _check(config.client.local_steps > 0 or config.client.local_epochs >= 1,
+         f"client.local_epochs must be >= 1 when client.local_steps is 0, got {config.client.local_epochs}")
+  _check(config.num_rounds >= 1, f"num_rounds must be >= 1, got {config.num_rounds}")
+  _check(config.eval_every >= 1, f"eval_every must be >= 1, got {config.eval_every}")
+  _check(config.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0: never), got {config.checkpoint_every}")
+  _check(config.engine.strategy in STRATEGIES + ("auto",),
+         f"engine.strategy: unknown {config.engine.strategy!r}; choose one of {list(STRATEGIES) + ['auto']}")
+  _check(config.engine.chunk_size >= 1, f"engine.chunk_size must be >= 1, got {config.engine.chunk_size}")
+  if config.algorithm.name == "scaffold":
+    _check(config.client.optimizer == "sgd" and config.client.momentum == 0.0,
+           "client.optimizer: SCAFFOLD option II needs plain SGD (client.optimizer='sgd', client.momentum=0)")
+  if config.algorithm.name == "fedprox":
+    _check(config.algorithm.prox_mu >= 0, f"algorithm.prox_mu must be >= 0, got {config.algorithm.prox_mu}")
+
+
+def cohort_size(config, num_clients: int) -> int:
+  if config.cohort_size > 0:
+    return int(config.cohort_size)
+  return max(1, int(round(config.cohort_fraction * num_clients)))
+
+
+def validate_data(config, num_train_examples: int, num_clients: int) -> None:
+  """Checks that need the data's size."""
+  _check(num_clients <= num_train_examples,
+         f"num_clients ({num_clients}) exceeds the number of training examples ({num_train_examples})")

@@ -1,0 +1,62 @@
+"""Evaluation of every split, and model selection (seed 001 Sec. 4).
+
+Selection rules pick the evaluation round with the best validation accuracy (earliest
+on ties) and report the test metrics there; the test domain is never used to select.
+  "heldout_domain": validation on the held-out validation domain(s).
+  "in_domain":      validation on the in-domain validation split of the training domains.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dg.eval.metrics import classification_metrics
+
+SELECTION_RULES = {"heldout_domain": "heldout_val", "in_domain": "in_val"}
+
+
+class Evaluator:
+  """Predicts every split in fixed-size batches with one compiled program per split size."""
+
+  def __init__(self, model, splits: dict, num_classes: int, batch_size: int = 512):
+    self.num_classes = num_classes
+    self.splits = {k: v for k, v in splits.items() if len(v)}
+    self._padded = {}
+    for name, s in self.splits.items():
+      nb = math.ceil(len(s) / batch_size)
+      x = np.zeros((nb * batch_size,) + s.x.shape[1:], s.x.dtype)
+      x[:len(s)] = s.x
+      self._padded[name] = jnp.asarray(x.reshape((nb, batch_size) + s.x.shape[1:]))
+
+    @jax.jit
+    def predict(params, xb):
+      return jax.lax.map(lambda x: jnp.argmax(model.apply(params, x), -1), xb).reshape(-1)
+    self._predict = predict
+
+  def __call__(self, params) -> dict:
+    preds = {k: self._predict(params, xb) for k, xb in self._padded.items()}
+    out = {}
+    for k, p in preds.items():
+      s = self.splits[k]
+      out[k] = classification_metrics(np.asarray(p)[:len(s)], s.y, s.domain, self.num_classes)
+    return out
+
+
+def select(records: list[dict], rule: str, test_split: str = "test") -> dict | None:
+  """`{"round", "val": metrics, "test": metrics}` at the best validation round, or None
+  when no record has the rule's validation split."""
+  val_split = SELECTION_RULES[rule]
+  best = None
+  for r in records:
+    v = r.get("splits", {}).get(val_split)
+    if v is None or not np.isfinite(v["accuracy"]):
+      continue
+    if best is None or v["accuracy"] > best["splits"][val_split]["accuracy"]:
+      best = r
+  if best is None:
+    return None
+  return {"round": best["round"], "val": best["splits"][val_split],
+          "test": best["splits"].get(test_split)}

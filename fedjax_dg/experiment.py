@@ -1,0 +1,182 @@
+"""config -> data -> model -> algorithm -> rounds, with evaluation, selection, checkpoints.
+
+`train_and_evaluate(config, workdir)` writes into `workdir`:
+  metrics.jsonl   one line per evaluation: round, train loss, every split's metrics
+  summary.json    config, wall time, communication, and per selection rule the selected
+                  round and the test metrics there
+  checkpoints/    orbax checkpoints of the round state every `checkpoint_every` rounds
+With `config.resume`, a run restarts from the latest checkpoint; because round `t` uses
+the key `fold_in(key, t)`, a killed and resumed run ends with the same metrics as an
+uninterrupted one. Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from fedjax_dg import config as config_lib
+from fedjax_dg.algorithms import build_algorithm, make_schedule
+from fedjax_dg.algorithms.base import ClientData
+from fedjax_dg.data import datasets, partition, splits, store as store_lib
+from fedjax_dg.engine import init_round_state, make_round, default_strategy
+from fedjax_dg.eval.evaluate import SELECTION_RULES, Evaluator, select
+from fedjax_dg.models import build_model, count_params
+
+
+def partition_clients(config, fold: splits.Fold, num_clients: int):
+  p = config.partition
+  seed = config.seed
+  if p.method == "heterogeneous":
+    return partition.heterogeneous_partition(fold.train.domain, num_clients, p.lam, seed)
+  if p.method == "dirichlet":
+    return partition.dirichlet_partition(fold.train.y, num_clients, p.alpha, seed)
+  return partition.iid_partition(len(fold.train), num_clients, seed)
+
+
+def _num_clients(config) -> int:
+  return 1 if config.algorithm.name == "erm" else int(config.num_clients)
+
+
+def _unroll(config, num_steps: int):
+  if config.engine.unroll >= 0:
+    return max(1, int(config.engine.unroll))
+  # XLA:CPU runs convolution gradients inside a rolled loop ~30x slower (JAX issue 12868).
+  return True if jax.default_backend() == "cpu" and num_steps <= 64 else 1
+
+
+def setup(config, fold: splits.Fold):
+  """Everything a run needs, built and validated before anything compiles."""
+  num_clients = _num_clients(config)
+  config_lib.validate_data(config, len(fold.train), num_clients)
+  parts = partition_clients(config, fold, num_clients)
+  packed = store_lib.pack_clients(fold.train, parts)
+  cohort = config_lib.cohort_size(config, num_clients)
+  model = build_model(config.model, fold.train.x.shape[1:], fold.num_classes)
+  c = config.client
+  n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
+  steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
+  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps))
+  algorithm = build_algorithm(config, model, sched, num_clients, cohort)
+  strategy = config.engine.strategy
+  if strategy == "auto":
+    strategy = default_strategy(config.model.name)
+  round_fn = make_round(algorithm, num_clients, cohort, strategy, config.engine.chunk_size)
+  return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
+              algorithm=algorithm, strategy=strategy, round_fn=round_fn)
+
+
+def _read_records(path, upto_round=None):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    recs = [json.loads(line) for line in f if line.strip()]
+  return [r for r in recs if upto_round is None or r["round"] <= upto_round]
+
+
+def _bytes(tree) -> int:
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
+  os.makedirs(workdir, exist_ok=True)
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  if os.path.exists(metrics_path) and not config.resume:
+    raise config_lib.ConfigError(
+        f"workdir {workdir!r} already holds results (metrics.jsonl); pass --config.resume=True "
+        "to continue that run or choose another --config.workdir")
+  t0 = time.time()
+  s = setup(config, fold)
+  key = jax.random.PRNGKey(config.seed)
+  k_init, k_server, k_rounds = jax.random.split(key, 3)
+  params = s["model"].init(k_init)
+  state = init_round_state(s["algorithm"], k_server, params, s["num_clients"])
+  store = jax.tree.map(jnp.asarray, s["packed"])
+  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)
+
+  ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+  mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+  start = 0
+  if config.resume and mngr.latest_step() is not None:
+    start = int(mngr.latest_step())
+    state = mngr.restore(start, args=ocp.args.StandardRestore(state))
+  records = _read_records(metrics_path, upto_round=start)
+  with open(metrics_path, "w") as f:  # drop evaluations past the checkpoint we resume from
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+
+  alg = s["algorithm"]
+  first = lambda t: jax.tree.map(lambda a: a[0], t)
+  msg_shape = jax.eval_shape(
+      lambda st, sto: alg.client_update(alg.broadcast(st.server), first(st.clients),
+                                        ClientData(*first((sto.x, sto.y, sto.domain, sto.counts))), k_rounds),
+      state, store)
+  comm = {"upload_bytes_per_client": _bytes(msg_shape.message),
+          "download_bytes_per_client": _bytes(jax.eval_shape(alg.broadcast, state.server)),
+          "clients_per_round": s["cohort"]}
+  comm["bytes_per_round"] = comm["clients_per_round"] * (comm["upload_bytes_per_client"] + comm["download_bytes_per_client"])
+
+  bar = tqdm(range(start, config.num_rounds), initial=start, total=config.num_rounds, desc="round",
+             disable=config.get("quiet", False), dynamic_ncols=True)
+  metrics = None
+  for t in bar:
+    state, metrics = s["round_fn"](state, store, jax.random.fold_in(k_rounds, t))
+    done = t + 1
+    if done % config.eval_every == 0 or done == config.num_rounds:
+      train_loss = float(metrics["train_loss"])
+      if not math.isfinite(train_loss):
+        raise FloatingPointError(f"train loss is {train_loss} at round {done}; lower client.lr "
+                                 f"(now {config.client.lr}) or server.lr (now {config.server.lr})")
+      rec = {"round": done, "train_loss": train_loss, "splits": evaluator(alg.params_of(state.server))}
+      records.append(rec)
+      with open(metrics_path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+      bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{rec['splits']['heldout_val']['accuracy']:.3f}"
+                      if "heldout_val" in rec["splits"] else "-", test=f"{rec['splits'].get('test', {}).get('accuracy', float('nan')):.3f}")
+    if config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.num_rounds):
+      mngr.save(done, args=ocp.args.StandardSave(state))
+  mngr.wait_until_finished()
+  mngr.close()
+
+  summary = {
+      "config": config.to_dict(),
+      "wall_time_s": time.time() - t0,
+      "strategy": s["strategy"], "backend": jax.default_backend(), "devices": jax.device_count(),
+      "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
+      "num_params": count_params(params), "local_steps": s["sched"].num_steps,
+      "communication": comm,
+      "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
+                  "val": list(fold.val_domains), "test": list(fold.test_domains)},
+      "selection": {rule: select(records, rule) for rule in SELECTION_RULES},
+      "final": records[-1] if records else None,
+  }
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+def train_and_evaluate(config, workdir: str | None = None) -> dict:
+  config_lib.validate(config)
+  workdir = workdir or config.workdir
+  ds = datasets.load_dataset(config.data)
+  d = config.data
+  kw = dict(in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed)
+  if not d.leave_one_domain_out:
+    return run_fold(config, splits.make_fold(ds, d.test_domains, d.val_domains, **kw), workdir)
+  folds = splits.leave_one_domain_out(ds, **kw)
+  summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
+  out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
+         "selection": {}}
+  for rule in SELECTION_RULES:
+    accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
+    out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(out, f, indent=2)
+  return out
