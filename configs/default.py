@@ -63,6 +63,7 @@ def get_config():
   c.eval_every = 5
   c.checkpoint_every = 10
   c.eval_batch_size = 512
+  c.quiet = False            # hide the progress bar
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto

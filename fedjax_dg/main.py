@@ -24,6 +24,8 @@ def main(argv):
   del argv
   from fedjax_dg.config import ConfigError
   from fedjax_dg.experiment import train_and_evaluate
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   config = _CONFIG.value
   if config is None:
     print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)

@@ -69,11 +69,14 @@ class Algorithm(NamedTuple):
 class LocalSchedule(NamedTuple):
   """Static description of a client's local loop.
 
-  `epochs > 0`: every client makes `epochs` passes over its own data in fresh random
-  orders, `ceil(epochs * n_c / B)` real steps; the compiled loop has
-  `num_steps = ceil(epochs * N_max / B)` steps and the ones past a client's data are
-  exact no-ops. `epochs == 0`: exactly `num_steps` steps for every client, cycling through
-  fresh permutations of its data. `passes` is the static number of permutations drawn.
+  `epochs > 0`: every client makes `epochs` passes over its own data, each in a fresh
+  random order and cut into `ceil(n_c / B)` batches (the last one partial), so it takes
+  `epochs * ceil(n_c / B)` real steps. The compiled loop has
+  `num_steps = epochs * ceil(N_max / B)` steps (`num_steps // epochs` per epoch); a step
+  past the client's data in an epoch is an exact no-op.
+  `epochs == 0`: exactly `num_steps` steps of `B` examples for every client, read from a
+  stream of fresh permutations of its data. `passes` is the static number of
+  permutations drawn.
   """
   num_steps: int
   batch_size: int
@@ -86,7 +89,7 @@ def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: i
                   unroll: int | bool = 1) -> LocalSchedule:
   if local_steps > 0:
     return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll)
-  return LocalSchedule(math.ceil(local_epochs * n_max / batch_size), batch_size, local_epochs,
+  return LocalSchedule(local_epochs * math.ceil(n_max / batch_size), batch_size, local_epochs,
                        local_epochs, unroll)
 
 
@@ -99,21 +102,25 @@ def batch_indices(rng, count, n_max: int, sched: LocalSchedule):
     return jnp.argsort(jnp.where(valid_rows, jax.random.uniform(k, (n_max,)), 2.0))
 
   perms = jax.vmap(one_perm)(keys)                               # [passes, N_max]
-  pos = jnp.arange(sched.num_steps * sched.batch_size)           # position in the stream
-  p, i = pos // count, pos % count
-  idx = perms[jnp.minimum(p, sched.passes - 1), i]
+  B = sched.batch_size
+  step = jnp.arange(sched.num_steps)[:, None]
+  j = jnp.arange(B)[None, :]
   if sched.epochs > 0:
-    mask = pos < sched.epochs * count
-  else:
-    mask = jnp.ones_like(pos, dtype=bool)
-  shape = (sched.num_steps, sched.batch_size)
-  return idx.reshape(shape), mask.reshape(shape).astype(jnp.float32)
+    per_epoch = sched.num_steps // sched.epochs
+    epoch, within = step // per_epoch, (step % per_epoch) * B + j
+    mask = within < count
+    idx = perms[epoch, jnp.minimum(within, n_max - 1)]
+  else:  # a stream of permutations: position p is example p % n of pass p // n
+    pos = step * B + j
+    idx = perms[jnp.minimum(pos // count, sched.passes - 1), pos % count]
+    mask = jnp.ones(idx.shape, bool)
+  return jnp.where(mask, idx, 0), mask.astype(jnp.float32)
 
 
 def real_steps(count, sched: LocalSchedule):
   """The number of local steps that touch data, `K_c` (SCAFFOLD's K)."""
   if sched.epochs > 0:
-    return (sched.epochs * count + sched.batch_size - 1) // sched.batch_size
+    return sched.epochs * ((count + sched.batch_size - 1) // sched.batch_size)
   return jnp.asarray(sched.num_steps)
 
 
@@ -147,7 +154,7 @@ def local_train(params, objective, optimizer, data: ClientData, rng, sched: Loca
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
-  step_keys = jax.random.split(k_steps, sched.num_steps)
+  step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(jnp.arange(sched.num_steps))
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def step(carry, inp):

@@ -1,0 +1,26 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv and
+# install the package (with its test extras) on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: install demo test test-slow bench
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedjax-dg --config configs/default.py --config.workdir=runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json

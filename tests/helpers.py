@@ -1,0 +1,33 @@
+"""Small shared fixtures: a tiny ragged client store and an MLP."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_dg.data.store import ClientStore
+from fedjax_dg.models import build_model
+
+
+def ragged_store(sizes=(9, 5, 12, 7, 3, 10), dim=6, classes=3, seed=0) -> ClientStore:
+  rng = np.random.default_rng(seed)
+  n_max = max(sizes)
+  x = np.zeros((len(sizes), n_max, dim), np.float32)
+  y = np.zeros((len(sizes), n_max), np.int32)
+  for c, n in enumerate(sizes):
+    x[c, :n] = rng.normal(size=(n, dim)) + c * 0.3
+    y[c, :n] = rng.integers(0, classes, n)
+  dom = np.repeat(np.arange(len(sizes))[:, None] % 3, n_max, 1).astype(np.int32)
+  return ClientStore(x, y, dom, np.array(sizes, np.int32))
+
+
+def tiny_mlp(dim=6, classes=3, hidden=(8,)):
+  return build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": hidden}), (dim,), classes)
+
+
+def client_arrays(store: ClientStore, c):
+  n = int(store.counts[c])
+  return jnp.asarray(store.x[c, :n]), jnp.asarray(store.y[c, :n])
+
+
+def tree_max_diff(a, b):
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
