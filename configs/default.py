@@ -45,7 +45,7 @@ def get_config():
 
   c.client = ml_collections.ConfigDict()
   c.client.optimizer = "sgd"
-  c.client.lr = 0.05
+  c.client.lr = 0.1
   c.client.momentum = 0.9
   c.client.weight_decay = 0.0
   c.client.batch_size = 32
@@ -59,9 +59,9 @@ def get_config():
   c.server.b2 = 0.99
   c.server.eps = 1e-3
 
-  c.num_rounds = 40
+  c.num_rounds = 80
   c.eval_every = 5
-  c.checkpoint_every = 10
+  c.checkpoint_every = 20
   c.eval_batch_size = 512
   c.quiet = False            # hide the progress bar
 

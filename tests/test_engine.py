@@ -205,7 +205,7 @@ params = model.init(jax.random.PRNGKey(0))
 sched = make_schedule(4, 0, 2, 12, 3)
 algs = [fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.sgd(1.0)), scaffold(model, sched, 0.1, 1.0, 7, C)]
 for alg in algs:
-  for strategy in ("vmap", "chunked", "sequential"):
+  for strategy in ("vmap", "chunked", "sequential", "host_loop"):
     out = []
     for devices in (jax.devices()[:1], jax.devices()):
       state = init_round_state(alg, jax.random.PRNGKey(1), params, C)

@@ -19,7 +19,8 @@ How the members run is a strategy, all with the same result up to float summatio
                steps) runs tens of times slower there (JAX issue 12868).
 With more than one local device, "vmap", "chunked" and "sequential" shard the cohort axis
 over a `Mesh` axis named "clients" through `jax.shard_map`; each device reduces its
-share and a `psum` finishes the aggregate.
+share and a `psum` finishes the aggregate. "host_loop" sends member `i` to device
+`i mod n_devices` and adds the devices' partial sums at the end.
 
 Each member's randomness is `fold_in(round_key, client_id)`, so a client draws the same
 batches whichever strategy, cohort padding or device count runs it.
@@ -55,7 +56,7 @@ def default_strategy(model_name: str, backend: str | None = None) -> str:
   loop and small dense models a chunked scan; on accelerators, full vmap."""
   backend = backend or jax.default_backend()
   if backend == "cpu":
-    return "host_loop" if model_name == "cnn" else "chunked"
+    return "host_loop" if model_name == "cnn" else "sequential"
   return "vmap"
 
 
@@ -129,7 +130,7 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   if not 1 <= cohort_size <= num_clients:
     raise ValueError(f"cohort size must be in [1, {num_clients}], got {cohort_size}")
   devices = list(devices if devices is not None else jax.local_devices())
-  n_dev = len(devices) if strategy != "host_loop" else 1
+  n_dev = len(devices) if strategy != "host_loop" else 1  # the host loop spreads clients itself
   chunk = 1 if strategy == "sequential" else max(1, chunk_size)
   per_dev = -(-cohort_size // n_dev)
   if strategy in ("chunked", "sequential"):
@@ -162,33 +163,7 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     return RoundState(server, clients), metrics
 
   if strategy == "host_loop":
-    @jax.jit
-    def one_client(bcast, clients, store, cohort, rngs, w, i):
-      idx = jnp.minimum(cohort[i], num_clients - 1)
-      pick = lambda t: jax.tree.map(lambda a: a[idx], t)
-      out = algorithm.client_update(bcast, pick(clients), pick(ClientData(store.x, store.y, store.domain, store.counts)), rngs[i])
-      part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
-      return part, out.state, (out.message if stack else None)
-
-    @jax.jit
-    def accumulate(acc, part):
-      return _add(acc, part)
-
-    jit_prologue = jax.jit(prologue)
-    jit_epilogue = jax.jit(epilogue)
-    stack_tree = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
-
-    def round_fn(state, store, rng):
-      cohort, w, rngs, bcast = jit_prologue(state, store, rng)
-      acc, states, msgs = None, [], []
-      for i in range(padded):
-        part, st, msg = one_client(bcast, state.clients, store, cohort, rngs, w, jnp.int32(i))
-        acc = part if acc is None else accumulate(acc, part)
-        states.append(st)
-        msgs.append(msg)
-      res = _CohortResult(acc, stack_tree(states), stack_tree(msgs) if stack else None)
-      return jit_epilogue(state, cohort, res, w)
-    return round_fn
+    return _host_loop_round(algorithm, num_clients, padded, stack, devices, prologue, epilogue)
 
   def run_local(bcast, states, data, rngs, w):
     if strategy == "vmap":
@@ -218,4 +193,56 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     res = run(bcast, states, data, rngs, w_in)
     return epilogue(state, cohort, res, w)
 
+  return round_fn
+
+
+def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologue, epilogue):
+  """The "host_loop" strategy: member `i` runs as one jitted call on device
+  `i % len(devices)`, each device keeping its own partial sum; calls are dispatched
+  asynchronously, so devices work in parallel and the host never waits inside a round."""
+  dev0 = devices[0]
+
+  @jax.jit
+  def one_client(bcast, clients, store, cohort, rngs, w, i):
+    idx = jnp.minimum(cohort[i], num_clients - 1)
+    pick = lambda t: jax.tree.map(lambda a: a[idx], t)
+    out = algorithm.client_update(bcast, pick(clients), pick(ClientData(store.x, store.y, store.domain, store.counts)), rngs[i])
+    part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
+    return part, out.state, (out.message if stack else None)
+
+  accumulate = jax.jit(_add)
+  jit_prologue, jit_epilogue = jax.jit(prologue), jax.jit(epilogue)
+  stack_tree = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+  replicas = {}  # id(store.x) -> (store.x, [store on each device]); the store is constant across rounds
+
+  def on_devices(store):
+    key = id(store.x)
+    if key not in replicas or replicas[key][0] is not store.x:
+      replicas.clear()
+      replicas[key] = (store.x, [jax.device_put(store, d) for d in devices])
+    return replicas[key][1]
+
+  def round_fn(state, store, rng):
+    cohort, w, rngs, bcast = jit_prologue(state, store, rng)
+    stores = on_devices(store) if len(devices) > 1 else [store]
+    args = [(bcast, state.clients, cohort, rngs, w)]
+    if len(devices) > 1:
+      args = [jax.device_put(args[0], d) for d in devices]
+    acc, states, msgs = [None] * len(stores), [], []
+    for i in range(cohort_len):
+      d = i % len(stores)
+      b, cl, co, r, ww = args[d]
+      part, st, msg = one_client(b, cl, stores[d], co, r, ww, jnp.int32(i))
+      acc[d] = part if acc[d] is None else accumulate(acc[d], part)
+      states.append(st)
+      msgs.append(msg)
+    if len(devices) > 1:
+      to0 = lambda t: jax.device_put(t, dev0)
+      acc = [to0(a) for a in acc if a is not None]
+      states, msgs = to0(states), to0(msgs)
+    total = acc[0]
+    for a in acc[1:]:
+      total = accumulate(total, a)
+    res = _CohortResult(total, stack_tree(states), stack_tree(msgs) if stack else None)
+    return jit_epilogue(state, cohort, res, w)
   return round_fn
