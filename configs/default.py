@@ -42,6 +42,13 @@ def get_config():
   c.algorithm = ml_collections.ConfigDict()
   c.algorithm.name = "fedavg"
   c.algorithm.prox_mu = 0.01  # FedProx
+  c.algorithm.sam_rho = 0.05  # FedSAM perturbation radius
+  c.algorithm.omg_kappa = 0.5  # FedOMG searching radius (seed 002); server.lr is eta_g
+  c.algorithm.omg_lr = 25.0    # FedOMG solver: heavy-ball SGD on the simplex weights
+  c.algorithm.omg_momentum = 0.5
+  c.algorithm.omg_steps = 20
+  c.algorithm.iir_gamma = 1e-2  # FedIIR penalty coefficient (seed 003 Table 3: RotatedMNIST 1e-2)
+  c.algorithm.iir_ema = 0.95    # FedIIR EMA of the global head gradient
 
   c.client = ml_collections.ConfigDict()
   c.client.optimizer = "sgd"

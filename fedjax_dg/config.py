@@ -53,6 +53,14 @@ def validate(config) -> None:
   if config.algorithm.name == "scaffold":
     _check(config.client.optimizer == "sgd" and config.client.momentum == 0.0,
            "client.optimizer: SCAFFOLD option II needs plain SGD (client.optimizer='sgd', client.momentum=0)")
+  if "omg" in config.algorithm.name:
+    _check(config.algorithm.omg_kappa >= 0, f"algorithm.omg_kappa must be >= 0, got {config.algorithm.omg_kappa}")
+    _check(config.algorithm.omg_steps >= 0, f"algorithm.omg_steps must be >= 0, got {config.algorithm.omg_steps}")
+  if "fediir" in config.algorithm.name:
+    _check(config.algorithm.iir_gamma >= 0, f"algorithm.iir_gamma must be >= 0, got {config.algorithm.iir_gamma}")
+    _check(0 <= config.algorithm.iir_ema < 1, f"algorithm.iir_ema must lie in [0, 1), got {config.algorithm.iir_ema}")
+  if "fedsam" in config.algorithm.name:
+    _check(config.algorithm.sam_rho >= 0, f"algorithm.sam_rho must be >= 0, got {config.algorithm.sam_rho}")
   if config.algorithm.name == "fedprox":
     _check(config.algorithm.prox_mu >= 0, f"algorithm.prox_mu must be >= 0, got {config.algorithm.prox_mu}")
 

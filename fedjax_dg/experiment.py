@@ -129,18 +129,21 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   for t in bar:
     state, metrics = s["round_fn"](state, store, jax.random.fold_in(k_rounds, t))
     done = t + 1
-    if done % config.eval_every == 0 or done == config.num_rounds:
+    do_eval = done % config.eval_every == 0 or done == config.num_rounds
+    do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or done == config.num_rounds)
+    if do_eval or do_ckpt:  # never evaluate or save a diverged state
       train_loss = float(metrics["train_loss"])
       if not math.isfinite(train_loss):
         raise FloatingPointError(f"train loss is {train_loss} at round {done}; lower client.lr "
                                  f"(now {config.client.lr}) or server.lr (now {config.server.lr})")
+    if do_eval:
       rec = {"round": done, "train_loss": train_loss, "splits": evaluator(alg.params_of(state.server))}
       records.append(rec)
       with open(metrics_path, "a") as f:
         f.write(json.dumps(rec) + "\n")
-      bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{rec['splits']['heldout_val']['accuracy']:.3f}"
-                      if "heldout_val" in rec["splits"] else "-", test=f"{rec['splits'].get('test', {}).get('accuracy', float('nan')):.3f}")
-    if config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.num_rounds):
+      acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
+      bar.set_postfix(loss=f"{train_loss:.3f}", val=acc("heldout_val"), test=acc("test"))
+    if do_ckpt:
       mngr.save(done, args=ocp.args.StandardSave(state))
   mngr.wait_until_finished()
   mngr.close()

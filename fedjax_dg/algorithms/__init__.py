@@ -3,12 +3,32 @@ from __future__ import annotations
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
 from fedjax_dg.algorithms.fedavg import fedavg, minibatch_sgd
-from fedjax_dg.algorithms.fedprox import fedprox
+from fedjax_dg.algorithms.fediir import fediir
+from fedjax_dg.algorithms.fedavg import optax_rule
+from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
+from fedjax_dg.algorithms.fedprox import fedprox, proximal_objective
+from fedjax_dg.algorithms.fedsam import fedsam, sam
+from fedjax_dg.algorithms.fedavg import erm
 from fedjax_dg.algorithms.scaffold import scaffold
 
 # name -> server optimizer used by the FedAvg family (None: see build_algorithm).
 _FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi"}
-ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold")
+# Client objectives that pair with any server rule consuming Delta_c; "<objective>+omg"
+# swaps FedAvg's server rule for FedOMG's (seed 002 Table 2), "fedomg" is "fedavg+omg".
+_OBJECTIVES = ("fedavg", "fedprox", "fedsam")
+ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
+              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg")
+
+
+def objective_factory(name: str, config, model):
+  """The local objective of `name` (one of _OBJECTIVES) as `global_params -> objective`."""
+  if name == "fedavg":
+    return erm(model)
+  if name == "fedprox":
+    return proximal_objective(model, config.algorithm.prox_mu)
+  if name == "fedsam":
+    return sam(erm(model), config.algorithm.sam_rho)
+  raise ValueError(f"algorithm.name: {name!r} has no local objective to pair with a server rule")
 
 
 def server_optimizer(kind: str, server_config):
@@ -20,7 +40,7 @@ def server_optimizer(kind: str, server_config):
     c.optimizer, c.momentum = "sgd", 0.0
   else:
     c.optimizer = kind
-  return make_optimizer(c)
+  return make_optimizer(c, inject=True)  # eta_g in the state: readable, differentiable
 
 
 def build_algorithm(config, model, sched, num_clients: int, cohort_size: int) -> Algorithm:
@@ -31,6 +51,19 @@ def build_algorithm(config, model, sched, num_clients: int, cohort_size: int) ->
     return fedavg(model, sched, client_opt, server_optimizer(_FEDOPT[name], config.server), name=name)
   if name == "fedprox":
     return fedprox(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.prox_mu)
+  if name == "fedsam":
+    return fedsam(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.sam_rho)
+  if name in ("fediir", "fediir+omg"):
+    a = config.algorithm
+    rule = (omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if name.endswith("+omg")
+            else optax_rule(server_optimizer("sgd", config.server)))
+    return fediir(model, sched, client_opt, rule, a.iir_gamma, a.iir_ema, name=name,
+                  weighting="examples" if name.endswith("+omg") else "uniform")
+  if name == "fedomg" or name.endswith("+omg"):
+    base = "fedavg" if name == "fedomg" else name[:-len("+omg")]
+    a = config.algorithm
+    return fedomg(model, sched, client_opt, config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum,
+                  a.omg_steps, objective_factory(base, config, model), name=name)
   if name == "scaffold":
     return scaffold(model, sched, config.client.lr, config.server.lr, cohort_size, num_clients)
   if name == "minibatch_sgd":

@@ -9,6 +9,7 @@ level up (see README, "Writing an algorithm"):
   client_update(broadcast, client_state, data, rng)    -> ClientOutput(message, state, metrics)
   server_update(server_state, aggregate)               -> server_state
   params_of(server_state)                              -> model parameters to evaluate
+  client_stat, server_prepare                          (optional pre-round phase, below)
 
 `aggregation` says what `server_update` receives:
   "mean":  the weighted mean over the cohort of the clients' messages (a pytree without
@@ -64,6 +65,26 @@ class Algorithm(NamedTuple):
   params_of: Callable
   aggregation: str = "mean"
   weighting: str = "examples"
+  # Optional pre-round phase, for methods whose local objective needs a cohort statistic
+  # at the current global model (FedIIR's mean head gradient): every sampled client
+  # computes `client_stat(broadcast, client_state, data, rng)`, the engine takes the
+  # uniform mean over the cohort, and `server_prepare(server_state, mean_stat)` runs
+  # before the round's broadcast. It costs one extra exchange per round.
+  client_stat: Callable | None = None
+  server_prepare: Callable | None = None
+
+
+class ServerRule(NamedTuple):
+  """How the server turns the cohort's updates `Delta_c` into new parameters.
+
+  `init(params) -> rule_state`; `apply(rule_state, params, aggregate) -> (params, rule_state)`,
+  where `aggregate` is the weighted mean of the updates (`aggregation="mean"`) or
+  `Stacked(updates, weights)` (`"stack"`). FedAvg/FedOpt, FedOMG, ... are rules; any
+  client objective pairs with any rule.
+  """
+  init: Callable
+  apply: Callable
+  aggregation: str = "mean"
 
 
 class LocalSchedule(NamedTuple):
@@ -174,21 +195,32 @@ def local_train(params, objective, optimizer, data: ClientData, rng, sched: Loca
   return params, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
 
 
-def make_optimizer(opt_config) -> optax.GradientTransformation:
-  """Client or server optimizer from `{optimizer, lr, momentum, b1, b2, eps, weight_decay}`."""
+def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransformation:
+  """Client or server optimizer from `{optimizer, lr, momentum, b1, b2, eps, weight_decay}`.
+
+  With `inject`, the step size is an array in the optimizer state
+  (`optax.inject_hyperparams`), so it can be read, changed and differentiated
+  (`set_learning_rate`).
+  """
   name, lr = opt_config.optimizer, opt_config.lr
   wd = opt_config.get("weight_decay", 0.0)
+  wrap = optax.inject_hyperparams if inject else (lambda f: f)
   if name == "sgd":
     mom = opt_config.get("momentum", 0.0)
-    opt = optax.sgd(lr, momentum=mom if mom > 0 else None)
+    opt = wrap(optax.sgd)(learning_rate=lr, momentum=mom if mom > 0 else None)
   elif name == "adam":
-    opt = optax.adam(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                     eps=opt_config.get("eps", 1e-8))
+    opt = wrap(optax.adam)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                           eps=opt_config.get("eps", 1e-8))
   elif name == "yogi":
-    opt = optax.yogi(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                     eps=opt_config.get("eps", 1e-3))
+    opt = wrap(optax.yogi)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                           eps=opt_config.get("eps", 1e-3))
   else:
     raise ValueError(f"optimizer: unknown {name!r}; choose sgd, adam or yogi")
   if wd > 0:
     opt = optax.chain(optax.add_decayed_weights(wd), opt)
   return opt
+
+
+def set_learning_rate(opt_state, lr):
+  """Returns an `inject_hyperparams` optimizer state with its step size replaced by `lr`."""
+  return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})

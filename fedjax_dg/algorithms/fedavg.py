@@ -13,13 +13,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, Batch, ClientOutput, LocalSchedule, batch_indices,
-                                       erm_objective, local_train)
+from fedjax_dg.algorithms.base import (Algorithm, Batch, ClientOutput, LocalSchedule, ServerRule,
+                                       batch_indices, erm_objective, local_train)
 
 
 class ServerState(NamedTuple):
   params: Any
-  opt_state: Any
+  opt_state: Any  # the server rule's state (an optax state for FedAvg/FedOpt)
 
 
 def erm(model) -> Callable:
@@ -28,35 +28,42 @@ def erm(model) -> Callable:
   return lambda global_params: objective
 
 
-def server_optimizer_update(server_opt: optax.GradientTransformation):
-  """Server rule: apply `server_opt` to the pseudo-gradient `-mean_delta`."""
-  def update(state: ServerState, mean_delta) -> ServerState:
+def optax_rule(server_opt: optax.GradientTransformation) -> ServerRule:
+  """FedAvg/FedOpt: `server_opt` applied to the pseudo-gradient `-mean_delta`."""
+  def apply(opt_state, params, mean_delta):
     pseudo_grad = jax.tree.map(lambda d: -d, mean_delta)
-    updates, opt_state = server_opt.update(pseudo_grad, state.opt_state, state.params)
-    return ServerState(optax.apply_updates(state.params, updates), opt_state)
-  return update
+    updates, opt_state = server_opt.update(pseudo_grad, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+  return ServerRule(server_opt.init, apply, "mean")
+
+
+def local_update(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule):
+  """The FedAvg client: local training from the broadcast model; sends `Delta_c`.
+
+  `make_objective(global_params)` builds the local objective (ERM, FedProx, ...), so any
+  objective pairs with any server rule that consumes `Delta_c` (FedAvg, FedOMG, ...).
+  """
+  def client_update(global_params, client_state, data, rng):
+    params, loss = local_train(global_params, make_objective(global_params), client_opt, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
+    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+  return client_update
+
+
+def federated(name: str, client_update: Callable, rule: ServerRule, weighting: str = "examples") -> Algorithm:
+  """An algorithm from a client update that sends `Delta_c` and a server rule."""
+  def server_update(state: ServerState, aggregate) -> ServerState:
+    return ServerState(*rule.apply(state.opt_state, state.params, aggregate))
+  return Algorithm(
+      name=name, server_init=lambda rng, p: ServerState(p, rule.init(p)), client_init=lambda params: (),
+      broadcast=lambda s: s.params, client_update=client_update, server_update=server_update,
+      params_of=lambda s: s.params, aggregation=rule.aggregation, weighting=weighting)
 
 
 def fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
            server_opt: optax.GradientTransformation, objective_factory: Callable | None = None,
            name: str = "fedavg") -> Algorithm:
-  make_objective = objective_factory or erm(model)
-
-  def server_init(rng, params):
-    del rng
-    return ServerState(params, server_opt.init(params))
-
-  def client_update(global_params, client_state, data, rng):
-    params, loss = local_train(global_params, make_objective(global_params), client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
-
-  server_rule = server_optimizer_update(server_opt)
-  return Algorithm(
-      name=name, server_init=server_init, client_init=lambda params: (),
-      broadcast=lambda s: s.params, client_update=client_update,
-      server_update=lambda s, mean_delta: server_rule(s, mean_delta),
-      params_of=lambda s: s.params, aggregation="mean", weighting="examples")
+  return federated(name, local_update(objective_factory or erm(model), client_opt, sched), optax_rule(server_opt))
 
 
 def minibatch_sgd(model, batch_size: int, optimizer: optax.GradientTransformation) -> Algorithm:

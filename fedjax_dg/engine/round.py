@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dg.algorithms.base import Algorithm, ClientData, Stacked
+from fedjax_dg.algorithms.base import Algorithm, ClientData, ClientOutput, Stacked
 
 STRATEGIES = ("vmap", "chunked", "sequential", "host_loop")
 
@@ -119,7 +119,11 @@ def _finish(algorithm: Algorithm, server, res: _CohortResult, w):
 
 def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
                chunk_size: int = 1, devices=None):
-  """Returns `round_fn(state, store, rng) -> (state, metrics)`.
+  """Returns `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
+
+  `client_weights` ([C], optional) replaces the algorithm's aggregation weights (examples
+  or uniform) for every client; the round is differentiable with respect to it (and to
+  any array in `state`, such as an injected server step size) for the jitted strategies.
 
   `store` is a `ClientStore` of device arrays (passed as an argument, never baked into the
   compiled program). For every strategy but "host_loop" the returned function is one
@@ -141,7 +145,7 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   mesh = jax.make_mesh((n_dev,), ("clients",), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=devices) if n_dev > 1 else None
 
-  def prologue(state, store, rng):
+  def prologue(state, store, rng, client_weights=None):
     k_cohort, k_clients = jax.random.split(rng)
     if cohort_size == num_clients:
       cohort = jnp.arange(num_clients)
@@ -150,7 +154,10 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     cohort = jnp.concatenate([cohort, jnp.full((padded - cohort_size,), num_clients, cohort.dtype)])
     valid = (cohort < num_clients).astype(jnp.float32)
     counts = jnp.take(store.counts, cohort, mode="clip")
-    w = valid * (counts.astype(jnp.float32) if algorithm.weighting == "examples" else 1.0)
+    if client_weights is not None:  # e.g. learned aggregation weights (differentiable)
+      w = valid * jnp.take(client_weights, cohort, mode="clip")
+    else:
+      w = valid * (counts.astype(jnp.float32) if algorithm.weighting == "examples" else 1.0)
     rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(cohort)
     return cohort, w, rngs, algorithm.broadcast(state.server)
 
@@ -165,35 +172,52 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   if strategy == "host_loop":
     return _host_loop_round(algorithm, num_clients, padded, stack, devices, prologue, epilogue)
 
-  def run_local(bcast, states, data, rngs, w):
-    if strategy == "vmap":
-      return _run_vmap(algorithm.client_update, stack, bcast, states, data, rngs, w)
-    return _run_chunked(algorithm.client_update, stack, chunk, bcast, states, data, rngs, w)
+  def runner(client_fn, stack_msgs: bool):
+    """`run(bcast, states, data, rngs, w) -> _CohortResult` for one pass over the cohort."""
+    def run_local(bcast, states, data, rngs, w):
+      if strategy == "vmap":
+        return _run_vmap(client_fn, stack_msgs, bcast, states, data, rngs, w)
+      return _run_chunked(client_fn, stack_msgs, chunk, bcast, states, data, rngs, w)
+    if mesh is None:
+      return run_local
 
-  if mesh is None:
-    run = run_local
-  else:
     def sharded(bcast, states, data, rngs, w):
       res = run_local(bcast, states, data, rngs, w)
       return res._replace(partial=jax.lax.psum(res.partial, "clients"))
     spec = P("clients")
-    run = jax.shard_map(sharded, mesh=mesh, in_specs=(P(), spec, spec, spec, spec),
-                        out_specs=_CohortResult(P(), spec, spec if stack else None), check_vma=False)
+    return jax.shard_map(sharded, mesh=mesh, in_specs=(P(), spec, spec, spec, spec),
+                         out_specs=_CohortResult(P(), spec, spec if stack_msgs else None), check_vma=False)
 
   @jax.jit
-  def round_fn(state, store, rng):
-    cohort, w, rngs, bcast = prologue(state, store, rng)
+  def round_fn(state, store, rng, client_weights=None):
+    cohort, w, rngs, bcast = prologue(state, store, rng, client_weights)
     data = client_data(store, cohort)
     states = _take(state.clients, cohort)
+    valid = (cohort < num_clients).astype(jnp.float32)
     if mesh is not None:
       shard = lambda t: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P("clients"))), t)
-      states, data, rngs, w_in = shard(states), shard(data), shard(rngs), shard(w)
+      states, data, rngs, w_in, valid = shard(states), shard(data), shard(rngs), shard(w), shard(valid)
     else:
       w_in = w
-    res = run(bcast, states, data, rngs, w_in)
+    if algorithm.client_stat is not None:  # the pre-round phase: a statistic at the global model
+      res = runner(_stat_as_update(algorithm.client_stat), False)(bcast, states, data, rngs, valid)
+      state = state._replace(server=_prepare(algorithm, state.server, res))
+      bcast = algorithm.broadcast(state.server)
+    res = runner(algorithm.client_update, stack)(bcast, states, data, rngs, w_in)
     return epilogue(state, cohort, res, w)
 
   return round_fn
+
+
+def _stat_as_update(client_stat):
+  def fn(bcast, client_state, data, rng):
+    return ClientOutput(client_stat(bcast, client_state, data, rng), client_state, {})
+  return fn
+
+
+def _prepare(algorithm, server, res: _CohortResult):
+  mean_stat = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.message)
+  return algorithm.server_prepare(server, mean_stat)
 
 
 def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologue, epilogue):
@@ -202,16 +226,22 @@ def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologu
   asynchronously, so devices work in parallel and the host never waits inside a round."""
   dev0 = devices[0]
 
-  @jax.jit
-  def one_client(bcast, clients, store, cohort, rngs, w, i):
-    idx = jnp.minimum(cohort[i], num_clients - 1)
-    pick = lambda t: jax.tree.map(lambda a: a[idx], t)
-    out = algorithm.client_update(bcast, pick(clients), pick(ClientData(store.x, store.y, store.domain, store.counts)), rngs[i])
-    part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
-    return part, out.state, (out.message if stack else None)
+  def make_one(client_fn, stack_msgs):
+    @jax.jit
+    def one_client(bcast, clients, store, cohort, rngs, w, i):
+      idx = jnp.minimum(cohort[i], num_clients - 1)
+      pick = lambda t: jax.tree.map(lambda a: a[idx], t)
+      out = client_fn(bcast, pick(clients), pick(ClientData(store.x, store.y, store.domain, store.counts)), rngs[i])
+      part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
+      return part, out.state, (out.message if stack_msgs else None)
+    return one_client
 
+  update_one = make_one(algorithm.client_update, stack)
+  stat_one = make_one(_stat_as_update(algorithm.client_stat), False) if algorithm.client_stat else None
   accumulate = jax.jit(_add)
   jit_prologue, jit_epilogue = jax.jit(prologue), jax.jit(epilogue)
+  jit_prepare = jax.jit(lambda server, res: _prepare(algorithm, server, res))
+  jit_broadcast = jax.jit(algorithm.broadcast)
   stack_tree = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
   replicas = {}  # id(store.x) -> (store.x, [store on each device]); the store is constant across rounds
 
@@ -222,17 +252,16 @@ def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologu
       replicas[key] = (store.x, [jax.device_put(store, d) for d in devices])
     return replicas[key][1]
 
-  def round_fn(state, store, rng):
-    cohort, w, rngs, bcast = jit_prologue(state, store, rng)
+  def host_pass(one, stack_msgs, bcast, clients, store, cohort, rngs, w):
     stores = on_devices(store) if len(devices) > 1 else [store]
-    args = [(bcast, state.clients, cohort, rngs, w)]
+    args = [(bcast, clients, cohort, rngs, w)]
     if len(devices) > 1:
       args = [jax.device_put(args[0], d) for d in devices]
     acc, states, msgs = [None] * len(stores), [], []
     for i in range(cohort_len):
       d = i % len(stores)
       b, cl, co, r, ww = args[d]
-      part, st, msg = one_client(b, cl, stores[d], co, r, ww, jnp.int32(i))
+      part, st, msg = one(b, cl, stores[d], co, r, ww, jnp.int32(i))
       acc[d] = part if acc[d] is None else accumulate(acc[d], part)
       states.append(st)
       msgs.append(msg)
@@ -243,6 +272,15 @@ def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologu
     total = acc[0]
     for a in acc[1:]:
       total = accumulate(total, a)
-    res = _CohortResult(total, stack_tree(states), stack_tree(msgs) if stack else None)
+    return _CohortResult(total, stack_tree(states), stack_tree(msgs) if stack_msgs else None)
+
+  def round_fn(state, store, rng, client_weights=None):
+    cohort, w, rngs, bcast = jit_prologue(state, store, rng, client_weights)
+    if stat_one is not None:
+      valid = (cohort < num_clients).astype(jnp.float32)
+      res = host_pass(stat_one, False, bcast, state.clients, store, cohort, rngs, valid)
+      state = state._replace(server=jit_prepare(state.server, res))
+      bcast = jit_broadcast(state.server)
+    res = host_pass(update_one, stack, bcast, state.clients, store, cohort, rngs, w)
     return jit_epilogue(state, cohort, res, w)
   return round_fn

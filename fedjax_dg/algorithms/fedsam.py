@@ -1,0 +1,35 @@
+"""FedSAM (Qu et al. 2022; Caldarola et al. 2022): FedAvg whose local steps are SAM steps.
+
+SAM step (Foret et al. 2021): `e = rho g / ||g||` with `g = grad R_c(theta)`, then step with
+`grad R_c(theta + e)`. Written as an objective transformation: the loss
+`R_c(theta + stop_gradient(e(theta)))` has exactly that gradient, so SAM composes with any
+local objective and any server rule (FedSAM+OMG is `fedomg(..., objective_factory=sam(...))`).
+The logged training loss is the loss at the perturbed point.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.fedavg import erm, fedavg
+
+
+def sam_objective(objective: Callable, rho: float) -> Callable:
+  def sam(params, batch, rng):
+    g = jax.grad(lambda p: objective(p, batch, rng)[0])(params)
+    norm = optax.tree.norm(g)
+    e = jax.tree.map(lambda gi: rho * gi / jnp.maximum(norm, 1e-12), g)
+    return objective(jax.tree.map(lambda p, ei: p + jax.lax.stop_gradient(ei), params, e), batch, rng)
+  return sam
+
+
+def sam(objective_factory: Callable, rho: float) -> Callable:
+  """Objective factory transform: `global_params -> SAM(objective)`."""
+  return lambda global_params: sam_objective(objective_factory(global_params), rho)
+
+
+def fedsam(model, sched, client_opt, server_opt, rho: float):
+  return fedavg(model, sched, client_opt, server_opt, sam(erm(model), rho), name="fedsam")
