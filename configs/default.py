@@ -49,6 +49,19 @@ def get_config():
   c.algorithm.omg_steps = 20
   c.algorithm.iir_gamma = 1e-2  # FedIIR penalty coefficient (seed 003 Table 3: RotatedMNIST 1e-2)
   c.algorithm.iir_ema = 0.95    # FedIIR EMA of the global head gradient
+  c.algorithm.dim_lambda = 1e-2  # FedDIM regulariser weight (seed 004: 1e-4 .. 1e-1)
+  c.algorithm.dim_momentum = 0.5  # FedDIM momentum m of the global insight matrices
+  c.algorithm.ga_step = 0.2     # FedGA step size d (authors' code), decays linearly to 0
+  # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
+  # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5); then:
+  c.algorithm.loe_tune_fraction = 0.1   # each client's tuning split
+  c.algorithm.loe_stage2_rounds = 4     # |T2_sync|
+  c.algorithm.loe_head_lr = 0.05        # stage-2 local head SGD
+  c.algorithm.loe_head_epochs = 1       # E2
+  c.algorithm.loe_penalty = "irm"       # irm | fish | rex | none
+  c.algorithm.loe_lambda = 100.0
+  c.algorithm.loe_solver_steps = 200
+  c.algorithm.loe_solver_lr = 0.05
 
   c.client = ml_collections.ConfigDict()
   c.client.optimizer = "sgd"

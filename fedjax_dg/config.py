@@ -59,6 +59,22 @@ def validate(config) -> None:
   if "fediir" in config.algorithm.name:
     _check(config.algorithm.iir_gamma >= 0, f"algorithm.iir_gamma must be >= 0, got {config.algorithm.iir_gamma}")
     _check(0 <= config.algorithm.iir_ema < 1, f"algorithm.iir_ema must lie in [0, 1), got {config.algorithm.iir_ema}")
+  if config.algorithm.name == "feddim":
+    _check(config.algorithm.dim_lambda >= 0, f"algorithm.dim_lambda must be >= 0, got {config.algorithm.dim_lambda}")
+    _check(0 < config.algorithm.dim_momentum <= 1,
+           f"algorithm.dim_momentum must lie in (0, 1], got {config.algorithm.dim_momentum}")
+    _check(tuple(config.model.head_hidden) == (), "model.head_hidden: FedDIM needs a linear head, set it to ()")
+  if config.algorithm.name == "fedloe":
+    a = config.algorithm
+    _check(0 < a.loe_tune_fraction < 1, f"algorithm.loe_tune_fraction must lie in (0, 1), got {a.loe_tune_fraction}")
+    _check(a.loe_stage2_rounds >= 0, f"algorithm.loe_stage2_rounds must be >= 0, got {a.loe_stage2_rounds}")
+    _check(a.loe_head_lr > 0, f"algorithm.loe_head_lr must be a positive step size, got {a.loe_head_lr}")
+    _check(a.loe_penalty in ("irm", "fish", "rex", "none"),
+           f"algorithm.loe_penalty must be one of irm, fish, rex, none; got {a.loe_penalty!r}")
+    _check(a.loe_lambda >= 0, f"algorithm.loe_lambda must be >= 0, got {a.loe_lambda}")
+    _check(tuple(config.model.head_hidden) == (), "model.head_hidden: FedLOE combines linear heads, set it to ()")
+  if config.algorithm.name == "fedga":
+    _check(config.algorithm.ga_step >= 0, f"algorithm.ga_step must be >= 0, got {config.algorithm.ga_step}")
   if "fedsam" in config.algorithm.name:
     _check(config.algorithm.sam_rho >= 0, f"algorithm.sam_rho must be >= 0, got {config.algorithm.sam_rho}")
   if config.algorithm.name == "fedprox":

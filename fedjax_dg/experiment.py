@@ -57,6 +57,10 @@ def setup(config, fold: splits.Fold):
   num_clients = _num_clients(config)
   config_lib.validate_data(config, len(fold.train), num_clients)
   parts = partition_clients(config, fold, num_clients)
+  tune_packed = None
+  if config.algorithm.name == "fedloe":  # hold out each client's tuning split for stage 2
+    parts, tune_parts = _split_tuning(parts, config.algorithm.loe_tune_fraction, config.seed)
+    tune_packed = store_lib.pack_clients(fold.train, tune_parts)
   packed = store_lib.pack_clients(fold.train, parts)
   cohort = config_lib.cohort_size(config, num_clients)
   model = build_model(config.model, fold.train.x.shape[1:], fold.num_classes)
@@ -69,8 +73,45 @@ def setup(config, fold: splits.Fold):
   if strategy == "auto":
     strategy = default_strategy(config.model.name)
   round_fn = make_round(algorithm, num_clients, cohort, strategy, config.engine.chunk_size)
-  return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
-              algorithm=algorithm, strategy=strategy, round_fn=round_fn)
+  return dict(num_clients=num_clients, packed=packed, tune_packed=tune_packed, cohort=cohort, model=model,
+              sched=sched, algorithm=algorithm, strategy=strategy, round_fn=round_fn)
+
+
+def _split_tuning(parts, fraction: float, seed: int):
+  """Each client's indices -> (train, tune), tune = round(fraction * n) >= 1 random rows."""
+  rng = np.random.default_rng(seed + 1)
+  train, tune = [], []
+  for c, idx in enumerate(parts):
+    if len(idx) < 2:
+      raise config_lib.ConfigError(f"algorithm.loe_tune_fraction: client {c} has {len(idx)} example(s); "
+                                   "FedLOE needs at least 2 per client (one to train, one to tune)")
+    perm = rng.permutation(idx)
+    k = min(len(idx) - 1, max(1, int(round(fraction * len(idx)))))
+    tune.append(np.sort(perm[:k]))
+    train.append(np.sort(perm[k:]))
+  return train, tune
+
+
+def _fedloe_stage2(config, s, state, store, evaluator, k_rounds, records, metrics_path):
+  """FedLOE stage 2 after the stage-1 rounds; appends its evaluations to `records`."""
+  from fedjax_dg.algorithms.fedloe import init_stage2, make_stage2
+  a, c = config.algorithm, config.client
+  packed, tune = s["packed"], s["tune_packed"]
+  sched = make_schedule(c.batch_size, 0, a.loe_head_epochs, int(packed.counts.max()), int(packed.counts.min()),
+                        _unroll(config, a.loe_head_epochs * math.ceil(int(packed.counts.max()) / c.batch_size)))
+  stage2 = make_stage2(s["model"], sched, a.loe_head_lr, a.loe_penalty, a.loe_lambda, a.loe_solver_steps,
+                       a.loe_solver_lr)
+  params = s["algorithm"].params_of(state.server)
+  st2 = init_stage2(params["classifier"], s["num_clients"])
+  tune_store = jax.tree.map(jnp.asarray, tune)
+  for j in range(a.loe_stage2_rounds):
+    st2 = stage2(st2, params["featurizer"], store, tune_store, jax.random.fold_in(k_rounds, config.num_rounds + j))
+    done = config.num_rounds + j + 1
+    rec = {"round": done, "stage": 2, "train_loss": None, "phi": np.asarray(st2.phi).tolist(),
+           "splits": evaluator({**params, "classifier": st2.head})}
+    records.append(rec)
+    with open(metrics_path, "a") as f:
+      f.write(json.dumps(rec) + "\n")
 
 
 def _read_records(path, upto_round=None):
@@ -147,6 +188,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       mngr.save(done, args=ocp.args.StandardSave(state))
   mngr.wait_until_finished()
   mngr.close()
+  if config.algorithm.name == "fedloe":
+    _fedloe_stage2(config, s, state, store, evaluator, k_rounds, records, metrics_path)
 
   summary = {
       "config": config.to_dict(),

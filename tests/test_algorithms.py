@@ -104,9 +104,17 @@ def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, n
   if name == "minibatch_sgd":
     tiny_config.num_rounds = 40
     tiny_config.eval_every = 10
+  if name == "fedloe":
+    tiny_config.client.optimizer = "adam"
+    tiny_config.client.lr = 0.01
   out = experiment.train_and_evaluate(tiny_config, str(tmp_path / name))
   recs = [json.loads(l) for l in open(tmp_path / name / "metrics.jsonl")]
-  assert recs[-1]["train_loss"] < recs[0]["train_loss"]
+  stage1 = [r for r in recs if r.get("stage", 1) == 1]
+  assert stage1[-1]["train_loss"] < stage1[0]["train_loss"]
+  if name == "fedloe":  # stage 2 ran after stage 1, with a combination over the 8 clients
+    stage2 = [r for r in recs if r.get("stage") == 2]
+    assert [r["round"] for r in stage2] == [9, 10, 11, 12]
+    assert len(stage2[-1]["phi"]) == 8
   assert out["final"]["splits"]["in_val"]["accuracy"] > 0.3  # chance is 0.1
   if name == "erm":
     assert out["num_clients"] == 1

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
 from fedjax_dg.algorithms.fedavg import fedavg, minibatch_sgd
+from fedjax_dg.algorithms.feddim import feddim
+from fedjax_dg.algorithms.fedga import fedga
 from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.algorithms.fedavg import optax_rule
 from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
@@ -12,12 +14,14 @@ from fedjax_dg.algorithms.fedavg import erm
 from fedjax_dg.algorithms.scaffold import scaffold
 
 # name -> server optimizer used by the FedAvg family (None: see build_algorithm).
-_FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi"}
+# fedloe: its stage 1 is FedAvg with infrequent communication; stage 2 runs in experiment.py.
+_FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi",
+           "fedloe": "sgd"}
 # Client objectives that pair with any server rule consuming Delta_c; "<objective>+omg"
 # swaps FedAvg's server rule for FedOMG's (seed 002 Table 2), "fedomg" is "fedavg+omg".
 _OBJECTIVES = ("fedavg", "fedprox", "fedsam")
 ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
-              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg")
+              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe")
 
 
 def objective_factory(name: str, config, model):
@@ -53,7 +57,7 @@ def build_algorithm(config, model, sched, num_clients: int, cohort_size: int) ->
     return fedprox(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.prox_mu)
   if name == "fedsam":
     return fedsam(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.sam_rho)
-  if name in ("fediir", "fediir+omg"):
+  if name in ("fediir", "fediir+omg", "feddim", "fedga", "fedloe"):
     a = config.algorithm
     rule = (omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if name.endswith("+omg")
             else optax_rule(server_optimizer("sgd", config.server)))

@@ -35,6 +35,12 @@ class ClientData(NamedTuple):
   y: jax.Array       # [N_max]
   domain: jax.Array  # [N_max]
   count: jax.Array   # scalar int
+  client_id: Any = 0  # the client's index in [0, C)
+
+  @property
+  def mask(self):
+    """1 for the real rows, 0 for padding."""
+    return (jnp.arange(self.y.shape[0]) < self.count).astype(jnp.float32)
 
 
 class Batch(NamedTuple):
@@ -162,6 +168,22 @@ def erm_objective(model):
     del rng
     return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask), {}
   return objective
+
+
+def in_chunks(fn, x, chunk: int = 256):
+  """`fn` applied to `x` in row chunks (`lax.map`), for full passes over a client's data."""
+  n = x.shape[0]
+  chunk = min(chunk, n)
+  pad = -n % chunk
+  xp = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+  out = jax.lax.map(fn, xp.reshape((-1, chunk) + x.shape[1:]))
+  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
+
+
+def full_pass_loss(model, params, data: ClientData, chunk: int = 256):
+  """`R_c(theta)`: mean cross-entropy over all of a client's real examples."""
+  logits = in_chunks(lambda xb: model.apply(params, xb), data.x, chunk)
+  return masked_cross_entropy(logits, data.y, data.mask)
 
 
 def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,

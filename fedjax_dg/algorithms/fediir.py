@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, ServerRule,
+from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, ServerRule, in_chunks,
                                        local_train, masked_cross_entropy)
 
 
@@ -64,16 +64,10 @@ def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 
   def client_stat(bcast, client_state, data, rng):
     params, _ = bcast
-    n_max = data.y.shape[0]
-    mask = (jnp.arange(n_max) < data.count).astype(jnp.float32)
-    # Features in chunks (no featurizer gradient is needed for a head gradient), then one
-    # full-batch head gradient.
-    chunk = min(stat_chunk, n_max)
-    pad = -n_max % chunk
-    x = jnp.concatenate([data.x, jnp.zeros((pad,) + data.x.shape[1:], data.x.dtype)])
-    z = jax.lax.map(lambda xb: model.features(params, xb), x.reshape((-1, chunk) + data.x.shape[1:]))
-    z = z.reshape((-1,) + z.shape[2:])[:n_max]
-    return jax.grad(lambda psi: masked_cross_entropy(model.head(psi, z), data.y, mask))(params["classifier"])
+    # Features in chunks (a head gradient needs no featurizer gradient), then one
+    # full-batch head gradient over the real rows.
+    z = in_chunks(lambda xb: model.features(params, xb), data.x, stat_chunk)
+    return jax.grad(lambda psi: masked_cross_entropy(model.head(psi, z), data.y, data.mask))(params["classifier"])
 
   def server_prepare(state: ServerState, mean_grad) -> ServerState:
     g_tilde = jax.tree.map(lambda g, gw: ema * g + (1 - ema) * gw, state.g_tilde, mean_grad)

@@ -162,7 +162,8 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     return cohort, w, rngs, algorithm.broadcast(state.server)
 
   def client_data(store, idx):
-    return ClientData(*_take((store.x, store.y, store.domain, store.counts), idx))
+    return ClientData(*_take((store.x, store.y, store.domain, store.counts), idx),
+                      client_id=jnp.minimum(idx, num_clients - 1))
 
   def epilogue(state, cohort, res, w):
     server, metrics = _finish(algorithm, state.server, res, w)
@@ -231,7 +232,8 @@ def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologu
     def one_client(bcast, clients, store, cohort, rngs, w, i):
       idx = jnp.minimum(cohort[i], num_clients - 1)
       pick = lambda t: jax.tree.map(lambda a: a[idx], t)
-      out = client_fn(bcast, pick(clients), pick(ClientData(store.x, store.y, store.domain, store.counts)), rngs[i])
+      data = ClientData(store.x, store.y, store.domain, store.counts, jnp.arange(num_clients))
+      out = client_fn(bcast, pick(clients), pick(data), rngs[i])
       part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
       return part, out.state, (out.message if stack_msgs else None)
     return one_client
