@@ -162,7 +162,15 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   comm = {"upload_bytes_per_client": _bytes(msg_shape.message),
           "download_bytes_per_client": _bytes(jax.eval_shape(alg.broadcast, state.server)),
           "clients_per_round": s["cohort"]}
-  comm["bytes_per_round"] = comm["clients_per_round"] * (comm["upload_bytes_per_client"] + comm["download_bytes_per_client"])
+  per_client = comm["upload_bytes_per_client"] + comm["download_bytes_per_client"]
+  if alg.client_stat is not None:  # the pre-round exchange (e.g. FedIIR's head gradients), up and down
+    stat = jax.eval_shape(
+        lambda st, sto: alg.client_stat(alg.broadcast(st.server), first(st.clients),
+                                        ClientData(*first((sto.x, sto.y, sto.domain, sto.counts))), k_rounds),
+        state, store)
+    comm["pre_round_bytes_per_client"] = 2 * _bytes(stat)
+    per_client += comm["pre_round_bytes_per_client"]
+  comm["bytes_per_round"] = comm["clients_per_round"] * per_client
 
   bar = tqdm(range(start, config.num_rounds), initial=start, total=config.num_rounds, desc="round",
              disable=config.get("quiet", False), dynamic_ncols=True)

@@ -30,4 +30,5 @@ def client_arrays(store: ClientStore, c):
 
 
 def tree_max_diff(a, b):
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  f = lambda t: jnp.asarray(t, jnp.float32)
+  return max(float(jnp.max(jnp.abs(f(x) - f(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
