@@ -32,3 +32,16 @@ def client_arrays(store: ClientStore, c):
 def tree_max_diff(a, b):
   f = lambda t: jnp.asarray(t, jnp.float32)
   return max(float(jnp.max(jnp.abs(f(x) - f(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def run_on_host_devices(script_template: str, marker: str, n: int = 4):
+  """Runs `script_template` (formatted with `root` and `tests`) in a fresh Python with `n`
+  forced XLA host devices and checks it printed `marker`."""
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = script_template.format(root=root, tests=os.path.join(root, "tests"))
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0 and marker in out.stdout, out.stdout + out.stderr

@@ -146,3 +146,27 @@ def test_sam_gradient_matches_numpy_on_a_linear_model():
   eW, eb = grad(W0 + rho * gW / norm, b0 + rho * gb / norm)
   np.testing.assert_allclose(got["classifier"]["Dense_0"]["kernel"], eW, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(got["classifier"]["Dense_0"]["bias"], eb, rtol=1e-4, atol=1e-6)
+
+
+def test_registry_builds_the_named_method(tiny_config):
+  """Each name builds its own method (its server state comes from its own file)."""
+  from fedjax_dg.algorithms import build_algorithm
+  from fedjax_dg.algorithms.base import make_schedule as sched_of
+  model = tiny_mlp(dim=64, classes=10)
+  params = model.init(jax.random.PRNGKey(0))
+  module = {"erm": "fedavg", "minibatch_sgd": "fedavg", "fedavg": "fedavg", "fedavgm": "fedavg",
+            "fedadam": "fedavg", "fedyogi": "fedavg", "fedprox": "fedavg", "fedsam": "fedavg",
+            "fedomg": "fedavg", "fedprox+omg": "fedavg", "fedsam+omg": "fedavg", "fedloe": "fedavg",
+            "scaffold": "scaffold", "fediir": "fediir", "fediir+omg": "fediir", "feddim": "feddim",
+            "fedga": "fedga"}
+  assert set(module) == set(ALGORITHMS)
+  for name in ALGORITHMS:
+    tiny_config.algorithm.name = name
+    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8)
+    assert alg.name == name
+    state = alg.server_init(None, params)
+    assert type(state).__module__ == f"fedjax_dg.algorithms.{module[name]}", (name, type(state).__module__)
+  # And the stack/mean choice follows the server rule.
+  for name, agg in (("fedomg", "stack"), ("fediir+omg", "stack"), ("fedga", "stack"), ("feddim", "mean"), ("fediir", "mean")):
+    tiny_config.algorithm.name = name
+    assert build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8).aggregation == agg

@@ -1,8 +1,4 @@
 """The vectorised round against a plain sequential per-client implementation."""
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +11,7 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.fedprox import fedprox
 from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round, STRATEGIES
-from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
+from helpers import client_arrays, ragged_store, run_on_host_devices, tiny_mlp, tree_max_diff
 
 STORE = ragged_store()
 SIZES = STORE.counts.tolist()
@@ -221,8 +217,4 @@ print("SHARDED_OK")
 
 
 def test_sharded_over_four_host_devices_equals_one_device():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  script = SHARDED_SCRIPT.format(root=root, tests=os.path.join(root, "tests"))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0 and "SHARDED_OK" in out.stdout, out.stdout + out.stderr
+  run_on_host_devices(SHARDED_SCRIPT, "SHARDED_OK")

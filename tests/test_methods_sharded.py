@@ -1,7 +1,5 @@
 """Every method on 4 forced host devices: the sharded round equals the single-device one."""
-import os
-import subprocess
-import sys
+from helpers import run_on_host_devices
 
 SCRIPT = r"""
 import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
@@ -53,8 +51,4 @@ print("METHODS_SHARDED_OK")
 
 
 def test_methods_sharded_over_four_host_devices():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  script = SCRIPT.format(root=root, tests=os.path.join(root, "tests"))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0 and "METHODS_SHARDED_OK" in out.stdout, out.stdout + out.stderr
+  run_on_host_devices(SCRIPT, "METHODS_SHARDED_OK")

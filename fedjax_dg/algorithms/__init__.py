@@ -1,16 +1,18 @@
 """Algorithm registry: one line per method. Each method lives in its own file."""
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+import ml_collections
+
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg, minibatch_sgd
+from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
 from fedjax_dg.algorithms.feddim import feddim
 from fedjax_dg.algorithms.fedga import fedga
 from fedjax_dg.algorithms.fediir import fediir
-from fedjax_dg.algorithms.fedavg import optax_rule
 from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
 from fedjax_dg.algorithms.fedprox import fedprox, proximal_objective
 from fedjax_dg.algorithms.fedsam import fedsam, sam
-from fedjax_dg.algorithms.fedavg import erm
 from fedjax_dg.algorithms.scaffold import scaffold
 
 # name -> server optimizer used by the FedAvg family (None: see build_algorithm).
@@ -36,7 +38,6 @@ def objective_factory(name: str, config, model):
 
 
 def server_optimizer(kind: str, server_config):
-  import ml_collections
   c = ml_collections.ConfigDict(server_config.to_dict())
   if kind == "momentum":
     c.optimizer = "sgd"
@@ -57,7 +58,15 @@ def build_algorithm(config, model, sched, num_clients: int, cohort_size: int) ->
     return fedprox(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.prox_mu)
   if name == "fedsam":
     return fedsam(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.sam_rho)
-  if name in ("fediir", "fediir+omg", "feddim", "fedga", "fedloe"):
+  if name == "feddim":
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    z = jax.eval_shape(model.features, params, jnp.zeros((1,) + model.input_shape))
+    return feddim(model, sched, client_opt, optax_rule(server_optimizer("sgd", config.server)),
+                  config.algorithm.dim_lambda, config.algorithm.dim_momentum,
+                  model.module.classifier.num_classes, z.shape[-1])
+  if name == "fedga":
+    return fedga(model, sched, client_opt, num_clients, config.num_rounds, config.algorithm.ga_step)
+  if name in ("fediir", "fediir+omg"):
     a = config.algorithm
     rule = (omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if name.endswith("+omg")
             else optax_rule(server_optimizer("sgd", config.server)))
