@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import ClientData, LocalSchedule, in_chunks, local_train, masked_cross_entropy
+from fedjax_dg.objectives import vrex_penalty
 
 PENALTIES = ("none", "irm", "fish", "rex")
 
@@ -63,7 +64,7 @@ def invariance_penalty(kind: str, phi, logits, y, mask):
     return jnp.sum(g ** 2)
   if kind == "rex":
     r = per_client_losses(phi, logits, y, mask)
-    return jnp.mean((r - r.mean()) ** 2) * r.shape[0]   # sum_c' (R_c' - mean R)^2
+    return r.shape[0] * vrex_penalty(r)                 # sum_c' (R_c' - mean R)^2
   if kind == "fish":
     grads = jax.jacrev(lambda f: per_client_losses(f, logits, y, mask))(phi)   # [C', C]
     gram = grads @ grads.T
