@@ -52,6 +52,12 @@ def get_config():
   c.algorithm.dim_lambda = 1e-2  # FedDIM regulariser weight (seed 004: 1e-4 .. 1e-1)
   c.algorithm.dim_momentum = 0.5  # FedDIM momentum m of the global insight matrices
   c.algorithm.ga_step = 0.2     # FedGA step size d (authors' code), decays linearly to 0
+  # Centralised DG objectives inside clients (DomainBed defaults).
+  c.algorithm.irm_lambda = 100.0
+  c.algorithm.vrex_lambda = 10.0
+  c.algorithm.dg_anneal_steps = 500  # IRM / VREx: penalty weight 1 for this many update steps
+  c.algorithm.coral_gamma = 1.0
+  c.algorithm.mmd_gamma = 1.0
   # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
   # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5); then:
   c.algorithm.loe_tune_fraction = 0.1   # each client's tuning split

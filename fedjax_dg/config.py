@@ -77,6 +77,10 @@ def validate(config) -> None:
     _check(config.algorithm.ga_step >= 0, f"algorithm.ga_step must be >= 0, got {config.algorithm.ga_step}")
   if "fedsam" in config.algorithm.name:
     _check(config.algorithm.sam_rho >= 0, f"algorithm.sam_rho must be >= 0, got {config.algorithm.sam_rho}")
+  if config.algorithm.name in ("irm", "vrex", "coral", "mmd"):
+    a = config.algorithm
+    for field in ("irm_lambda", "vrex_lambda", "coral_gamma", "mmd_gamma", "dg_anneal_steps"):
+      _check(a[field] >= 0, f"algorithm.{field} must be >= 0, got {a[field]}")
   if "fedprox" in config.algorithm.name:
     _check(config.algorithm.prox_mu >= 0, f"algorithm.prox_mu must be >= 0, got {config.algorithm.prox_mu}")
 

@@ -68,7 +68,7 @@ def setup(config, fold: splits.Fold):
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
   sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps))
-  algorithm = build_algorithm(config, model, sched, num_clients, cohort)
+  algorithm = build_algorithm(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names))
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = default_strategy(config.model.name)

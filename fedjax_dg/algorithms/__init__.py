@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
+from fedjax_dg.algorithms.dg import dg_fedavg
 from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
 from fedjax_dg.algorithms.feddim import feddim
 from fedjax_dg.algorithms.fedga import fedga
@@ -23,7 +24,8 @@ _FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "ada
 # swaps FedAvg's server rule for FedOMG's (seed 002 Table 2), "fedomg" is "fedavg+omg".
 _OBJECTIVES = ("fedavg", "fedprox", "fedsam")
 ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
-              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe")
+              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe",
+              "irm", "vrex", "coral", "mmd")
 
 
 def objective_factory(name: str, config, model):
@@ -48,10 +50,15 @@ def server_optimizer(kind: str, server_config):
   return make_optimizer(c, inject=True)  # eta_g in the state: readable, differentiable
 
 
-def build_algorithm(config, model, sched, num_clients: int, cohort_size: int) -> Algorithm:
+def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1) -> Algorithm:
   """The algorithm `config.algorithm.name` names, built from the config's fields."""
   name = config.algorithm.name
   client_opt = make_optimizer(config.client)
+  if name in ("irm", "vrex", "coral", "mmd"):
+    a = config.algorithm
+    lam = {"irm": a.irm_lambda, "vrex": a.vrex_lambda, "coral": a.coral_gamma, "mmd": a.mmd_gamma}[name]
+    return dg_fedavg(model, sched, client_opt, optax_rule(server_optimizer("sgd", config.server)), name, lam,
+                     num_domains, a.dg_anneal_steps)
   if name in _FEDOPT:
     return fedavg(model, sched, client_opt, server_optimizer(_FEDOPT[name], config.server), name=name)
   if name == "fedprox":

@@ -48,6 +48,7 @@ class Batch(NamedTuple):
   y: jax.Array
   domain: jax.Array
   mask: jax.Array  # [B] float, 1 for real examples
+  step: Any = 0    # the local step index within the round (for annealed penalties)
 
 
 class ClientOutput(NamedTuple):
@@ -202,8 +203,8 @@ def local_train(params, objective, optimizer, data: ClientData, rng, sched: Loca
 
   def step(carry, inp):
     p, opt_state = carry
-    i, m, k = inp
-    batch = Batch(data.x[i], data.y[i], data.domain[i], m)
+    i, m, k, s = inp
+    batch = Batch(data.x[i], data.y[i], data.domain[i], m, s)
     (loss, _), g = grad_fn(p, batch, k)
     if grad_correction is not None:
       g = grad_correction(g)
@@ -213,7 +214,8 @@ def local_train(params, objective, optimizer, data: ClientData, rng, sched: Loca
     return (tree_where(active, new_p, p), tree_where(active, new_opt, opt_state)), (loss * jnp.sum(m), jnp.sum(m))
 
   (params, _), (losses, seen) = jax.lax.scan(step, (params, optimizer.init(params)),
-                                             (idx, mask, step_keys), unroll=sched.unroll)
+                                             (idx, mask, step_keys, jnp.arange(sched.num_steps)),
+                                             unroll=sched.unroll)
   return params, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
 
 

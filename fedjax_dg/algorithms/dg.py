@@ -1,0 +1,92 @@
+"""Centralised DG objectives inside clients (Bai et al. 4.2): IRMv1, VREx, CORAL, MMD.
+
+Each client applies the objective over the domains present in its minibatch (domain ids
+`batch.domain`), with the penalties of `fedjax_dg.objectives` (DomainBed's formulas):
+
+  irm:   mean_e R_e + lambda_t mean_e irm_penalty_e
+  vrex:  mean_e R_e + lambda_t vrex_penalty(R_e)
+  coral: mean_e R_e + gamma mean_{i<j} coral_penalty(z_i, z_j)
+  mmd:   mean_e R_e + gamma mean_{i<j} mmd_penalty(z_i, z_j)
+
+means over the present domains and pairs of present domains. On a single-domain client
+every objective is ERM: VREx, CORAL and MMD vanish by construction, and IRM's penalty is
+applied only when two or more domains are present (ALGORITHMS.md: the objectives collapse
+to ERM on single-domain clients). `lambda_t = 1` for the first `anneal_steps` update steps
+and `lambda` after (DomainBed), counting update steps across rounds as
+`round * K + local step`; unlike DomainBed the local optimizer is not reset when the
+penalty switches on. The server is FedAvg's (any optax rule).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.base import Algorithm, ClientOutput, LocalSchedule, ServerRule, local_train
+from fedjax_dg.objectives import coral_penalty, irm_penalty, mmd_penalty, vrex_penalty
+
+KINDS = ("irm", "vrex", "coral", "mmd")
+
+
+class ServerState(NamedTuple):
+  params: Any
+  opt_state: Any
+  round: jax.Array
+
+
+def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: int = 0, steps_per_round: int = 1):
+  """`(round) -> objective(params, batch, rng)` for one of KINDS."""
+  if kind not in KINDS:
+    raise ValueError(f"algorithm.name: unknown DG objective {kind!r}; choose one of {KINDS}")
+
+  def make(round_):
+    def objective(params, batch, rng):
+      del rng
+      z = model.features(params, batch.x)
+      logits = model.head(params["classifier"], z)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+      masks = [batch.mask * (batch.domain == e) for e in range(num_domains)]
+      present = jnp.stack([jnp.sum(m) > 0 for m in masks]).astype(jnp.float32)
+      n_present = jnp.maximum(jnp.sum(present), 1.0)
+      risks = jnp.stack([jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0) for m in masks])
+      erm = jnp.sum(risks * present) / n_present
+      step = round_ * steps_per_round + batch.step
+      lam_t = jnp.where(step < anneal_steps, 1.0, lam)
+      if kind == "irm":
+        pens = jnp.stack([irm_penalty(logits, batch.y, m) for m in masks])
+        pen = jnp.where(jnp.sum(present) >= 2, jnp.sum(pens * present) / n_present, 0.0)
+        return erm + lam_t * pen, {"penalty": pen}
+      if kind == "vrex":
+        pen = vrex_penalty(risks, present)
+        return erm + lam_t * pen, {"penalty": pen}
+      fn = coral_penalty if kind == "coral" else mmd_penalty
+      pairs = list(itertools.combinations(range(num_domains), 2))
+      both = jnp.stack([present[i] * present[j] for i, j in pairs]) if pairs else jnp.zeros(1)
+      vals = jnp.stack([fn(z, z, masks[i], masks[j]) for i, j in pairs]) if pairs else jnp.zeros(1)
+      pen = jnp.sum(vals * both) / jnp.maximum(jnp.sum(both), 1.0)
+      return erm + lam * pen, {"penalty": pen}
+    return objective
+  return make
+
+
+def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+              kind: str, lam: float, num_domains: int, anneal_steps: int = 0) -> Algorithm:
+  make_objective = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
+
+  def client_update(bcast, client_state, data, rng):
+    global_params, round_ = bcast
+    params, loss = local_train(global_params, make_objective(round_), client_opt, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
+    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+
+  def server_update(state: ServerState, mean_delta) -> ServerState:
+    params, rule_state = rule.apply(state.opt_state, state.params, mean_delta)
+    return ServerState(params, rule_state, state.round + 1)
+
+  return Algorithm(
+      name=kind, server_init=lambda rng, p: ServerState(p, rule.init(p), jnp.asarray(0)),
+      client_init=lambda params: (), broadcast=lambda s: (s.params, s.round), client_update=client_update,
+      server_update=server_update, params_of=lambda s: s.params, aggregation=rule.aggregation)
