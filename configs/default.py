@@ -58,6 +58,7 @@ def get_config():
   c.algorithm.dg_anneal_steps = 500  # IRM / VREx: penalty weight 1 for this many update steps
   c.algorithm.coral_gamma = 1.0
   c.algorithm.mmd_gamma = 1.0
+  c.algorithm.gma_tau = 0.4  # FedGMA mask threshold (seed 001 App. D: 0.1 or 0.4); server.lr is eta_g
   # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
   # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5); then:
   c.algorithm.loe_tune_fraction = 0.1   # each client's tuning split

@@ -81,6 +81,8 @@ def validate(config) -> None:
     a = config.algorithm
     for field in ("irm_lambda", "vrex_lambda", "coral_gamma", "mmd_gamma", "dg_anneal_steps"):
       _check(a[field] >= 0, f"algorithm.{field} must be >= 0, got {a[field]}")
+  if config.algorithm.name == "fedgma":
+    _check(0 <= config.algorithm.gma_tau <= 1, f"algorithm.gma_tau must lie in [0, 1], got {config.algorithm.gma_tau}")
   if "fedprox" in config.algorithm.name:
     _check(config.algorithm.prox_mu >= 0, f"algorithm.prox_mu must be >= 0, got {config.algorithm.prox_mu}")
 

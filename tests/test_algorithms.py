@@ -158,7 +158,8 @@ def test_registry_builds_the_named_method(tiny_config):
             "fedadam": "fedavg", "fedyogi": "fedavg", "fedprox": "fedavg", "fedsam": "fedavg",
             "fedomg": "fedavg", "fedprox+omg": "fedavg", "fedsam+omg": "fedavg", "fedloe": "fedavg",
             "scaffold": "scaffold", "fediir": "fediir", "fediir+omg": "fediir", "feddim": "feddim",
-            "fedga": "fedga", "irm": "dg", "vrex": "dg", "coral": "dg", "mmd": "dg"}
+            "fedga": "fedga", "irm": "dg", "vrex": "dg", "coral": "dg", "mmd": "dg",
+            "fedgma": "fedavg"}
   assert set(module) == set(ALGORITHMS)
   for name in ALGORITHMS:
     tiny_config.algorithm.name = name

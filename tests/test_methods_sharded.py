@@ -12,6 +12,7 @@ from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.algorithms.fedomg import omg_rule
 from fedjax_dg.algorithms.feddim import feddim
 from fedjax_dg.algorithms.fedga import fedga
+from fedjax_dg.algorithms.fedgma import fedgma
 from fedjax_dg.algorithms.fedsam import sam
 from fedjax_dg.algorithms.fedavg import erm
 from fedjax_dg.algorithms.fedloe import init_stage2, make_stage2
@@ -31,6 +32,7 @@ algs = [
   fediir(model, sched, sgd, omg_rule(7.0, 0.5), 0.01, name="fediir+omg", weighting="examples"),
   feddim(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01, 0.5, 3, 8),
   fedga(model, sched, sgd, C, 5),
+  fedgma(model, sched, sgd, 1.0, 0.4),
 ]
 for alg in algs:
   out = []

@@ -10,6 +10,7 @@ from fedjax_dg.algorithms.dg import dg_fedavg
 from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
 from fedjax_dg.algorithms.feddim import feddim
 from fedjax_dg.algorithms.fedga import fedga
+from fedjax_dg.algorithms.fedgma import fedgma
 from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
 from fedjax_dg.algorithms.fedprox import fedprox, proximal_objective
@@ -25,7 +26,7 @@ _FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "ada
 _OBJECTIVES = ("fedavg", "fedprox", "fedsam")
 ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
               "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe",
-              "irm", "vrex", "coral", "mmd")
+              "irm", "vrex", "coral", "mmd", "fedgma")
 
 
 def objective_factory(name: str, config, model):
@@ -71,6 +72,8 @@ def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, nu
     return feddim(model, sched, client_opt, optax_rule(server_optimizer("sgd", config.server)),
                   config.algorithm.dim_lambda, config.algorithm.dim_momentum,
                   model.module.classifier.num_classes, z.shape[-1])
+  if name == "fedgma":
+    return fedgma(model, sched, client_opt, config.server.lr, config.algorithm.gma_tau)
   if name == "fedga":
     return fedga(model, sched, client_opt, num_clients, config.num_rounds, config.algorithm.ga_step)
   if name in ("fediir", "fediir+omg"):
