@@ -45,3 +45,15 @@ def run_on_host_devices(script_template: str, marker: str, n: int = 4):
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0 and marker in out.stdout, out.stdout + out.stderr
+
+
+def run_from(alg, params, store, num_clients: int, cohort: int, rounds: int, strategy: str = "vmap",
+             chunk_size: int = 1):
+  """The round state after `rounds` rounds of `alg` from `params` (round keys 0, 1, ...)."""
+  from fedjax_dg.engine import init_round_state, make_round
+  state = init_round_state(alg, None, params, num_clients)
+  rf = make_round(alg, num_clients, cohort, strategy, chunk_size=chunk_size)
+  store = jax.tree.map(jnp.asarray, store)
+  for t in range(rounds):
+    state, _ = rf(state, store, jax.random.PRNGKey(t))
+  return state

@@ -6,11 +6,10 @@ import optax
 import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule
-from fedjax_dg.algorithms.fedavg import optax_rule
+from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
 from fedjax_dg.algorithms.feddim import (class_mean_insights, dim_regularizer, feddim, momentum_update)
 from fedjax_dg.algorithms.fedga import fedga, ga_weights
-from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
 
 RNG = np.random.default_rng(0)
 
@@ -69,17 +68,9 @@ def test_feddim_lambda_zero_is_uniform_fedavg_and_insights_start_at_first_round(
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  store = jax.tree.map(jnp.asarray, st)
   alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.0, 0.5, 3, 8)
-  from fedjax_dg.algorithms.fedavg import fedavg
   ref = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")
-  out = []
-  for a in (alg, ref):
-    state = init_round_state(a, None, params, C)
-    rf = make_round(a, C, C, "vmap")
-    for t in range(2):
-      state, _ = rf(state, store, jax.random.PRNGKey(t))
-    out.append(state)
+  out = [run_from(a, params, st, C, C, 2) for a in (alg, ref)]
   assert tree_max_diff(out[0].server.params, out[1].server.params) < 1e-6
   assert bool(out[0].server.initialized.all()) and float(jnp.abs(out[0].server.i_bar).max()) > 0
 
@@ -106,14 +97,7 @@ def test_fedga_zero_step_is_uniform_fedavg():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  from fedjax_dg.algorithms.fedavg import fedavg
-  store = jax.tree.map(jnp.asarray, st)
-  out = []
-  for a in (fedga(model, sched, optax.sgd(0.1), C, 10, step_size=0.0),
-            fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")):
-    state = init_round_state(a, None, params, C)
-    rf = make_round(a, C, 4, "vmap")
-    for t in range(3):
-      state, _ = rf(state, store, jax.random.PRNGKey(t))
-    out.append(state.server.params)
+  out = [run_from(a, params, st, C, 4, 3).server.params
+         for a in (fedga(model, sched, optax.sgd(0.1), C, 10, step_size=0.0),
+                   fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform"))]
   assert tree_max_diff(out[0], out[1]) < 1e-6

@@ -7,8 +7,7 @@ import optax
 from fedjax_dg.algorithms.base import LocalSchedule, Stacked
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.fedgma import fedgma, gma_rule
-from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
 
 
 def test_gma_step_matches_numpy():
@@ -33,12 +32,6 @@ def test_threshold_zero_is_fedavg():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  store = jax.tree.map(jnp.asarray, st)
-  out = []
-  for alg in (fedgma(model, sched, optax.sgd(0.1), 0.8, 0.0), fedavg(model, sched, optax.sgd(0.1), optax.sgd(0.8))):
-    state = init_round_state(alg, None, params, C)
-    rf = make_round(alg, C, 4, "chunked", chunk_size=3)
-    for t in range(3):
-      state, _ = rf(state, store, jax.random.PRNGKey(t))
-    out.append(state.server.params)
+  out = [run_from(alg, params, st, C, 4, 3, "chunked", chunk_size=3).server.params
+         for alg in (fedgma(model, sched, optax.sgd(0.1), 0.8, 0.0), fedavg(model, sched, optax.sgd(0.1), optax.sgd(0.8)))]
   assert tree_max_diff(out[0], out[1]) < 1e-6

@@ -10,7 +10,7 @@ from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
 from fedjax_dg.algorithms.fediir import fediir, iir_objective, iir_penalty
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.models import build_model
-from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
+from helpers import client_arrays, ragged_store, run_from, tiny_mlp, tree_max_diff
 
 
 def _f64(tree):
@@ -76,12 +76,5 @@ def test_pre_round_statistic_and_ema():
 def test_gamma_zero_is_uniform_fedavg():
   st, C, model, params, sched, alg = _setup(0.0, optax_rule(optax.sgd(1.0)))
   ref = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")
-  store = jax.tree.map(jnp.asarray, st)
-  out = []
-  for a in (alg, ref):
-    state = init_round_state(a, None, params, C)
-    rf = make_round(a, C, 4, "vmap")
-    for t in range(3):
-      state, _ = rf(state, store, jax.random.PRNGKey(t))
-    out.append(state.server.params)
+  out = [run_from(a, params, st, C, 4, 3).server.params for a in (alg, ref)]
   assert tree_max_diff(out[0], out[1]) < 1e-6

@@ -8,8 +8,7 @@ import pytest
 from fedjax_dg.algorithms.base import LocalSchedule
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.fedomg import fedomg, omg_direction
-from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
 
 
 def numpy_omg(G, kappa, lr=25.0, mu=0.5, steps=20):
@@ -86,12 +85,5 @@ def test_fedomg_kappa_zero_round_is_fedavg_scaled(strategy):
   S = 5
   omg = fedomg(model, sched, optax.sgd(0.1), server_lr=float(S), kappa=0.0)
   avg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))
-  store = jax.tree.map(jnp.asarray, st)
-  out = []
-  for alg in (omg, avg):
-    state = init_round_state(alg, None, params, C)
-    rf = make_round(alg, C, S, strategy, chunk_size=2)
-    for t in range(3):
-      state, _ = rf(state, store, jax.random.PRNGKey(t))
-    out.append(state.server.params)
+  out = [run_from(alg, params, st, C, S, 3, strategy, chunk_size=2).server.params for alg in (omg, avg)]
   assert tree_max_diff(out[0], out[1]) < 1e-5
