@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, ClientOutput, LocalSchedule, ServerRule, local_train
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
+from fedjax_dg.algorithms.fedavg import local_update_with
 from fedjax_dg.objectives import coral_penalty, irm_penalty, mmd_penalty, vrex_penalty
 
 KINDS = ("irm", "vrex", "coral", "mmd")
@@ -76,11 +77,7 @@ def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformat
               kind: str, lam: float, num_domains: int, anneal_steps: int = 0) -> Algorithm:
   make_objective = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
 
-  def client_update(bcast, client_state, data, rng):
-    global_params, round_ = bcast
-    params, loss = local_train(global_params, make_objective(round_), client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+  client_update = local_update_with(make_objective, client_opt, sched)
 
   def server_update(state: ServerState, mean_delta) -> ServerState:
     params, rule_state = rule.apply(state.opt_state, state.params, mean_delta)

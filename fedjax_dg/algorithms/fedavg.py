@@ -50,6 +50,15 @@ def local_update(make_objective: Callable, client_opt: optax.GradientTransformat
   return client_update
 
 
+def local_update_with(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule):
+  """`local_update` for a broadcast `(params, extra)` whose objective is `make_objective(extra)`
+  (FedIIR's `g~`, the round counter of annealed DG penalties, ...)."""
+  def client_update(bcast, client_state, data, rng):
+    global_params, extra = bcast
+    return local_update(lambda _: make_objective(extra), client_opt, sched)(global_params, client_state, data, rng)
+  return client_update
+
+
 def federated(name: str, client_update: Callable, rule: ServerRule, weighting: str = "examples") -> Algorithm:
   """An algorithm from a client update that sends `Delta_c` and a server rule."""
   def server_update(state: ServerState, aggregate) -> ServerState:

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, ServerRule, in_chunks,
-                                       local_train, masked_cross_entropy)
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks, masked_cross_entropy
+from fedjax_dg.algorithms.fedavg import local_update_with
 
 
 class ServerState(NamedTuple):
@@ -73,11 +73,7 @@ def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
     g_tilde = jax.tree.map(lambda g, gw: ema * g + (1 - ema) * gw, state.g_tilde, mean_grad)
     return state._replace(g_tilde=g_tilde)
 
-  def client_update(bcast, client_state, data, rng):
-    global_params, g_tilde = bcast
-    params, loss = local_train(global_params, iir_objective(model, gamma, g_tilde), client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+  client_update = local_update_with(lambda g_tilde: iir_objective(model, gamma, g_tilde), client_opt, sched)
 
   def server_update(state: ServerState, aggregate) -> ServerState:
     params, rule_state = rule.apply(state.opt_state, state.params, aggregate)
