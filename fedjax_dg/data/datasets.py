@@ -7,6 +7,7 @@ known in closed form.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Sequence
 
 import numpy as np
@@ -108,16 +109,32 @@ def linear_scm(a_inv, a_sp, sigma2_sq: Sequence[float], sigma3_sq: float = 1.0,
   return DomainDataset("linear_scm", tuple(f"sigma2^2={s:g}" for s in sigma2_sq), tuple(xs), tuple(ys), 0)
 
 
-DATASETS = {"rotated_digits": rotated_digits, "spurious": spurious_classification}
+def _builtin(data_config) -> DomainDataset:
+  if data_config.name == "rotated_digits":
+    return rotated_digits(image_size=data_config.image_size, angles=tuple(data_config.angles),
+                          seed=data_config.seed)
+  return spurious_classification(correlations=tuple(data_config.correlations),
+                                 n_per_domain=data_config.n_per_domain, seed=data_config.seed)
+
+
+# `config.data.name` -> "module:function" taking `config.data` and returning a DomainDataset.
+# Loaders of on-disk datasets are imported only when named, so the embedded default needs
+# none of their dependencies.
+DATASETS = {
+    "rotated_digits": "fedjax_dg.data.datasets:_builtin",
+    "spurious": "fedjax_dg.data.datasets:_builtin",
+    "rotated_mnist": "fedjax_dg.data.idx:load_rotated",
+    "colored_mnist": "fedjax_dg.data.idx:load_colored",
+    "image_folder": "fedjax_dg.data.folders:load",
+    "wilds": "fedjax_dg.data.wilds:load",
+    "tfds": "fedjax_dg.data.tfds_source:load",
+}
 
 
 def load_dataset(data_config) -> DomainDataset:
   """Builds the classification dataset that `config.data` names."""
   name = data_config.name
-  if name == "rotated_digits":
-    return rotated_digits(image_size=data_config.image_size, angles=tuple(data_config.angles),
-                          seed=data_config.seed)
-  if name == "spurious":
-    return spurious_classification(correlations=tuple(data_config.correlations),
-                                   n_per_domain=data_config.n_per_domain, seed=data_config.seed)
-  raise ValueError(f"data.name: unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+  if name not in DATASETS:
+    raise ValueError(f"data.name: unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+  module, fn = DATASETS[name].split(":")
+  return getattr(importlib.import_module(module), fn)(data_config)

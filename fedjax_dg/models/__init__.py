@@ -81,7 +81,7 @@ class Model:
     return self.module.classifier.apply({"params": classifier_params}, z)
 
 
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "resnet18", "resnet50")
 
 
 def build_model(model_config, input_shape, num_classes: int) -> Model:
@@ -92,6 +92,9 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
     if len(input_shape) != 3:
       raise ValueError(f"model.name='cnn' needs image inputs [H, W, C], got input shape {input_shape}")
     feat = MNISTCNNFeaturizer()
+  elif name in ("resnet18", "resnet50"):
+    from fedjax_dg.models import resnet  # pylint: disable=g-import-not-at-top
+    feat = resnet.featurizer(name, model_config)
   else:
     raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
   head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())))
