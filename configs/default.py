@@ -58,6 +58,16 @@ def get_config():
   c.algorithm.dg_anneal_steps = 500  # IRM / VREx: penalty weight 1 for this many update steps
   c.algorithm.coral_gamma = 1.0
   c.algorithm.mmd_gamma = 1.0
+  c.algorithm.mixup_alpha = 0.2     # Mixup's Beta(alpha, alpha) (DomainBed; seed 001 App. D)
+  c.algorithm.fish_meta_lr = 0.5    # Fish meta step (DomainBed default; seed 001 App. D uses 0.1)
+  c.algorithm.groupdro_eta = 0.01   # GroupDRO group-weight step (DomainBed default)
+  c.algorithm.afl_step = 0.1        # AFL's gamma_beta (ours: App. D gives only learning rates)
+  c.algorithm.sr_z_dim = 64         # FedSR representation size
+  c.algorithm.sr_l2 = 0.01          # FedSR a_L2 (seed 001 App. D)
+  c.algorithm.sr_cmi = 0.001        # FedSR a_CMI (seed 001 App. D)
+  c.algorithm.sr_eval_samples = 0   # FedSR evaluation: 0 = the mean of z, else samples averaged
+  c.algorithm.fdg_window = 0.25     # FedDG low-frequency window: half-width floor(r min(H, W) / 2)
+  c.algorithm.fdg_bank_size = 16    # FedDG amplitude spectra per client in the server's bank
   c.algorithm.gma_tau = 0.4  # FedGMA mask threshold (seed 001 App. D: 0.1 or 0.4); server.lr is eta_g
   # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
   # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5); then:

@@ -81,6 +81,16 @@ def validate(config) -> None:
     a = config.algorithm
     for field in ("irm_lambda", "vrex_lambda", "coral_gamma", "mmd_gamma", "dg_anneal_steps"):
       _check(a[field] >= 0, f"algorithm.{field} must be >= 0, got {a[field]}")
+  a = config.algorithm
+  checks = {"mixup": [("mixup_alpha", a.mixup_alpha > 0, "> 0")],
+            "fish": [("fish_meta_lr", 0 < a.fish_meta_lr <= 1, "in (0, 1]")],
+            "groupdro": [("groupdro_eta", a.groupdro_eta >= 0, ">= 0")],
+            "afl": [("afl_step", a.afl_step >= 0, ">= 0")],
+            "fedsr": [("sr_z_dim", a.sr_z_dim >= 1, ">= 1"), ("sr_l2", a.sr_l2 >= 0, ">= 0"),
+                      ("sr_cmi", a.sr_cmi >= 0, ">= 0"), ("sr_eval_samples", a.sr_eval_samples >= 0, ">= 0")],
+            "feddg": [("fdg_window", 0 <= a.fdg_window <= 1, "in [0, 1]"), ("fdg_bank_size", a.fdg_bank_size >= 1, ">= 1")]}
+  for field, ok, rule in checks.get(a.name.replace("+omg", ""), []):
+    _check(ok, f"algorithm.{field} must be {rule}, got {a[field]}")
   if config.algorithm.name == "fedgma":
     _check(0 <= config.algorithm.gma_tau <= 1, f"algorithm.gma_tau must lie in [0, 1], got {config.algorithm.gma_tau}")
   if "fedprox" in config.algorithm.name:

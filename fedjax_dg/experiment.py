@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from fedjax_dg import config as config_lib
-from fedjax_dg.algorithms import build_algorithm, make_schedule
+from fedjax_dg.algorithms import build_algorithm, make_schedule, model_for
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round, default_strategy
@@ -63,12 +63,13 @@ def setup(config, fold: splits.Fold):
     tune_packed = store_lib.pack_clients(fold.train, tune_parts)
   packed = store_lib.pack_clients(fold.train, parts)
   cohort = config_lib.cohort_size(config, num_clients)
-  model = build_model(config.model, fold.train.x.shape[1:], fold.num_classes)
+  model = model_for(config, build_model(config.model, fold.train.x.shape[1:], fold.num_classes))
   c = config.client
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
   sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps))
-  algorithm = build_algorithm(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names))
+  algorithm = build_algorithm(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
+                              train_domains=fold.train_domains, store=packed)
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = default_strategy(config.model.name)
@@ -171,6 +172,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     comm["pre_round_bytes_per_client"] = 2 * _bytes(stat)
     per_client += comm["pre_round_bytes_per_client"]
   comm["bytes_per_round"] = comm["clients_per_round"] * per_client
+  comm.update(sends_beyond_parameters=list(alg.sends), receives_beyond_parameters=list(alg.receives),
+              sends_per_example_data=alg.leaks_data, setup_bytes=alg.setup_bytes)
 
   bar = tqdm(range(start, config.num_rounds), initial=start, total=config.num_rounds, desc="round",
              disable=config.get("quiet", False), dynamic_ncols=True)

@@ -33,7 +33,7 @@ def main(argv):
   workdir = _WORKDIR.value or config.workdir
   try:
     summary = train_and_evaluate(config, workdir)
-  except (ConfigError, FloatingPointError, FileNotFoundError) as e:
+  except (ConfigError, FloatingPointError, FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"done: {_summary_line(summary)}")

@@ -82,3 +82,30 @@ def mmd_penalty(z_a, z_b, mask_a=None, mask_b=None, gammas=MMD_GAMMAS):
   wmean = lambda k, u, v: jnp.sum(k * u[:, None] * v[None, :]) / jnp.maximum(jnp.sum(u) * jnp.sum(v), 1.0)
   return (wmean(_kernel(z_a, z_a, gammas), ma, ma) + wmean(_kernel(z_b, z_b, gammas), mb, mb)
           - 2 * wmean(_kernel(z_a, z_b, gammas), ma, mb))
+
+
+def domain_risks(per_example_loss, domain, mask, num_domains: int):
+  """`(R_e, present_e)` for e in 0..num_domains-1: each domain's mean loss over its real
+  rows (0 for an absent domain) and whether it has a real row."""
+  onehot = (domain[:, None] == jnp.arange(num_domains)[None]) * mask[:, None]
+  counts = jnp.sum(onehot, 0)
+  risks = jnp.sum(onehot * per_example_loss[:, None], 0) / jnp.maximum(counts, 1.0)
+  return risks, (counts > 0).astype(per_example_loss.dtype)
+
+
+def mixup_partners(domain, mask, num_domains: int):
+  """Mixup's pairing of a padded batch by domain (DomainBed pairs minibatch `i` with minibatch
+  `i + 1`, cyclically). Example `k` of domain `e` with rank `r` among `e`'s real rows is paired
+  with the example of rank `r mod n_e'` of the next present domain `e'` (cyclic); if `e` is the
+  only present domain the partner is the example of rank `(r + 1) mod n_e`, so a single-domain
+  client mixes within its domain. Returns partner indices `[B]` (padding rows: themselves)."""
+  d = jnp.arange(num_domains)
+  onehot = (domain[:, None] == d[None]) * mask[:, None]
+  counts = jnp.sum(onehot, 0)
+  rank = jnp.sum((jnp.cumsum(onehot, 0) - onehot) * onehot, 1)
+  # next present domain after e, cyclically (e itself when it is the only one)
+  order = jnp.where(counts[None] > 0, (d[None] - d[:, None] - 1) % num_domains, num_domains)
+  nxt = jnp.argmin(order, 1)[domain]
+  partner_rank = jnp.where(nxt == domain, rank + 1, rank) % jnp.maximum(counts[nxt], 1.0)
+  match = (domain[None, :] == nxt[:, None]) & (rank[None, :] == partner_rank[:, None]) & (mask[None, :] > 0)
+  return jnp.where(mask > 0, jnp.argmax(match, 1), jnp.arange(domain.shape[0]))

@@ -101,6 +101,8 @@ def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, n
     tiny_config.server.lr = 0.01
   if "omg" in name:  # g0 is FedAvg's update / N (seed 002's code): eta_g = N recovers its scale
     tiny_config.server.lr = float(tiny_config.num_clients)
+  if name == "afl":  # a single-domain client's loss is beta_d R_d (eq. 15), beta uniform over 4 domains
+    tiny_config.client.lr *= 4
   if name == "minibatch_sgd":
     tiny_config.num_rounds = 40
     tiny_config.eval_every = 10
@@ -159,11 +161,13 @@ def test_registry_builds_the_named_method(tiny_config):
             "fedomg": "fedavg", "fedprox+omg": "fedavg", "fedsam+omg": "fedavg", "fedloe": "fedavg",
             "scaffold": "scaffold", "fediir": "fediir", "fediir+omg": "fediir", "feddim": "feddim",
             "fedga": "fedga", "irm": "dg", "vrex": "dg", "coral": "dg", "mmd": "dg",
-            "fedgma": "fedavg"}
+            "fedgma": "fedavg", "mixup": "dg", "fish": "fedavg", "groupdro": "fedavg", "afl": "afl",
+            "fedsr": "fedavg", "fedsr+omg": "fedavg", "feddg": "fedavg"}
   assert set(module) == set(ALGORITHMS)
+  store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))  # FedDG's bank needs images
   for name in ALGORITHMS:
     tiny_config.algorithm.name = name
-    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8)
+    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store)
     assert alg.name == name
     state = alg.server_init(None, params)
     assert type(state).__module__ == f"fedjax_dg.algorithms.{module[name]}", (name, type(state).__module__)

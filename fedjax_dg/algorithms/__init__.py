@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
+from fedjax_dg.algorithms.afl import afl
 from fedjax_dg.algorithms.dg import dg_fedavg
 from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
+from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
 from fedjax_dg.algorithms.feddim import feddim
 from fedjax_dg.algorithms.fedga import fedga
 from fedjax_dg.algorithms.fedgma import fedgma
@@ -15,6 +17,9 @@ from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
 from fedjax_dg.algorithms.fedprox import fedprox, proximal_objective
 from fedjax_dg.algorithms.fedsam import fedsam, sam
+from fedjax_dg.algorithms.fedsr import fedsr, probabilistic_model
+from fedjax_dg.algorithms.fish import fish
+from fedjax_dg.algorithms.groupdro import groupdro
 from fedjax_dg.algorithms.scaffold import scaffold
 
 # name -> server optimizer used by the FedAvg family (None: see build_algorithm).
@@ -26,7 +31,8 @@ _FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "ada
 _OBJECTIVES = ("fedavg", "fedprox", "fedsam")
 ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
               "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe",
-              "irm", "vrex", "coral", "mmd", "fedgma")
+              "irm", "vrex", "coral", "mmd", "mixup", "fish", "groupdro", "afl", "fedsr", "fedsr+omg", "feddg",
+              "fedgma")
 
 
 def objective_factory(name: str, config, model):
@@ -51,15 +57,63 @@ def server_optimizer(kind: str, server_config):
   return make_optimizer(c, inject=True)  # eta_g in the state: readable, differentiable
 
 
-def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1) -> Algorithm:
-  """The algorithm `config.algorithm.name` names, built from the config's fields."""
+def model_for(config, model):
+  """The model an algorithm trains: FedSR's probabilistic version, otherwise `model`."""
+  if config.algorithm.name in ("fedsr", "fedsr+omg"):
+    return probabilistic_model(model, config.algorithm.sr_z_dim, config.algorithm.sr_eval_samples)
+  return model
+
+
+def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1,
+                    train_domains=None, store=None) -> Algorithm:
+  """The algorithm `config.algorithm.name` names, built from the config's fields (FedSR expects
+  `model_for(config, model)`; FedDG the training `store`, for its amplitude bank)."""
+  alg = _build(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store)
+  return alg._replace(**COMMUNICATION.get(alg.name, {}))
+
+
+# What each method sends and receives besides the model and the model update.
+COMMUNICATION = {
+    "minibatch_sgd": {"sends": ("gradient (instead of an update)",)},
+    "scaffold": {"sends": ("control-variate update",), "receives": ("server control variate",)},
+    "fediir": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
+    "fediir+omg": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
+    "feddim": {"sends": ("per-class feature insight matrices",), "receives": ("global insight matrices",)},
+    "fedga": {"sends": ("generalisation gap (two losses)",)},
+    "afl": {"sends": ("per-domain loss sums and example counts (pre-round)",), "receives": ("domain weights beta",)},
+    "feddg": {"sends": ("amplitude spectra of its images (once)",),
+              "receives": ("other clients' amplitude spectra (once)",), "leaks_data": True},
+    "fedloe": {"sends": ("stage 2: classifier heads",), "receives": ("stage 2: manager weights, heads",)},
+}
+
+
+def _build(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store) -> Algorithm:
   name = config.algorithm.name
   client_opt = make_optimizer(config.client)
-  if name in ("irm", "vrex", "coral", "mmd"):
-    a = config.algorithm
-    lam = {"irm": a.irm_lambda, "vrex": a.vrex_lambda, "coral": a.coral_gamma, "mmd": a.mmd_gamma}[name]
-    return dg_fedavg(model, sched, client_opt, optax_rule(server_optimizer("sgd", config.server)), name, lam,
-                     num_domains, a.dg_anneal_steps)
+  a = config.algorithm
+  fedavg_rule = lambda: optax_rule(server_optimizer("sgd", config.server))
+  if name in ("irm", "vrex", "coral", "mmd", "mixup"):
+    lam = {"irm": a.irm_lambda, "vrex": a.vrex_lambda, "coral": a.coral_gamma, "mmd": a.mmd_gamma,
+           "mixup": a.mixup_alpha}[name]
+    return dg_fedavg(model, sched, client_opt, fedavg_rule(), name, lam, num_domains, a.dg_anneal_steps)
+  if name == "fish":
+    return fish(model, sched, client_opt, fedavg_rule(), a.fish_meta_lr, num_domains)
+  if name == "groupdro":
+    return groupdro(model, sched, client_opt, fedavg_rule(), a.groupdro_eta, num_domains)
+  if name == "afl":
+    return afl(model, sched, client_opt, fedavg_rule(), a.afl_step, num_domains, train_domains)
+  if name in ("fedsr", "fedsr+omg"):
+    omg = name.endswith("+omg")
+    rule = omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if omg else fedavg_rule()
+    return fedsr(model, sched, client_opt, rule, a.sr_z_dim, a.sr_l2, a.sr_cmi, name=name)
+  if name == "feddg":
+    if store is None:
+      raise ValueError("algorithm.name='feddg' needs the training client store for its amplitude bank")
+    if store.x.ndim != 5:
+      raise ValueError(f"algorithm.name='feddg' needs image inputs [H, W, C]; got inputs of shape {store.x.shape[2:]}")
+    bank = amplitude_bank(store, a.fdg_bank_size, config.seed)
+    return feddg(model, sched, client_opt, fedavg_rule(), bank, a.fdg_window)._replace(
+        setup_bytes=(1 + num_clients) * bank.nbytes)  # every client uploads its part, downloads the bank
   if name in _FEDOPT:
     return fedavg(model, sched, client_opt, server_optimizer(_FEDOPT[name], config.server), name=name)
   if name == "fedprox":

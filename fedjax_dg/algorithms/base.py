@@ -79,6 +79,12 @@ class Algorithm(NamedTuple):
   # before the round's broadcast. It costs one extra exchange per round.
   client_stat: Callable | None = None
   server_prepare: Callable | None = None
+  # What a client sends and receives beyond the model and its update, for the
+  # communication and privacy table (README; seed 001 Table 12's "free of leakage").
+  sends: tuple[str, ...] = ()
+  receives: tuple[str, ...] = ()
+  leaks_data: bool = False      # sends something computed per example (e.g. amplitude spectra)
+  setup_bytes: int = 0          # a one-off exchange before training (FedDG's amplitude bank)
 
 
 class ServerRule(NamedTuple):
@@ -187,36 +193,50 @@ def full_pass_loss(model, params, data: ClientData, chunk: int = 256):
   return masked_cross_entropy(logits, data.y, data.mask)
 
 
-def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
-                grad_correction: Callable | None = None):
-  """Runs the local loop as a `lax.scan` over steps; returns `(params, mean_loss)`.
+def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
+  """The local loop as a `lax.scan` over the schedule's steps; returns `(carry, mean_loss)`.
 
-  A step whose batch has no real example leaves parameters and optimizer state
-  unchanged (so Adam's moments and momentum do not drift on padding). `grad_correction`
-  maps the raw gradient to the one the optimizer sees (SCAFFOLD's `- c_i + c`).
+  `step_fn(carry, batch, rng) -> (carry, loss)` is one local step (a gradient step for
+  most methods; Fish's inner-outer step; GroupDRO's step with its group weights in the
+  carry). A step whose batch has no real example leaves the carry unchanged (so Adam's
+  moments, momentum and client state do not drift on padding).
   """
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(jnp.arange(sched.num_steps))
-  grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def step(carry, inp):
-    p, opt_state = carry
     i, m, k, s = inp
-    batch = Batch(data.x[i], data.y[i], data.domain[i], m, s)
-    (loss, _), g = grad_fn(p, batch, k)
+    new_carry, loss = step_fn(carry, Batch(data.x[i], data.y[i], data.domain[i], m, s), k)
+    return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m))
+
+  carry, (losses, seen) = jax.lax.scan(step, carry, (idx, mask, step_keys, jnp.arange(sched.num_steps)),
+                                       unroll=sched.unroll)
+  return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
+
+
+def gradient_step(objective, optimizer, grad_correction: Callable | None = None):
+  """`step_fn` for `local_loop`: one optimizer step on `objective`, carry `(params, opt_state)`.
+  `grad_correction` maps the raw gradient to the one the optimizer sees (SCAFFOLD's `- c_i + c`)."""
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def step_fn(carry, batch, rng):
+    p, opt_state = carry
+    (loss, _), g = grad_fn(p, batch, rng)
     if grad_correction is not None:
       g = grad_correction(g)
-    updates, new_opt = optimizer.update(g, opt_state, p)
-    active = jnp.sum(m) > 0
-    new_p = optax.apply_updates(p, updates)
-    return (tree_where(active, new_p, p), tree_where(active, new_opt, opt_state)), (loss * jnp.sum(m), jnp.sum(m))
+    updates, opt_state = optimizer.update(g, opt_state, p)
+    return (optax.apply_updates(p, updates), opt_state), loss
+  return step_fn
 
-  (params, _), (losses, seen) = jax.lax.scan(step, (params, optimizer.init(params)),
-                                             (idx, mask, step_keys, jnp.arange(sched.num_steps)),
-                                             unroll=sched.unroll)
-  return params, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
+
+def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
+                grad_correction: Callable | None = None):
+  """Local training by `optimizer` on `objective`; returns `(params, mean_loss)`."""
+  (params, _), loss = local_loop((params, optimizer.init(params)),
+                                 gradient_step(objective, optimizer, grad_correction), data, rng, sched)
+  return params, loss
 
 
 def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransformation:

@@ -1,4 +1,4 @@
-"""Centralised DG objectives inside clients (Bai et al. 4.2): IRMv1, VREx, CORAL, MMD.
+"""Centralised DG objectives inside clients (Bai et al. 4.2): IRMv1, VREx, CORAL, MMD, Mixup.
 
 Each client applies the objective over the domains present in its minibatch (domain ids
 `batch.domain`), with the penalties of `fedjax_dg.objectives` (DomainBed's formulas):
@@ -7,11 +7,13 @@ Each client applies the objective over the domains present in its minibatch (dom
   vrex:  mean_e R_e + lambda_t vrex_penalty(R_e)
   coral: mean_e R_e + gamma mean_{i<j} coral_penalty(z_i, z_j)
   mmd:   mean_e R_e + gamma mean_{i<j} mmd_penalty(z_i, z_j)
+  mixup: mean_e [lam_e CE(x~, y_i) + (1 - lam_e) CE(x~, y_j)] over cyclic domain pairs
+         (`mixup_loss`; `lambda` is Beta's alpha)
 
 means over the present domains and pairs of present domains. On a single-domain client
-every objective is ERM: VREx, CORAL and MMD vanish by construction, and IRM's penalty is
-applied only when two or more domains are present (ALGORITHMS.md: the objectives collapse
-to ERM on single-domain clients). `lambda_t = 1` for the first `anneal_steps` update steps
+every objective but Mixup is ERM: VREx, CORAL and MMD vanish by construction, and IRM's
+penalty is applied only when two or more domains are present (ALGORITHMS.md: the objectives
+collapse to ERM on single-domain clients); Mixup mixes within the domain (ALGORITHMS.md). `lambda_t = 1` for the first `anneal_steps` update steps
 and `lambda` after (DomainBed), counting update steps across rounds as
 `round * K + local step`; unlike DomainBed the local optimizer is not reset when the
 penalty switches on. The server is FedAvg's (any optax rule).
@@ -27,15 +29,31 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
 from fedjax_dg.algorithms.fedavg import local_update_with
-from fedjax_dg.objectives import coral_penalty, irm_penalty, mmd_penalty, vrex_penalty
+from fedjax_dg.objectives import (coral_penalty, domain_risks, irm_penalty, mixup_partners, mmd_penalty,
+                                  vrex_penalty)
 
-KINDS = ("irm", "vrex", "coral", "mmd")
+KINDS = ("irm", "vrex", "coral", "mmd", "mixup")
 
 
 class ServerState(NamedTuple):
   params: Any
   opt_state: Any
   round: jax.Array
+
+
+def mixup_loss(model, params, batch, rng, alpha: float, num_domains: int):
+  """Inter-domain Mixup (DomainBed): each present domain `e` is paired with the next present
+  domain (`mixup_partners`), `lam_e ~ Beta(alpha, alpha)`, inputs `lam x_i + (1 - lam) x_j`,
+  loss `lam CE(y_i) + (1 - lam) CE(y_j)`, mean within each domain, then over the present
+  domains. A single-domain client mixes within its domain."""
+  j = mixup_partners(batch.domain, batch.mask, num_domains)
+  lam = jax.random.beta(rng, alpha, alpha, (num_domains,))[batch.domain]
+  bx = lam.reshape((-1,) + (1,) * (batch.x.ndim - 1))
+  logits = model.apply(params, bx * batch.x + (1 - bx) * batch.x[j])
+  ce = (lam * optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
+        + (1 - lam) * optax.softmax_cross_entropy_with_integer_labels(logits, batch.y[j]))
+  risks, present = domain_risks(ce, batch.domain, batch.mask, num_domains)
+  return jnp.sum(risks * present) / jnp.maximum(jnp.sum(present), 1.0)
 
 
 def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: int = 0, steps_per_round: int = 1):
@@ -45,14 +63,14 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: i
 
   def make(round_):
     def objective(params, batch, rng):
-      del rng
+      if kind == "mixup":
+        return mixup_loss(model, params, batch, rng, lam, num_domains), {}
       z = model.features(params, batch.x)
       logits = model.head(params["classifier"], z)
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
       masks = [batch.mask * (batch.domain == e) for e in range(num_domains)]
-      present = jnp.stack([jnp.sum(m) > 0 for m in masks]).astype(jnp.float32)
+      risks, present = domain_risks(ce, batch.domain, batch.mask, num_domains)
       n_present = jnp.maximum(jnp.sum(present), 1.0)
-      risks = jnp.stack([jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0) for m in masks])
       erm = jnp.sum(risks * present) / n_present
       step = round_ * steps_per_round + batch.step
       lam_t = jnp.where(step < anneal_steps, 1.0, lam)

@@ -59,12 +59,13 @@ def local_update_with(make_objective: Callable, client_opt: optax.GradientTransf
   return client_update
 
 
-def federated(name: str, client_update: Callable, rule: ServerRule, weighting: str = "examples") -> Algorithm:
+def federated(name: str, client_update: Callable, rule: ServerRule, weighting: str = "examples",
+              client_init: Callable = lambda params: ()) -> Algorithm:
   """An algorithm from a client update that sends `Delta_c` and a server rule."""
   def server_update(state: ServerState, aggregate) -> ServerState:
     return ServerState(*rule.apply(state.opt_state, state.params, aggregate))
   return Algorithm(
-      name=name, server_init=lambda rng, p: ServerState(p, rule.init(p)), client_init=lambda params: (),
+      name=name, server_init=lambda rng, p: ServerState(p, rule.init(p)), client_init=client_init,
       broadcast=lambda s: s.params, client_update=client_update, server_update=server_update,
       params_of=lambda s: s.params, aggregation=rule.aggregation, weighting=weighting)
 

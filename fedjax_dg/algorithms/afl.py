@@ -1,0 +1,94 @@
+"""Agnostic Federated Learning, modified for C != D (seed 001 App. B, Alg. 2).
+
+The server keeps domain weights `beta` on the simplex over the `D` training domains
+(uniform over the domains the clients hold at the start). Each round:
+
+  clients:  `K` local steps on  L_c(theta, beta) = sum_d beta_d R_{c,d}(theta)   (eq. 15)
+            (`R_{c,d}` the mean loss of domain `d` in the minibatch, 0 if absent)
+  server:   theta <- FedAvg of the client models (any server rule)
+  clients:  report summed loss and count per domain over their training data at the new theta
+  server:   L_d = sum_c loss_{c,d} / sum_c count_{c,d};   beta <- Proj_simplex(beta + gamma L)
+
+The loss report and the `beta` step run in the engine's pre-round phase of the next
+round, i.e. right before `beta` is used, and are skipped in the first round; with full
+participation this is exactly Alg. 2. With partial participation the report comes from
+the next round's cohort rather than the one that trained. `gamma` (`afl_step`) is ours:
+App. D lists only AFL's learning rates.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks
+from fedjax_dg.algorithms.fedavg import local_update_with
+from fedjax_dg.objectives import domain_risks
+
+
+class ServerState(NamedTuple):
+  params: Any
+  opt_state: Any
+  beta: jax.Array   # [D] domain weights on the simplex
+  round: jax.Array
+
+
+def project_simplex(v):
+  """Euclidean projection onto `{w >= 0, sum w = 1}` (sort-based; Held et al. 1974,
+  Duchi et al. 2008): `w = max(v - tau, 0)` with `tau = (sum_{j<=rho} u_j - 1) / rho`,
+  `u` sorted descending and `rho` the largest `j` with `u_j > (sum_{i<=j} u_i - 1) / j`."""
+  u = jnp.sort(v)[::-1]
+  j = jnp.arange(1, v.shape[0] + 1, dtype=v.dtype)
+  css = jnp.cumsum(u)
+  rho = jnp.max(jnp.where(u - (css - 1) / j > 0, j, 0))
+  tau = (jnp.take(css, rho.astype(jnp.int32) - 1) - 1) / rho
+  return jnp.maximum(v - tau, 0.0)
+
+
+def afl_objective(model, num_domains: int):
+  """`beta -> objective`: `sum_d beta_d R_d` over the minibatch (eq. 15)."""
+  def make(beta):
+    def objective(params, batch, rng):
+      del rng
+      ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+      risks, _ = domain_risks(ce, batch.domain, batch.mask, num_domains)
+      return jnp.sum(beta * risks), {}
+    return objective
+  return make
+
+
+def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+        gamma: float, num_domains: int, train_domains=None, stat_chunk: int = 256) -> Algorithm:
+  """`train_domains`: the domain ids clients hold (default all); `beta` starts uniform on them
+  and stays 0 elsewhere (the projection of a vector with sum >= 1 never raises a zero entry)."""
+  on = jnp.zeros(num_domains).at[jnp.asarray(train_domains if train_domains is not None else range(num_domains))].set(1.0)
+  beta0 = on / jnp.sum(on)
+
+  def client_stat(bcast, client_state, data, rng):
+    params, _ = bcast
+    logits = in_chunks(lambda xb: model.apply(params, xb), data.x, stat_chunk)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y) * data.mask
+    onehot = (data.domain[:, None] == jnp.arange(num_domains)[None]) * data.mask[:, None]
+    return jnp.sum(onehot * ce[:, None], 0), jnp.sum(onehot, 0)  # per-domain loss sums, counts
+
+  def server_prepare(state: ServerState, mean_stat) -> ServerState:
+    loss_sum, count = mean_stat  # cohort means; their ratio is sum loss / sum count
+    losses = loss_sum / jnp.maximum(count, 1e-12)
+    beta = jnp.where(state.round > 0, project_simplex(state.beta + gamma * losses), state.beta)
+    return state._replace(beta=beta)
+
+  def server_update(state: ServerState, aggregate) -> ServerState:
+    params, rule_state = rule.apply(state.opt_state, state.params, aggregate)
+    return state._replace(params=params, opt_state=rule_state, round=state.round + 1)
+
+  def server_init(rng, params):
+    return ServerState(params, rule.init(params), beta0, jnp.asarray(0))
+
+  return Algorithm(
+      name="afl", server_init=server_init, client_init=lambda params: (),
+      broadcast=lambda s: (s.params, s.beta),
+      client_update=local_update_with(afl_objective(model, num_domains), client_opt, sched),
+      server_update=server_update, params_of=lambda s: s.params, aggregation=rule.aggregation,
+      client_stat=client_stat, server_prepare=server_prepare)

@@ -1,0 +1,91 @@
+"""FedDG / ELCFS (Liu et al. 2021): amplitude-spectrum exchange and continuous frequency-space
+interpolation, as a client-side augmentation.
+
+Before training every client uploads the amplitude spectra `A = |FFT2(x)|` of (up to
+`bank_size` of) its images; the server keeps them in a bank that every client downloads.
+This shares information about the clients' data beyond model parameters: a privacy leak
+that the method needs and that the README declares. In local training, for each image with
+spectrum `A e^{iP}` (FFT over height and width, per channel) the client draws an amplitude
+`A'` of another client's image from the bank and `lam ~ U(0, 1)`, and replaces the
+low-frequency square of half-width `b = floor(r min(H, W) / 2)` around the (shifted) zero
+frequency by `(1 - lam) A + lam A'` (eq. 2 of the paper); the augmented image is
+`Re(IFFT2(A_new e^{iP}))`. The client trains on original and augmented images (the
+cross-entropy over both, as one batch of `2B`). We keep the paper's augmentation and leave
+out its episodic meta-learning boundary losses (ALGORITHMS.md). Images are not clipped
+after the inverse FFT (the authors clip to [0, 1] because their inputs live there).
+Server: FedAvg's rule.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.fedavg import federated
+
+
+def amplitude_spectrum(x):
+  """`|FFT2(x)|` over the image axes of `[..., H, W, C]` images."""
+  return jnp.abs(jnp.fft.fft2(x, axes=(-3, -2)))
+
+
+def low_freq_window(h: int, w: int, ratio: float):
+  """`[H, W]` 0/1 mask of the centred square of half-width `floor(ratio min(H, W) / 2)`,
+  in the unshifted FFT layout (zero frequency at index 0)."""
+  b = int(math.floor(ratio * min(h, w) / 2))
+  ch, cw = h // 2, w // 2
+  m = np.zeros((h, w), np.float32)
+  m[ch - b:ch + b + 1, cw - b:cw + b + 1] = 1.0
+  return jnp.asarray(np.fft.ifftshift(m))
+
+
+def amplitude_mix(x, amp_other, lam, window):
+  """The frequency-space interpolation of `x` `[..., H, W, C]` towards `amp_other` (same
+  shape) by `lam` (broadcast against `x`) inside `window` `[H, W]`."""
+  spec = jnp.fft.fft2(x, axes=(-3, -2))
+  amp, phase = jnp.abs(spec), jnp.angle(spec)
+  win = window[..., None]
+  amp_new = amp * (1 - win) + ((1 - lam) * amp + lam * amp_other) * win
+  return jnp.real(jnp.fft.ifft2(amp_new * jnp.exp(1j * phase), axes=(-3, -2))).astype(x.dtype)
+
+
+def amplitude_bank(store, bank_size: int, seed: int = 0) -> np.ndarray:
+  """The server's bank `[C, M, H, W, C_img]`: the amplitude spectra of `M = bank_size`
+  random images of each client (drawn with replacement when a client has fewer)."""
+  rng = np.random.default_rng(seed)
+  picks = [rng.choice(int(n), bank_size, replace=int(n) < bank_size) for n in store.counts]
+  imgs = np.stack([store.x[c, p] for c, p in enumerate(picks)])
+  return np.asarray(jnp.abs(jnp.fft.fft2(jnp.asarray(imgs, jnp.float32), axes=(-3, -2))))
+
+
+def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+          bank: np.ndarray, window_ratio: float):
+  """FedDG clients; `bank` from `amplitude_bank` over the training clients."""
+  bank = jnp.asarray(bank)
+  num_clients, bank_size = bank.shape[:2]
+  window = low_freq_window(bank.shape[2], bank.shape[3], window_ratio)
+
+  def make_objective(client_id):
+    def objective(params, batch, rng):
+      k_c, k_m, k_l = jax.random.split(rng, 3)
+      b = batch.x.shape[0]
+      # another client, uniformly (itself only in a one-client federation)
+      other = (client_id + 1 + jax.random.randint(k_c, (b,), 0, max(num_clients - 1, 1))) % num_clients
+      amp_other = bank[other, jax.random.randint(k_m, (b,), 0, bank_size)]
+      lam = jax.random.uniform(k_l, (b,) + (1,) * (batch.x.ndim - 1))
+      x_aug = amplitude_mix(batch.x, amp_other, lam, window)
+      logits = model.apply(params, jnp.concatenate([batch.x, x_aug]))
+      y, m = jnp.concatenate([batch.y, batch.y]), jnp.concatenate([batch.mask, batch.mask])
+      return masked_cross_entropy(logits, y, m), {}
+    return objective
+
+  def client_update(global_params, client_state, data, rng):
+    params, loss = local_train(global_params, make_objective(data.client_id), client_opt, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
+    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+
+  return federated("feddg", client_update, rule)

@@ -1,0 +1,94 @@
+"""FedSR (Nguyen et al. 2022): a probabilistic representation with L2 and CMI regularisers.
+
+The featurizer ends in a linear layer to `2 z_dim` numbers, the mean `mu(x)` and raw scale
+`s(x)` of `z ~ N(mu, diag(sigma^2))`, `sigma = softplus(s)`; the head reads `z`. Training
+uses one reparameterised sample `z = mu + sigma * eps` and the loss (ALGORITHMS.md)
+
+  CE(h(z), y) + a_L2 mean_i ||z_i||^2 + a_CMI mean_i KL(N(mu_i, sigma_i^2) || N(r_mu[y_i], r_sigma[y_i]^2))
+
+with a per-class reference `r = (r_mu, r_s)`, `r_sigma = softplus(r_s)`, trained with the
+model by the client optimizer and kept by the client (client state, never aggregated;
+initialised as the authors' code: `r_mu = 0`, `r_s = 1`). The model update goes to the
+server rule (FedAvg's, or FedOMG's for FedSR+OMG). Evaluation uses the mean `mu`, or, with
+`eval_samples > 0`, the log of the softmax averaged over that many samples (fixed noise,
+so evaluation stays a deterministic function of the parameters).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_train
+from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.models import Model, SplitModel
+
+
+class ProbabilisticFeaturizer(nn.Module):
+  """`x -> [mu(x), s(x)]` of size `2 z_dim`: a base featurizer, then a linear layer."""
+  base: nn.Module
+  z_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2 * self.z_dim, name="to_z")(self.base(x))
+
+
+class ProbabilisticSplitModel(SplitModel):
+  """`__call__` gives the evaluation logits: `h(mu)`, or the sample-averaged predictive."""
+  eval_samples: int = 0
+
+  def __call__(self, x):
+    mu, s = jnp.split(self.featurizer(x), 2, axis=-1)
+    if self.eval_samples == 0:
+      return self.classifier(mu)
+    eps = jax.random.normal(jax.random.PRNGKey(0), (self.eval_samples,) + mu.shape, mu.dtype)
+    z = (mu + jax.nn.softplus(s) * eps).reshape((-1, mu.shape[-1]))
+    logp = jax.nn.log_softmax(self.classifier(z)).reshape((self.eval_samples, mu.shape[0], -1))
+    return jax.scipy.special.logsumexp(logp, axis=0) - jnp.log(self.eval_samples)
+
+
+def probabilistic_model(model: Model, z_dim: int, eval_samples: int = 0) -> Model:
+  """FedSR's version of `model`: same base featurizer and head, `z` of size `z_dim`."""
+  m = model.module
+  return dataclasses.replace(model, module=ProbabilisticSplitModel(
+      featurizer=ProbabilisticFeaturizer(m.featurizer, z_dim), classifier=m.classifier, eval_samples=eval_samples))
+
+
+def gaussian_kl(mu, sigma, r_mu, r_sigma):
+  """`KL(N(mu, sigma^2) || N(r_mu, r_sigma^2))` summed over the last axis."""
+  return jnp.sum(jnp.log(r_sigma / sigma) + (sigma ** 2 + (mu - r_mu) ** 2) / (2 * r_sigma ** 2) - 0.5, -1)
+
+
+def fedsr_loss(model: Model, params, ref, batch, rng, a_l2: float, a_cmi: float):
+  """`(loss, aux)` of one minibatch; `ref = {"mu": [K, z], "s": [K, z]}`."""
+  mu, s = jnp.split(model.features(params, batch.x), 2, axis=-1)
+  sigma = jax.nn.softplus(s)
+  z = mu + sigma * jax.random.normal(rng, mu.shape, mu.dtype)
+  ce = optax.softmax_cross_entropy_with_integer_labels(model.head(params["classifier"], z), batch.y)
+  l2 = jnp.sum(z ** 2, -1)
+  cmi = gaussian_kl(mu, sigma, ref["mu"][batch.y], jax.nn.softplus(ref["s"][batch.y]))
+  mean = lambda v: jnp.sum(v * batch.mask) / jnp.maximum(jnp.sum(batch.mask), 1.0)
+  return mean(ce) + a_l2 * mean(l2) + a_cmi * mean(cmi), {"l2": mean(l2), "cmi": mean(cmi)}
+
+
+def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+          z_dim: int, a_l2: float = 0.01, a_cmi: float = 0.001, name: str = "fedsr", weighting: str = "examples"):
+  """FedSR clients (on `probabilistic_model(...)`) with the server rule `rule`."""
+  num_classes = model.module.classifier.num_classes
+
+  def objective(pr, batch, rng):
+    return fedsr_loss(model, pr["params"], pr["ref"], batch, rng, a_l2, a_cmi)
+
+  def client_update(global_params, ref, data, rng):
+    pr, loss = local_train({"params": global_params, "ref": ref}, objective, client_opt, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, pr["params"], global_params)
+    return ClientOutput(message=delta, state=pr["ref"], metrics={"train_loss": loss})
+
+  def client_init(params):
+    return {"mu": jnp.zeros((num_classes, z_dim)), "s": jnp.ones((num_classes, z_dim))}
+
+  return federated(name, client_update, rule, weighting=weighting, client_init=client_init)

@@ -1,0 +1,57 @@
+"""Fish (Shi et al. 2022) inside clients (Bai et al. 4.2), DomainBed's first-order form.
+
+At every local step, on the minibatch of each domain present in the client's batch:
+
+  theta~ <- theta;  for e in the present domains, in order: one step of a fresh inner
+  optimizer on R_e(theta~);  theta <- theta + meta_lr (theta~ - theta)
+
+As in DomainBed the inner optimizer (the configured client optimizer) is re-initialised at
+every step. On a single-domain client this is one inner step scaled by `meta_lr`, i.e. ERM
+with step size `meta_lr * lr` (the collapse to ERM of Bai et al., with a smaller step).
+The server is FedAvg's (any server rule).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.base import Batch, ClientOutput, LocalSchedule, ServerRule, local_loop, tree_where
+from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.objectives import domain_risks
+
+
+def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
+  """`step_fn(theta, batch, rng) -> (theta, loss)` for `local_loop`."""
+  def domain_loss(params, batch, e):
+    ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+    m = batch.mask * (batch.domain == e)
+    return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  def step_fn(theta, batch: Batch, rng):
+    del rng
+
+    def inner(carry, e):
+      p, st = carry
+      loss, g = jax.value_and_grad(domain_loss)(p, batch, e)
+      updates, st_new = inner_opt.update(g, st, p)
+      present = jnp.sum(batch.mask * (batch.domain == e)) > 0
+      return tree_where(present, (optax.apply_updates(p, updates), st_new), (p, st)), loss * present
+
+    (theta_inner, _), losses = jax.lax.scan(inner, (theta, inner_opt.init(theta)), jnp.arange(num_domains))
+    _, present = domain_risks(jnp.zeros_like(batch.mask), batch.domain, batch.mask, num_domains)
+    theta = jax.tree.map(lambda t, ti: t + meta_lr * (ti - t), theta, theta_inner)
+    return theta, jnp.sum(losses) / jnp.maximum(jnp.sum(present), 1.0)
+  return step_fn
+
+
+def fish(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, rule: ServerRule,
+         meta_lr: float, num_domains: int):
+  step_fn = fish_step(model, inner_opt, meta_lr, num_domains)
+
+  def client_update(global_params, client_state, data, rng):
+    params, loss = local_loop(global_params, step_fn, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
+    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+
+  return federated("fish", client_update, rule)

@@ -1,0 +1,56 @@
+"""GroupDRO (Sagawa et al. 2020) inside clients (Bai et al. 4.2), DomainBed's online form.
+
+Each client keeps group weights `q` over the domains (persistent client state, never sent;
+uniform at the start). At every local step, with `R_e` the mean loss of domain `e` in the
+minibatch:
+
+  q_e <- q_e exp(eta R_e)   for the present domains, then q <- q / sum q
+  loss = sum_e q_e R_e / sum_e q_e        (sums over the present domains)
+
+With every domain present this is DomainBed's `sum_e q_e R_e`; renormalising over the
+present domains keeps the loss a weighted mean when a minibatch lacks a domain, and makes
+it ERM on a single-domain client. The server is FedAvg's (any server rule).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_loop
+from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.objectives import domain_risks
+
+
+def update_group_weights(q, risks, present, eta: float):
+  """`q_e <- q_e exp(eta R_e)` on the present domains, normalised to sum 1."""
+  q = q * jnp.exp(eta * risks * present)
+  return q / jnp.sum(q)
+
+
+def groupdro_loss(model, params, batch, q, eta: float, num_domains: int):
+  """`(loss, q_new)`: the robust loss under the group weights updated on this minibatch
+  (the weights see the losses as constants, as DomainBed's `.detach()`)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+  risks, present = domain_risks(ce, batch.domain, batch.mask, num_domains)
+  q_new = update_group_weights(q, jax.lax.stop_gradient(risks), present, eta)
+  w = q_new * present
+  return jnp.sum(w * risks) / jnp.maximum(jnp.sum(w), 1e-30), q_new
+
+
+def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+             eta: float, num_domains: int):
+  def client_update(global_params, q, data, rng):
+    def step_fn(carry, batch, key):
+      params, opt_state, q_ = carry
+      (loss, q_new), g = jax.value_and_grad(
+          lambda p: groupdro_loss(model, p, batch, q_, eta, num_domains), has_aux=True)(params)
+      updates, opt_state = client_opt.update(g, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state, q_new), loss
+
+    (params, _, q), loss = local_loop((global_params, client_opt.init(global_params), q), step_fn, data, rng, sched)
+    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
+    return ClientOutput(message=delta, state=q, metrics={"train_loss": loss})
+
+  return federated("groupdro", client_update, rule,
+                   client_init=lambda params: jnp.full((num_domains,), 1.0 / num_domains))

@@ -1,0 +1,213 @@
+"""WILDS image datasets read from their release folders (the `wilds` package is not needed).
+
+`config.data.root` is the unpacked release, e.g. `.../iwildcam_v2.0`; `config.data.dataset`
+picks the layout. Each reader mirrors the `wilds/datasets/*_dataset.py` of the release:
+
+- `iwildcam` (v2.0): `metadata.csv` with `split` (train / val / test / id_val / id_test),
+  `y` (0..181), `location_remapped` (older files: `location`) and `filename`; images
+  under `train/`. Domain = location (camera trap). WILDS keeps images at their own size
+  and its `image_base` transform resizes to 448 (v1 configs) or 224; here to `data.image_size`.
+- `camelyon17` (v1.0): `metadata.csv` (first column an index) with `patient`, `node`,
+  `x_coord`, `y_coord`, `tumor` (the label), `slide`, `center`, `split` (0 train, 1 id_val);
+  patches at `patches/patient_{p}_node_{n}/patch_patient_{p}_node_{n}_x_{x}_y_{y}.png`.
+  Domain = hospital (`center`). The official scheme, as `Camelyon17Dataset` codes it with
+  0-indexed centres: centre 1 is the OOD validation hospital and centre 2 the test
+  hospital (the paper's 1-indexed "hospital 4" and "hospital 5"), centres 0, 3, 4 train,
+  and their `split` column separates train from id_val. There is no id_test.
+- `celeba` (v1.0): `list_attr_celeba.csv` (`image_id` and 40 attributes in {-1, 1}),
+  `list_eval_partition.csv` (`image_id`, `partition` 0 train / 1 val / 2 test), images in
+  `img_align_celeba/`. Label = `Blond_Hair`, domain = `Male` (Sagawa et al.'s variant);
+  images are center-cropped to 178 x 178 first, as WILDS and GroupDRO do. There is no
+  id_val / id_test. WILDS reads the two tables row by row in parallel; we join them on
+  `image_id`.
+
+Fold splits (seed 001 App. C.2, "the Wilds official partitions"): train -> `train`,
+id_val -> `in_val`, id_test -> `in_test`, val (OOD) -> `heldout_val`, test -> `test`.
+Domain ids are the contiguous indices of the sorted domain values over the whole table
+(so they do not change with `data.max_per_split`), named `<field>_<value>` like
+DomainBed's `WILDSEnvironment` (`location_12`, `hospital_3`, `male_1`).
+`KEY_METRIC` is the metric WILDS selects and reports on; with `Male` as the domain,
+`metrics.worst_group_accuracy` over groups `domain x label` is WILDS's CelebA
+worst-group accuracy over `(male, y)`.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from fedjax_dg.data.datasets import DomainDataset
+from fedjax_dg.data.folders import DataError, as_dtype, cached_images, options, subsample
+from fedjax_dg.data.splits import Fold, Split
+
+KEY_METRIC = {"iwildcam": "macro_f1", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
+SPLITS = ("train", "id_val", "id_test", "val", "test")
+FOLD_SPLITS = (("train", "train"), ("in_val", "id_val"), ("in_test", "id_test"),
+               ("heldout_val", "val"), ("test", "test"))
+
+
+class Table(NamedTuple):
+  """One row per example of the release, in metadata order."""
+  paths: list          # image files
+  y: np.ndarray        # int32 labels
+  domain: np.ndarray   # int64 raw domain values
+  split: np.ndarray    # split names (SPLITS)
+  rows: list           # "file row k" of each example, for error messages
+  num_classes: int
+  domain_field: str
+  center_crop: bool
+
+
+def read_csv(path: str, columns) -> list[dict]:
+  """Rows of a CSV as dicts; one-line errors for a missing file or column."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked WILDS release folder")
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+      raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(reader.fieldnames or ())})")
+    return list(reader)
+
+
+def _int(row: dict, column: str, where: str) -> int:
+  try:
+    return int(float(row[column]))
+  except (TypeError, ValueError):
+    raise DataError(f"{where}: column {column!r} holds {row[column]!r}, not an integer") from None
+
+
+def read_iwildcam(root: str) -> Table:
+  path = os.path.join(root, "metadata.csv")
+  rows = read_csv(path, ("split", "y", "filename"))
+  field = "location_remapped" if rows and "location_remapped" in rows[0] else "location"
+  if rows and field not in rows[0]:
+    raise DataError(f"{path}: no column 'location_remapped' or 'location'")
+  where = [f"{path} row {k + 2}" for k in range(len(rows))]
+  y = np.array([_int(r, "y", w) for r, w in zip(rows, where)], np.int32)
+  bad = [(w, r["split"]) for r, w in zip(rows, where) if r["split"] not in SPLITS]
+  if bad:
+    raise DataError(f"{bad[0][0]}: split {bad[0][1]!r} is not one of {list(SPLITS)}")
+  return Table([os.path.join(root, "train", r["filename"]) for r in rows], y,
+               np.array([_int(r, field, w) for r, w in zip(rows, where)], np.int64),
+               np.array([r["split"] for r in rows]), where, int(y.max()) + 1 if len(y) else 0, "location", False)
+
+
+def camelyon17_patch(patient: str, node: str, x: str, y: str) -> str:
+  """The patch path of a metadata row (patient zero-padded to 3 digits, as in the release)."""
+  p = f"{int(patient):03d}" if patient.isdigit() else patient
+  return f"patches/patient_{p}_node_{node}/patch_patient_{p}_node_{node}_x_{x}_y_{y}.png"
+
+
+CAMELYON17_VAL_CENTER, CAMELYON17_TEST_CENTER = 1, 2
+
+
+def read_camelyon17(root: str) -> Table:
+  path = os.path.join(root, "metadata.csv")
+  rows = read_csv(path, ("patient", "node", "x_coord", "y_coord", "tumor", "center", "split"))
+  where = [f"{path} row {k + 2}" for k in range(len(rows))]
+  center = np.array([_int(r, "center", w) for r, w in zip(rows, where)], np.int64)
+  split = []
+  for r, w, c in zip(rows, where, center):
+    s = _int(r, "split", w)
+    if s not in (0, 1):
+      raise DataError(f"{w}: split {s} is not 0 (train) or 1 (id_val)")
+    split.append("val" if c == CAMELYON17_VAL_CENTER else "test" if c == CAMELYON17_TEST_CENTER
+                 else ("train", "id_val")[s])
+  paths = [os.path.join(root, camelyon17_patch(r["patient"].strip(), r["node"].strip(), r["x_coord"].strip(),
+                                               r["y_coord"].strip())) for r in rows]
+  y = np.array([_int(r, "tumor", w) for r, w in zip(rows, where)], np.int32)
+  return Table(paths, y, center, np.array(split), where, 2, "hospital", False)
+
+
+def read_celeba(root: str) -> Table:
+  attr_path = os.path.join(root, "list_attr_celeba.csv")
+  part_path = os.path.join(root, "list_eval_partition.csv")
+  attrs = read_csv(attr_path, ("image_id", "Blond_Hair", "Male"))
+  part = {}
+  for k, r in enumerate(read_csv(part_path, ("image_id", "partition"))):
+    p = _int(r, "partition", f"{part_path} row {k + 2}")
+    if p not in (0, 1, 2):
+      raise DataError(f"{part_path} row {k + 2}: partition {p} is not 0 (train), 1 (val) or 2 (test)")
+    part[r["image_id"]] = ("train", "val", "test")[p]
+  where = [f"{attr_path} row {k + 2}" for k in range(len(attrs))]
+  missing = [(w, r["image_id"]) for r, w in zip(attrs, where) if r["image_id"] not in part]
+  if missing:
+    raise DataError(f"{missing[0][0]}: image_id {missing[0][1]!r} has no row in {part_path}")
+  split = [part[r["image_id"]] for r in attrs]
+  y = np.array([_int(r, "Blond_Hair", w) == 1 for r, w in zip(attrs, where)], np.int32)
+  male = np.array([_int(r, "Male", w) == 1 for r, w in zip(attrs, where)], np.int64)
+  return Table([os.path.join(root, "img_align_celeba", r["image_id"]) for r in attrs], y, male,
+               np.array(split), where, 2, "male", True)
+
+
+READERS = {"iwildcam": read_iwildcam, "camelyon17": read_camelyon17, "celeba": read_celeba}
+
+
+def read_table(data_config) -> Table:
+  name = data_config.get("dataset", "")
+  if name not in READERS:
+    raise ValueError(f"data.dataset: unknown WILDS dataset {name!r}; choose one of {sorted(READERS)}")
+  root, *_ = options(data_config)
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"data.root: no folder {root!r} (the unpacked WILDS {name} release)")
+  return READERS[name](root)
+
+
+def domain_index(table: Table):
+  """`(ids, names)`: contiguous domain ids over the whole table and their names."""
+  values, ids = np.unique(table.domain, return_inverse=True)
+  return ids.astype(np.int32), tuple(f"{table.domain_field}_{v}" for v in values)
+
+
+def _check_files(table: Table, idx) -> None:
+  for i in idx:
+    if not os.path.isfile(table.paths[i]):
+      raise FileNotFoundError(f"{table.paths[i]}: image named by {table.rows[i]} does not exist")
+
+
+def _rows(table: Table, split: str, max_per_split: int, seed: int) -> np.ndarray:
+  """The rows of `split`, at most `max_per_split` of them (drawn with `seed`)."""
+  idx = np.flatnonzero(table.split == split)
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+  return idx[subsample(len(idx), max_per_split, rng)]
+
+
+def _images(data_config, table: Table, idx, split: str) -> np.ndarray:
+  root, size, cache_dir, dtype, workers, _ = options(data_config)
+  _check_files(table, idx)
+  x = cached_images([table.paths[i] for i in idx], size, cache_dir, f"{data_config.dataset}_{split}", root,
+                    center_crop=table.center_crop, num_workers=workers,
+                    extra={"dataset": data_config.dataset, "split": split})
+  return as_dtype(x, dtype)
+
+
+def load_fold(data_config) -> Fold:
+  """The official split scheme as a `Fold` (see the module docstring), images decoded
+  once and cached; `data.max_per_split > 0` keeps that many random rows per split."""
+  table = read_table(data_config)
+  ids, names = domain_index(table)
+  max_per_split, seed = int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0))
+  parts = {}
+  for field, split in FOLD_SPLITS:
+    idx = _rows(table, split, max_per_split, seed)
+    parts[field] = Split(_images(data_config, table, idx, split), table.y[idx], ids[idx])
+  doms = lambda s: tuple(int(d) for d in np.unique(s.domain))
+  return Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
+              test_domains=doms(parts["test"]), domain_names=names, num_classes=table.num_classes)
+
+
+def load(data_config) -> DomainDataset:
+  """The official training split only, one entry per training domain (names as in
+  `load_fold`). For experiments on WILDS use `load_fold`, which keeps the official
+  validation and test splits."""
+  table = read_table(data_config)
+  ids, names = domain_index(table)
+  idx = _rows(table, "train", int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0)))
+  x = _images(data_config, table, idx, "train")
+  y, d = table.y[idx], ids[idx]
+  doms = np.unique(d)
+  return DomainDataset(f"wilds_{data_config.dataset}", tuple(names[k] for k in doms),
+                       tuple(x[d == k] for k in doms), tuple(y[d == k] for k in doms), table.num_classes)
