@@ -3,7 +3,7 @@ from helpers import run_on_host_devices
 
 SCRIPT = r"""
 import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-import jax, jax.numpy as jnp, optax
+import jax, jax.numpy as jnp, numpy as np, optax
 assert jax.device_count() == 4, jax.devices()
 from fedjax_dg.algorithms.base import make_schedule
 from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
@@ -16,9 +16,19 @@ from fedjax_dg.algorithms.fedgma import fedgma
 from fedjax_dg.algorithms.fedsam import sam
 from fedjax_dg.algorithms.fedavg import erm
 from fedjax_dg.algorithms.fedloe import init_stage2, make_stage2
+from fedjax_dg.algorithms.dg import dg_fedavg
+from fedjax_dg.algorithms.fish import fish
+from fedjax_dg.algorithms.groupdro import groupdro
+from fedjax_dg.algorithms.afl import afl
+from fedjax_dg.algorithms.fedsr import fedsr, probabilistic_model
+from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
 from fedjax_dg.engine import init_round_state, make_round
 from helpers import ragged_store, tiny_mlp, tree_max_diff
-store = jax.tree.map(jnp.asarray, ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6)))
+store = ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6))
+store = store._replace(domain=np.random.default_rng(0).integers(0, 3, store.y.shape).astype(np.int32))
+img_store = jax.tree.map(jnp.asarray, store._replace(x=store.x.reshape(9, 12, 3, 2, 1)))  # for FedDG's spectra
+bank = amplitude_bank(img_store, 4)
+store = jax.tree.map(jnp.asarray, store)
 C = 9
 model = tiny_mlp()
 params = model.init(jax.random.PRNGKey(0))
@@ -33,14 +43,29 @@ algs = [
   feddim(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01, 0.5, 3, 8),
   fedga(model, sched, sgd, C, 5),
   fedgma(model, sched, sgd, 1.0, 0.4),
+  dg_fedavg(model, sched, sgd, optax_rule(optax.sgd(1.0)), "mixup", 0.2, 3),
+  dg_fedavg(model, sched, sgd, optax_rule(optax.sgd(1.0)), "irm", 10.0, 3, 2),
+  fish(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.5, 3),
+  groupdro(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.1, 3),
+  afl(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.5, 3),
+  [fedsr(probabilistic_model(model, 4), sched, sgd, optax_rule(optax.sgd(1.0)), 4), probabilistic_model(model, 4)],
+  [fedsr(probabilistic_model(model, 4), sched, sgd, omg_rule(7.0, 0.5), 4, name="fedsr+omg"), probabilistic_model(model, 4)],
+  [feddg(tiny_mlp(), sched, sgd, optax_rule(optax.sgd(1.0)), bank, 0.5), img_store],  # [model or store to use]
 ]
 for alg in algs:
+  p0, st = params, store
+  if isinstance(alg, list):
+    alg, extra = alg
+    if hasattr(extra, "init"):
+      p0 = extra.init(jax.random.PRNGKey(0))
+    else:
+      st = extra
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
-    state = init_round_state(alg, None, params, C)
+    state = init_round_state(alg, None, p0, C)
     rf = make_round(alg, C, 7, "vmap", devices=devices)
     for t in range(2):
-      state, m = rf(state, store, jax.random.PRNGKey(t))
+      state, m = rf(state, st, jax.random.PRNGKey(t))
     out.append(state)
   d = tree_max_diff(out[0].server, out[1].server)
   print(alg.name, d, float(m["train_loss"]))

@@ -53,6 +53,12 @@ def amplitude_mix(x, amp_other, lam, window):
   return jnp.real(jnp.fft.ifft2(amp_new * jnp.exp(1j * phase), axes=(-3, -2))).astype(x.dtype)
 
 
+def other_clients(rng, client_id, num_clients: int, n: int):
+  """`n` client ids drawn uniformly from the clients other than `client_id` (itself only in
+  a one-client federation)."""
+  return (client_id + 1 + jax.random.randint(rng, (n,), 0, max(num_clients - 1, 1))) % num_clients
+
+
 def amplitude_bank(store, bank_size: int, seed: int = 0) -> np.ndarray:
   """The server's bank `[C, M, H, W, C_img]`: the amplitude spectra of `M = bank_size`
   random images of each client (drawn with replacement when a client has fewer)."""
@@ -73,8 +79,7 @@ def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
     def objective(params, batch, rng):
       k_c, k_m, k_l = jax.random.split(rng, 3)
       b = batch.x.shape[0]
-      # another client, uniformly (itself only in a one-client federation)
-      other = (client_id + 1 + jax.random.randint(k_c, (b,), 0, max(num_clients - 1, 1))) % num_clients
+      other = other_clients(k_c, client_id, num_clients, b)
       amp_other = bank[other, jax.random.randint(k_m, (b,), 0, bank_size)]
       lam = jax.random.uniform(k_l, (b,) + (1,) * (batch.x.ndim - 1))
       x_aug = amplitude_mix(batch.x, amp_other, lam, window)

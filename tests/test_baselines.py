@@ -1,0 +1,327 @@
+"""Mixup, Fish, GroupDRO, AFL, FedSR and FedDG against independent float64 NumPy versions."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedjax_dg.algorithms.afl import afl, afl_objective, project_simplex
+from fedjax_dg.algorithms.base import Batch, make_schedule
+from fedjax_dg.algorithms.dg import mixup_loss
+from fedjax_dg.algorithms.feddg import amplitude_bank, amplitude_mix, low_freq_window, other_clients
+from fedjax_dg.algorithms.fedavg import optax_rule
+from fedjax_dg.algorithms.fedsr import fedsr, fedsr_loss, gaussian_kl, probabilistic_model
+from fedjax_dg.algorithms.fish import fish_step
+from fedjax_dg.algorithms.groupdro import groupdro, groupdro_loss
+from fedjax_dg.engine import init_round_state, make_round
+from fedjax_dg.objectives import domain_risks, mixup_partners
+from helpers import ragged_store, tiny_mlp
+
+
+
+def _softmax(z):
+  p = np.exp(z - z.max(-1, keepdims=True))
+  return p / p.sum(-1, keepdims=True)
+
+
+def _ce(z, y):
+  return -np.log(_softmax(z)[np.arange(len(y)), y])
+
+
+def _linear(params):
+  d = params["classifier"]["Dense_0"]
+  return np.asarray(d["kernel"], np.float64), np.asarray(d["bias"], np.float64)
+
+
+def _batch(seed=0, n=14, dim=6, classes=3, domains=(0, 2, 3), num_pad=3):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, dim)).astype(np.float32)
+  y = rng.integers(0, classes, n).astype(np.int32)
+  dom = rng.choice(domains, n).astype(np.int32)
+  mask = np.ones(n, np.float32)
+  mask[n - num_pad:] = 0
+  return Batch(jnp.asarray(x), jnp.asarray(y), jnp.asarray(dom), jnp.asarray(mask))
+
+
+def test_domain_risks_match_numpy():
+  b = _batch()
+  loss = np.random.default_rng(1).random(len(b.y))
+  risks, present = domain_risks(jnp.asarray(loss, jnp.float32), b.domain, b.mask, 5)
+  m, d = np.asarray(b.mask), np.asarray(b.domain)
+  for e in range(5):
+    sel = (d == e) & (m > 0)
+    assert bool(present[e]) == sel.any()
+    np.testing.assert_allclose(risks[e], loss[sel].mean() if sel.any() else 0.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("domains", [(0, 2, 3), (1,), (0, 4)])
+def test_mixup_partners_match_a_python_loop(domains):
+  b = _batch(seed=3, n=17, domains=domains)
+  got = np.asarray(mixup_partners(b.domain, b.mask, 5))
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  present = sorted(set(d[m]))
+  rows = {e: [i for i in range(len(d)) if m[i] and d[i] == e] for e in present}
+  for k in range(len(d)):
+    if not m[k]:
+      assert got[k] == k
+      continue
+    e, r = d[k], rows[d[k]].index(k)
+    if len(present) == 1:
+      want = rows[e][(r + 1) % len(rows[e])]
+    else:
+      nxt = present[(present.index(e) + 1) % len(present)]
+      want = rows[nxt][r % len(rows[nxt])]
+    assert got[k] == want, (k, got[k], want)
+
+
+def test_mixup_loss_matches_numpy():
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  b = _batch(seed=4)
+  rng, alpha = jax.random.PRNGKey(7), 0.4
+  got = mixup_loss(model, params, b, rng, alpha, 5)
+  lam_d = np.asarray(jax.random.beta(rng, alpha, alpha, (5,)), np.float64)
+  j = np.asarray(mixup_partners(b.domain, b.mask, 5))
+  W, c = _linear(params)
+  x, y, d, m = (np.asarray(a, np.float64) for a in (b.x, b.y, b.domain, b.mask))
+  y, d = y.astype(int), d.astype(int)
+  lam = lam_d[d]
+  z = (lam[:, None] * x + (1 - lam[:, None]) * x[j]) @ W + c
+  per = lam * _ce(z, y) + (1 - lam) * _ce(z, y[j])
+  want = np.mean([per[(d == e) & (m > 0)].mean() for e in sorted(set(d[m > 0]))])
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_groupdro_loss_and_weights_match_numpy():
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(1))
+  b = _batch(seed=5)
+  q0 = np.array([0.1, 0.3, 0.2, 0.25, 0.15])
+  eta = 0.7
+  loss, q = groupdro_loss(model, params, b, jnp.asarray(q0, jnp.float32), eta, 5)
+  W, c = _linear(params)
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
+  R = np.array([ce[(d == e) & m].mean() if ((d == e) & m).any() else 0.0 for e in range(5)])
+  pres = np.array([((d == e) & m).any() for e in range(5)], float)
+  qn = q0 * np.exp(eta * R * pres)
+  qn /= qn.sum()
+  np.testing.assert_allclose(q, qn, rtol=1e-5)
+  np.testing.assert_allclose(loss, (qn * pres * R).sum() / (qn * pres).sum(), rtol=1e-5)
+  # a single-domain batch: the loss is ERM's
+  b1 = b._replace(domain=jnp.full_like(b.domain, 2))
+  loss1, _ = groupdro_loss(model, params, b1, jnp.asarray(q0, jnp.float32), eta, 5)
+  np.testing.assert_allclose(loss1, ce[m].mean(), rtol=1e-5)
+
+
+def test_groupdro_weights_are_persistent_client_state():
+  store = jax.tree.map(jnp.asarray, ragged_store())
+  store = store._replace(domain=jnp.asarray(np.random.default_rng(0).integers(0, 3, store.y.shape), jnp.int32))
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  alg = groupdro(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.5, 3)
+  state = init_round_state(alg, None, params, 6)
+  rf = make_round(alg, 6, 6, "vmap")
+  qs = []
+  for t in range(2):
+    state, _ = rf(state, store, jax.random.PRNGKey(t))
+    qs.append(np.asarray(state.clients))
+  np.testing.assert_allclose(qs[-1].sum(1), 1.0, rtol=1e-5)
+  assert np.abs(qs[0] - 1 / 3).max() > 1e-3           # moved away from uniform
+  assert np.abs(qs[1] - qs[0]).max() > 1e-4           # and kept moving from where it was
+  assert np.abs(qs[1][0] - qs[1][1]).max() > 1e-4     # one q per client
+
+
+def test_fish_step_matches_numpy_sequential_domain_steps():
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(2))
+  b = _batch(seed=6)
+  lr, meta = 0.3, 0.4
+  got, _ = fish_step(model, optax.sgd(lr), meta, 5)(params, b, None)
+  W, c = _linear(params)
+  Wt, ct = W.copy(), c.copy()
+  x, y, d, m = np.asarray(b.x, np.float64), np.asarray(b.y), np.asarray(b.domain), np.asarray(b.mask) > 0
+  for e in range(5):
+    sel = (d == e) & m
+    if not sel.any():
+      continue
+    g = (_softmax(x[sel] @ Wt + ct) - np.eye(3)[y[sel]]) / sel.sum()
+    Wt, ct = Wt - lr * x[sel].T @ g, ct - lr * g.sum(0)
+  gW, gc = _linear(got)
+  np.testing.assert_allclose(gW, W + meta * (Wt - W), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(gc, c + meta * (ct - c), rtol=1e-5, atol=1e-6)
+
+
+def _project_numpy(v):
+  """The Euclidean projection onto the simplex by bisection on the KKT threshold (float64)."""
+  lo, hi = v.min() - 1.0, v.max()
+  for _ in range(200):
+    tau = (lo + hi) / 2
+    lo, hi = (tau, hi) if np.maximum(v - tau, 0).sum() > 1 else (lo, tau)
+  return np.maximum(v - (lo + hi) / 2, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=1, max_size=12))
+def test_projection_lands_on_the_simplex_and_matches_bisection(v):
+  v = np.asarray(v)
+  w = np.asarray(project_simplex(jnp.asarray(v, jnp.float32)), np.float64)
+  assert (w >= 0).all()
+  np.testing.assert_allclose(w.sum(), 1.0, atol=1e-5)
+  np.testing.assert_allclose(w, _project_numpy(v), atol=2e-5)
+
+
+def test_projection_leaves_simplex_points_unchanged():
+  w = np.random.default_rng(0).dirichlet(np.ones(6))
+  np.testing.assert_allclose(project_simplex(jnp.asarray(w, jnp.float32)), w, atol=1e-6)
+
+
+def test_afl_objective_and_beta_step_match_numpy():
+  store = jax.tree.map(jnp.asarray, ragged_store())
+  store = store._replace(domain=jnp.asarray(np.random.default_rng(1).integers(0, 3, store.y.shape), jnp.int32))
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  gamma = 2.0
+  beta = jnp.asarray([0.5, 0.3, 0.2])
+  b = Batch(store.x[0], store.y[0], store.domain[0], (jnp.arange(12) < store.counts[0]).astype(jnp.float32))
+  W, c = _linear(params)
+  ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  want = sum(float(beta[e]) * (ce[(d == e) & m].mean() if ((d == e) & m).any() else 0) for e in range(3))
+  np.testing.assert_allclose(afl_objective(model, 3)(beta)(params, b, None)[0], want, rtol=1e-5)
+
+  alg = afl(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), gamma, 3)
+  state = init_round_state(alg, None, params, 6)
+  rf = make_round(alg, 6, 6, "vmap")
+  state, _ = rf(state, store, jax.random.PRNGKey(0))
+  np.testing.assert_allclose(state.server.beta, 1 / 3, rtol=1e-6)  # no beta step before the first averaging
+  theta1 = state.server.params
+  state, _ = rf(state, store, jax.random.PRNGKey(1))
+  W, c = _linear(theta1)
+  loss, cnt = np.zeros(3), np.zeros(3)
+  for k in range(6):
+    n = int(store.counts[k])
+    ce = _ce(np.asarray(store.x[k, :n], np.float64) @ W + c, np.asarray(store.y[k, :n]))
+    for e in range(3):
+      sel = np.asarray(store.domain[k, :n]) == e
+      loss[e] += ce[sel].sum()
+      cnt[e] += sel.sum()
+  np.testing.assert_allclose(state.server.beta, _project_numpy(np.full(3, 1 / 3) + gamma * loss / cnt), atol=1e-5)
+
+
+def test_afl_beta_stays_zero_on_domains_no_client_holds():
+  model = tiny_mlp(hidden=())
+  alg = afl(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 1.0, 5,
+            train_domains=(0, 1, 2))
+  s = alg.server_init(None, model.init(jax.random.PRNGKey(0)))
+  np.testing.assert_allclose(s.beta, [1 / 3, 1 / 3, 1 / 3, 0, 0], rtol=1e-6)
+  s = alg.server_prepare(s._replace(round=jnp.asarray(1)), (jnp.asarray([3.0, 1, 2, 0, 0]), jnp.asarray([5.0, 5, 5, 0, 0])))
+  assert float(s.beta[3]) == 0 and float(s.beta[4]) == 0
+  np.testing.assert_allclose(float(jnp.sum(s.beta)), 1.0, rtol=1e-6)
+
+
+def test_gaussian_kl_matches_closed_form_numpy():
+  rng = np.random.default_rng(0)
+  mu, r_mu = rng.normal(size=(2, 7, 4))
+  sig, r_sig = rng.uniform(0.2, 2.0, size=(2, 7, 4))
+  want = (np.log(r_sig / sig) + (sig ** 2 + (mu - r_mu) ** 2) / (2 * r_sig ** 2) - 0.5).sum(-1)
+  got = gaussian_kl(*(jnp.asarray(a, jnp.float32) for a in (mu, sig, r_mu, r_sig)))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert (np.asarray(got) >= -1e-6).all()
+  np.testing.assert_allclose(gaussian_kl(*(jnp.asarray(a, jnp.float32) for a in (mu, sig, mu, sig))), 0, atol=1e-6)
+
+
+def _sr_model(z_dim=2, eval_samples=0):
+  return probabilistic_model(tiny_mlp(hidden=()), z_dim, eval_samples)
+
+
+def _sr_numpy_stats(params, x):
+  d = params["featurizer"]["to_z"]
+  h = np.asarray(x, np.float64) @ np.asarray(d["kernel"], np.float64) + np.asarray(d["bias"], np.float64)
+  mu, s = np.split(h, 2, -1)
+  return mu, np.log1p(np.exp(s))
+
+
+def test_fedsr_loss_matches_numpy():
+  model = _sr_model()
+  params = model.init(jax.random.PRNGKey(3))
+  b = _batch(seed=8)
+  ref = {"mu": jnp.asarray(np.random.default_rng(1).normal(size=(3, 2)), jnp.float32),
+         "s": jnp.asarray(np.random.default_rng(2).normal(size=(3, 2)), jnp.float32)}
+  rng, a_l2, a_cmi = jax.random.PRNGKey(5), 0.3, 0.2
+  got, _ = fedsr_loss(model, params, ref, b, rng, a_l2, a_cmi)
+  mu, sig = _sr_numpy_stats(params, b.x)
+  eps = np.asarray(jax.random.normal(rng, mu.shape), np.float64)
+  z = mu + sig * eps
+  W, c = _linear(params)
+  y, m = np.asarray(b.y), np.asarray(b.mask) > 0
+  r_mu, r_sig = np.asarray(ref["mu"], np.float64)[y], np.log1p(np.exp(np.asarray(ref["s"], np.float64)))[y]
+  kl = (np.log(r_sig / sig) + (sig ** 2 + (mu - r_mu) ** 2) / (2 * r_sig ** 2) - 0.5).sum(-1)
+  want = _ce(z @ W + c, y)[m].mean() + a_l2 * (z ** 2).sum(-1)[m].mean() + a_cmi * kl[m].mean()
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_fedsr_evaluation_uses_the_mean_or_averages_samples():
+  params = _sr_model().init(jax.random.PRNGKey(4))
+  x = _batch(seed=9).x
+  mu, sig = _sr_numpy_stats(params, x)
+  W, c = _linear(params)
+  np.testing.assert_allclose(_sr_model().apply(params, x), mu @ W + c, rtol=1e-5, atol=1e-6)
+  n = 5
+  eps = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (n,) + mu.shape), np.float64)
+  want = np.log(np.mean(_softmax((mu + sig * eps) @ W + c), 0))
+  np.testing.assert_allclose(_sr_model(eval_samples=n).apply(params, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fedsr_references_stay_on_the_clients():
+  store = jax.tree.map(jnp.asarray, ragged_store())
+  model = _sr_model(z_dim=3)
+  params = model.init(jax.random.PRNGKey(0))
+  alg = fedsr(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.5), optax_rule(optax.sgd(1.0)), 3, 0.01, 0.5)
+  state = init_round_state(alg, None, params, 6)
+  state, _ = make_round(alg, 6, 6, "vmap")(state, store, jax.random.PRNGKey(0))
+  assert jax.tree.structure(state.server.params) == jax.tree.structure(params)  # the server holds no reference
+  r_mu = np.asarray(state.clients["mu"])
+  assert r_mu.shape == (6, 3, 3)
+  assert np.abs(r_mu).max() > 0 and np.abs(r_mu[0] - r_mu[1]).max() > 0  # trained, one per client
+
+
+def _mix_numpy(x, amp_other, lam, ratio):
+  """ELCFS's `low_freq_mutate_np`-style reference: shift, mix a centred square, unshift."""
+  h, w = x.shape[:2]
+  f = np.fft.fft2(x.astype(np.float64), axes=(0, 1))
+  a, p = np.fft.fftshift(np.abs(f), axes=(0, 1)), np.angle(f)
+  a2 = np.fft.fftshift(amp_other.astype(np.float64), axes=(0, 1))
+  b = int(np.floor(ratio * min(h, w) / 2))
+  ch, cw = h // 2, w // 2
+  a[ch - b:ch + b + 1, cw - b:cw + b + 1] = ((1 - lam) * a[ch - b:ch + b + 1, cw - b:cw + b + 1]
+                                             + lam * a2[ch - b:ch + b + 1, cw - b:cw + b + 1])
+  a = np.fft.ifftshift(a, axes=(0, 1))
+  return np.real(np.fft.ifft2(a * np.exp(1j * p), axes=(0, 1)))
+
+
+@pytest.mark.parametrize("shape,ratio", [((16, 16, 1), 0.25), ((12, 9, 3), 0.5), ((8, 8, 2), 1.0)])
+def test_amplitude_mix_matches_numpy(shape, ratio):
+  rng = np.random.default_rng(0)
+  x, x2 = rng.random(shape), rng.random(shape)
+  amp2 = np.abs(np.fft.fft2(x2, axes=(0, 1)))
+  win = low_freq_window(shape[0], shape[1], ratio)
+  for lam in (0.0, 0.3, 1.0):
+    got = amplitude_mix(jnp.asarray(x, jnp.float32), jnp.asarray(amp2, jnp.float32), lam, win)
+    np.testing.assert_allclose(got, _mix_numpy(x, amp2, lam, ratio), atol=1e-4)
+  got0 = amplitude_mix(jnp.asarray(x, jnp.float32), jnp.asarray(amp2, jnp.float32), 0.0, win)
+  np.testing.assert_allclose(got0, x, atol=1e-5)  # lam = 0 gives the image back
+
+
+def test_feddg_draws_other_clients_and_builds_the_bank():
+  own = other_clients(jax.random.PRNGKey(0), 3, 7, 500)
+  assert not np.any(np.asarray(own) == 3) and set(np.asarray(own).tolist()) == set(range(7)) - {3}
+  st = ragged_store()._replace(x=np.random.default_rng(0).random((6, 12, 5, 5, 1)).astype(np.float32))
+  bank = amplitude_bank(st, 4)
+  assert bank.shape == (6, 4, 5, 5, 1)
+  # each entry is the spectrum of one of that client's real images
+  for c in range(6):
+    real = np.abs(np.fft.fft2(st.x[c, :st.counts[c]], axes=(1, 2)))
+    for m in range(4):
+      assert np.min(np.abs(real - bank[c, m]).reshape(len(real), -1).max(1)) < 1e-4
