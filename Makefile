@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: install demo test test-slow bench
+.PHONY: install demo test test-slow bench fashion-mnist
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -24,3 +24,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json
+
+# Debian's dataset-fashion-mnist package: the IDX files for configs/rotated_fashion_mnist.py.
+fashion-mnist:
+	bash scripts/install_fashion_mnist.sh

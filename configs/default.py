@@ -25,6 +25,22 @@ def get_config():
   c.data.in_val_fraction = 0.1
   c.data.in_test_fraction = 0.1
   c.data.leave_one_domain_out = False
+  # On-disk datasets (configs/rotated_mnist.py, colored_mnist.py, pacs.py, ...; README "Datasets").
+  c.data.path = ""               # root of the files; "" for the embedded datasets
+  c.data.fallback_path = ""      # searched when data.path has no files (e.g. Debian's package location)
+  c.data.prefix = ""             # IDX file-name prefix (EMNIST's "emnist-digits-")
+  c.data.max_per_domain = 0      # 0 = every example; else a random subsample per domain
+  c.data.color_flips = (0.1, 0.2, 0.9)  # colored_mnist: colour-flip probability per domain
+  c.data.label_noise = 0.25
+  c.data.downsample = 2
+  c.data.tfds_name = ""          # data.name = "tfds": any TFDS image classification dataset
+  c.data.tfds_data_dir = ""
+  c.data.tfds_image_key = "image"
+  c.data.tfds_label_key = "label"
+  c.data.tfds_domain_key = ""    # a feature whose values are the domains; "" = one domain per split
+  c.data.tfds_split = "train"
+  c.data.tfds_domain_splits = ("train", "test")
+  c.data.tfds_download = False
 
   c.partition = ml_collections.ConfigDict()
   c.partition.method = "heterogeneous"  # heterogeneous | dirichlet | iid
@@ -35,9 +51,12 @@ def get_config():
   c.cohort_fraction = 1.0
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp
+  c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp | resnet18 | resnet50
   c.model.hidden = (200, 200)
   c.model.head_hidden = ()
+  c.model.pretrained_path = ""      # resnet18/50: torchvision weights (.pth/.safetensors) or converted .npz
+  c.model.freeze_bn = True          # resnet: batch-norm statistics frozen (DomainBed)
+  c.model.freeze_featurizer = False
 
   c.algorithm = ml_collections.ConfigDict()
   c.algorithm.name = "fedavg"

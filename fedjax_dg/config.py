@@ -3,13 +3,14 @@ and a failure is one line naming the field and the accepted range."""
 from __future__ import annotations
 
 import math
+import os
 
 from fedjax_dg.algorithms import ALGORITHMS
+from fedjax_dg.data.datasets import DATASETS
 from fedjax_dg.engine.round import STRATEGIES
 from fedjax_dg.models import MODELS
 
 PARTITIONS = ("heterogeneous", "dirichlet", "iid")
-DATASETS = ("rotated_digits", "spurious")
 
 
 class ConfigError(ValueError):
@@ -26,6 +27,8 @@ def validate(config) -> None:
   _check(config.algorithm.name in ALGORITHMS,
          f"algorithm.name: unknown algorithm {config.algorithm.name!r}; choose one of {list(ALGORITHMS)}")
   _check(config.data.name in DATASETS, f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)}")
+  path = config.model.get("pretrained_path", "")
+  _check(not path or os.path.isfile(path), f"model.pretrained_path: no such file {path!r}")
   _check(config.model.name in MODELS, f"model.name: unknown model {config.model.name!r}; choose one of {list(MODELS)}")
   _check(config.partition.method in PARTITIONS,
          f"partition.method: unknown {config.partition.method!r}; choose one of {list(PARTITIONS)}")

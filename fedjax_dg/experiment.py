@@ -139,6 +139,9 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   key = jax.random.PRNGKey(config.seed)
   k_init, k_server, k_rounds = jax.random.split(key, 3)
   params = s["model"].init(k_init)
+  if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
+    from fedjax_dg.models import resnet
+    params = resnet.load_pretrained(params, config.model.pretrained_path)
   state = init_round_state(s["algorithm"], k_server, params, s["num_clients"])
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)

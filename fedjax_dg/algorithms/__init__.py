@@ -78,13 +78,28 @@ COMMUNICATION = {
     "scaffold": {"sends": ("control-variate update",), "receives": ("server control variate",)},
     "fediir": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
     "fediir+omg": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
-    "feddim": {"sends": ("per-class feature insight matrices",), "receives": ("global insight matrices",)},
-    "fedga": {"sends": ("generalisation gap (two losses)",)},
+    "feddim": {"sends": ("per-class mean insight matrices",), "receives": ("global insight matrices",)},
+    "fedga": {"sends": ("generalisation gap (a scalar)",)},
     "afl": {"sends": ("per-domain loss sums and example counts (pre-round)",), "receives": ("domain weights beta",)},
     "feddg": {"sends": ("amplitude spectra of its images (once)",),
               "receives": ("other clients' amplitude spectra (once)",), "leaks_data": True},
-    "fedloe": {"sends": ("stage 2: classifier heads",), "receives": ("stage 2: manager weights, heads",)},
+    "fedloe": {"sends": ("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
+               "receives": ("stage 2: every client's head, the combined head",), "leaks_data": True},
 }
+
+
+def communication_table() -> str:
+  """The README's table: what every method sends and receives beyond the model and its
+  update, and whether it sends anything computed per example (seed 001 Table 12's
+  "free of leakage" is the opposite of the last column)."""
+  rows = ["| method | sends beyond the model update | receives beyond the model | per-example data leaves the client |",
+          "| --- | --- | --- | --- |"]
+  for name in ALGORITHMS:
+    c = COMMUNICATION.get(name, {})
+    fmt = lambda items: "; ".join(items) if items else "-"
+    rows.append(f"| `{name}` | {fmt(c.get('sends', ()))} | {fmt(c.get('receives', ()))} | "
+                f"{'yes' if c.get('leaks_data') else 'no'} |")
+  return "\n".join(rows)
 
 
 def _build(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store) -> Algorithm:

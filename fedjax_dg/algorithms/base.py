@@ -261,8 +261,17 @@ def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransforma
   else:
     raise ValueError(f"optimizer: unknown {name!r}; choose sgd, adam or yogi")
   if wd > 0:
-    opt = optax.chain(optax.add_decayed_weights(wd), opt)
+    opt = optax.chain(optax.add_decayed_weights(wd, mask=decay_mask), opt)
   return opt
+
+
+def decay_mask(params):
+  """False at frozen batch-norm statistics (`running_mean`, `running_var`, which live in the
+  parameters behind `stop_gradient`; see models/resnet.py), True elsewhere."""
+  def keep(path, _):
+    last = path[-1]
+    return getattr(last, "key", getattr(last, "name", None)) not in ("running_mean", "running_var")
+  return jax.tree_util.tree_map_with_path(keep, params)
 
 
 def set_learning_rate(opt_state, lr):

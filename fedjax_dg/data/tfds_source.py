@@ -24,6 +24,7 @@ import numpy as np
 
 from fedjax_dg.data.datasets import DomainDataset
 
+
 def _feature(example: dict, key: str):
   for part in key.split("/"):
     example = example[part]
@@ -37,8 +38,8 @@ def _domain_value(value):
 
 
 def to_image(image, size: int) -> np.ndarray:
-  """uint8 [H, W, C] (or [H, W]) -> float32 [size, size, C] in [0, 1]; bilinear resize
-  with PIL unless `size` is 0 or already the image's size."""
+  """uint8 [H, W, C] or [H, W] -> float32 [size, size, C] in [0, 1] (other dtypes are taken
+  as already in [0, 1]); bilinear resize with PIL unless `size` is 0 or the image's size."""
   image = np.asarray(image)
   if image.ndim == 2:
     image = image[..., None]
@@ -94,32 +95,37 @@ def _subsample(n: int, max_per_domain: int, rng) -> np.ndarray:
   return np.arange(n)
 
 
+def _by_feature(name, data_config, keys, size, cap, rng):
+  """Domains = the distinct values of `data.tfds_domain_key` in `data.tfds_split`."""
+  source = _open(name, data_config.get("tfds_split", "train"), data_config)
+  x, y, values = _read(source, np.arange(len(source)), *keys, size)
+  domains = sorted(set(values))
+  index = {v: i for i, v in enumerate(domains)}
+  dom = np.asarray([index[v] for v in values])
+  picks = [np.flatnonzero(dom == i) for i in range(len(domains))]
+  picks = [p[_subsample(len(p), cap, rng)] for p in picks]
+  return source, tuple(str(v) for v in domains), tuple(x[p] for p in picks), tuple(y[p] for p in picks)
+
+
+def _by_split(name, data_config, keys, size, cap, rng):
+  """Domains = the splits in `data.tfds_domain_splits`."""
+  splits = tuple(data_config.get("tfds_domain_splits", ("train", "test")))
+  sources = [_open(name, s, data_config) for s in splits]
+  read = [_read(src, _subsample(len(src), cap, rng), *keys, size) for src in sources]
+  return sources[0], splits, tuple(r[0] for r in read), tuple(r[1] for r in read)
+
+
 def load(data_config) -> DomainDataset:
   """`config.data` -> DomainDataset read through `tfds.data_source` (see the module doc)."""
   name = data_config.get("tfds_name", "")
   if not name:
     raise ValueError("data.tfds_name: name the TFDS dataset to read, e.g. 'mnist' or 'smallnorb'")
-  image_key = data_config.get("tfds_image_key", "image")
-  label_key = data_config.get("tfds_label_key", "label")
   domain_key = data_config.get("tfds_domain_key", "")
-  size = int(data_config.get("image_size", 0))
-  cap = int(data_config.get("max_per_domain", 0))
+  keys = (data_config.get("tfds_image_key", "image"), data_config.get("tfds_label_key", "label"), domain_key)
+  size, cap = int(data_config.get("image_size", 0)), int(data_config.get("max_per_domain", 0))
   rng = np.random.default_rng(data_config.get("seed", 0))
-  if domain_key:
-    source = _open(name, data_config.get("tfds_split", "train"), data_config)
-    x, y, values = _read(source, np.arange(len(source)), image_key, label_key, domain_key, size)
-    domains = sorted(set(values))
-    index = {v: i for i, v in enumerate(domains)}
-    dom = np.asarray([index[v] for v in values])
-    picks = [np.flatnonzero(dom == i) for i in range(len(domains))]
-    picks = [p[_subsample(len(p), cap, rng)] for p in picks]
-    names, xs, ys = tuple(str(v) for v in domains), tuple(x[p] for p in picks), tuple(y[p] for p in picks)
-  else:
-    splits = tuple(data_config.get("tfds_domain_splits", ("train", "test")))
-    sources = [_open(name, s, data_config) for s in splits]
-    read = [_read(src, _subsample(len(src), cap, rng), image_key, label_key, "", size) for src in sources]
-    names, xs, ys = splits, tuple(r[0] for r in read), tuple(r[1] for r in read)
-    source = sources[0]
+  build = _by_feature if domain_key else _by_split
+  source, names, xs, ys = build(name, data_config, keys, size, cap, rng)
   if len({x.shape[1:] for x in xs}) > 1:
     raise ValueError(f"data.image_size: {name!r} domains differ in image size; set data.image_size > 0")
-  return DomainDataset(f"tfds:{name}", tuple(names), xs, ys, _num_classes(source, label_key, ys))
+  return DomainDataset(f"tfds:{name}", names, xs, ys, _num_classes(source, keys[1], ys))

@@ -132,7 +132,7 @@ def _read_torch_zip(path: str):
     if pkl is None:
       raise ValueError("zip archive without data.pkl (not a torch.save file)")
     prefix = pkl[:-len("data.pkl")]
-    order = zf.read(prefix + "byteorder").decode() if prefix + "byteorder" in names else "little"
+    order = zf.read(prefix + "byteorder").decode().strip() if prefix + "byteorder" in names else "little"
     storages = {}
 
     def storage(dtype, key, numel, view):
@@ -207,7 +207,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 
 
 _BLOCK = re.compile(r"(layer\d+)\.(\d+)\.(.+)")
-_MODULE = re.compile(r"conv\d|bn\d|downsample\.[01]")
+_MODULE = re.compile(r"conv[1-3]|bn[1-3]|downsample\.[01]")
 _BN_LEAVES = {"weight": "scale", "bias": "bias", "running_mean": "running_mean", "running_var": "running_var"}
 
 
