@@ -41,6 +41,15 @@ def get_config():
   c.data.tfds_split = "train"
   c.data.tfds_domain_splits = ("train", "test")
   c.data.tfds_download = False
+  c.data.root = ""               # image_folder / wilds: the unpacked dataset
+  c.data.dataset = ""            # wilds: iwildcam | camelyon17 | celeba
+  c.data.cache_dir = ""          # decoded-image cache; "" = <root>/.fedjax_dg_cache/<image_size>
+  c.data.max_per_split = 0       # wilds: 0 = every row; else a random subsample per official split
+  c.data.dtype = "uint8"         # image_folder / wilds pixels in memory (uint8, or float32 in [0, 1])
+  c.data.num_workers = 0         # decoding threads; 0 = one per CPU
+  c.data.augment = False         # DomainBed's training augmentation, inside the jitted local step
+  c.data.augment_preset = "domainbed"  # domainbed | celeba | camelyon17
+  c.data.select_metric = "accuracy"    # model selection metric (WILDS: macro_f1, worst_group_accuracy)
 
   c.partition = ml_collections.ConfigDict()
   c.partition.method = "heterogeneous"  # heterogeneous | dirichlet | iid

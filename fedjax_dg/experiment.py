@@ -67,7 +67,8 @@ def setup(config, fold: splits.Fold):
   c = config.client
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
-  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps))
+  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps),
+                        _augmentation(config, fold))
   algorithm = build_algorithm(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                               train_domains=fold.train_domains, store=packed)
   strategy = config.engine.strategy
@@ -76,6 +77,19 @@ def setup(config, fold: splits.Fold):
   round_fn = make_round(algorithm, num_clients, cohort, strategy, config.engine.chunk_size)
   return dict(num_clients=num_clients, packed=packed, tune_packed=tune_packed, cohort=cohort, model=model,
               sched=sched, algorithm=algorithm, strategy=strategy, round_fn=round_fn)
+
+
+def _augmentation(config, fold):
+  """DomainBed's training augmentation (`data.augment`, `data.augment_preset`) as the local
+  loop's `(rng, x) -> x`, or None."""
+  from fedjax_dg.data import augment
+  params = augment.params_for(config.data)
+  if params is None:
+    return None
+  if fold.train.x.ndim != 4 or fold.train.x.shape[-1] != 3:
+    raise config_lib.ConfigError(f"data.augment: DomainBed's augmentation needs RGB images [H, W, 3], "
+                                 f"got inputs of shape {fold.train.x.shape[1:]}")
+  return lambda rng, x: augment.augment(rng, x, params)
 
 
 def _split_tuning(parts, fraction: float, seed: int):
@@ -214,7 +228,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "communication": comm,
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
                   "val": list(fold.val_domains), "test": list(fold.test_domains)},
-      "selection": {rule: select(records, rule) for rule in SELECTION_RULES},
+      "selection": {rule: select(records, rule, metric=config.data.get("select_metric", "accuracy"))
+                    for rule in SELECTION_RULES},
       "final": records[-1] if records else None,
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:
@@ -225,8 +240,11 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
   config_lib.validate(config)
   workdir = workdir or config.workdir
-  ds = datasets.load_dataset(config.data)
   d = config.data
+  if d.name == "wilds":  # the official split scheme, not a split by domains
+    from fedjax_dg.data import wilds
+    return run_fold(config, wilds.load_fold(d), workdir)
+  ds = datasets.load_dataset(config.data)
   kw = dict(in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed)
   if not d.leave_one_domain_out:
     return run_fold(config, splits.make_fold(ds, d.test_domains, d.val_domains, **kw), workdir)

@@ -175,3 +175,22 @@ def test_registry_builds_the_named_method(tiny_config):
   for name, agg in (("fedomg", "stack"), ("fediir+omg", "stack"), ("fedga", "stack"), ("feddim", "mean"), ("fediir", "mean")):
     tiny_config.algorithm.name = name
     assert build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8).aggregation == agg
+
+
+def test_readme_communication_table_matches_the_declarations(tiny_config):
+  """The README's table is `communication_table()`, and every built algorithm carries the
+  declaration the table shows (so summary.json reports the same)."""
+  import os
+  from fedjax_dg.algorithms import COMMUNICATION, build_algorithm, communication_table
+  from fedjax_dg.algorithms.base import make_schedule as sched_of
+  readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+  assert communication_table() in readme
+  model = tiny_mlp(dim=64, classes=10)
+  store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))
+  for name in ALGORITHMS:
+    tiny_config.algorithm.name = name
+    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store)
+    want = COMMUNICATION.get(name, {})
+    assert alg.sends == want.get("sends", ()) and alg.receives == want.get("receives", ()), name
+    assert alg.leaks_data == want.get("leaks_data", False), name
+  assert [n for n in ALGORITHMS if COMMUNICATION.get(n, {}).get("leaks_data")] == ["fedloe", "feddg"]

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dg.data.augment import to_float
+
 
 class ClientData(NamedTuple):
   """One client's padded examples; rows `>= count` are padding."""
@@ -117,14 +119,15 @@ class LocalSchedule(NamedTuple):
   epochs: int
   passes: int
   unroll: int | bool
+  augment: Callable | None = None  # `(rng, x) -> x` on float images, every training batch
 
 
 def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: int, n_min: int,
-                  unroll: int | bool = 1) -> LocalSchedule:
+                  unroll: int | bool = 1, augment: Callable | None = None) -> LocalSchedule:
   if local_steps > 0:
-    return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll)
+    return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll, augment)
   return LocalSchedule(local_epochs * math.ceil(n_max / batch_size), batch_size, local_epochs,
-                       local_epochs, unroll)
+                       local_epochs, unroll, augment)
 
 
 def batch_indices(rng, count, n_max: int, sched: LocalSchedule):
@@ -208,7 +211,10 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
 
   def step(carry, inp):
     i, m, k, s = inp
-    new_carry, loss = step_fn(carry, Batch(data.x[i], data.y[i], data.domain[i], m, s), k)
+    x = to_float(data.x[i])  # uint8 images become floats in [0, 1]; floats stay as they are
+    if sched.augment is not None:
+      x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
+    new_carry, loss = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
     return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m))
 
   carry, (losses, seen) = jax.lax.scan(step, carry, (idx, mask, step_keys, jnp.arange(sched.num_steps)),

@@ -26,6 +26,7 @@ import optax
 
 from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_train, masked_cross_entropy
 from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.data.augment import to_float
 
 
 def amplitude_spectrum(x):
@@ -64,8 +65,8 @@ def amplitude_bank(store, bank_size: int, seed: int = 0) -> np.ndarray:
   random images of each client (drawn with replacement when a client has fewer)."""
   rng = np.random.default_rng(seed)
   picks = [rng.choice(int(n), bank_size, replace=int(n) < bank_size) for n in store.counts]
-  imgs = np.stack([store.x[c, p] for c, p in enumerate(picks)])
-  return np.asarray(jnp.abs(jnp.fft.fft2(jnp.asarray(imgs, jnp.float32), axes=(-3, -2))))
+  imgs = to_float(np.stack([store.x[c, p] for c, p in enumerate(picks)]))  # the scale the local loop sees
+  return np.asarray(jnp.abs(jnp.fft.fft2(imgs, axes=(-3, -2))))
 
 
 def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,

@@ -9,7 +9,8 @@ function is pure and jittable on float images in [0, 1], `[H, W, 3]` for one exa
 
 Where we deviate from torchvision (which DomainBed applies to PIL images):
 - the crop is taken from the already resized image (the loaders store `S x S` uint8) and
-  resized back with bilinear `jax.image.scale_and_translate`, not from the original file;
+  resized back with a bilinear kernel (`interp_matrix`), not from the original file (the
+  Bai et al. benchmark code also resizes first);
 - the colour operations follow torchvision's tensor formulas on floats (brightness
   `f x`, contrast blends with the mean grey level, saturation with the grey image, hue
   rotates in HSV), with grey = ITU-R 601-2 luma `0.299 R + 0.587 G + 0.114 B` as PIL's
@@ -45,6 +46,27 @@ class AugmentParams:
 
 
 DOMAINBED = AugmentParams()
+# `data.augment_preset` -> params. The Bai et al. benchmark code (seed 001;
+# FedDG_Benchmark `src/dataset_bundle.py`) uses DomainBed's pipeline for PACS, OfficeHome and
+# IWildCam, but for CelebA only a crop (ratio (1, 4/3)) and a flip, and for Camelyon17 no
+# crop (flip, colour jitter, grey).
+PRESETS = {
+    "domainbed": DOMAINBED,
+    "celeba": AugmentParams(ratio=(1.0, 4 / 3), brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0,
+                            grayscale_prob=0.0),
+    "camelyon17": AugmentParams(scale=(1.0, 1.0), ratio=(1.0, 1.0)),
+}
+
+
+def params_for(data_config) -> AugmentParams | None:
+  """The training augmentation `config.data` asks for: None when `data.augment` is false,
+  else `PRESETS[data.augment_preset]` (default "domainbed")."""
+  if not data_config.get("augment", False):
+    return None
+  name = data_config.get("augment_preset", "domainbed")
+  if name not in PRESETS:
+    raise ValueError(f"data.augment_preset: unknown {name!r}; choose one of {sorted(PRESETS)}")
+  return PRESETS[name]
 
 
 def to_float(x):
@@ -103,16 +125,11 @@ def rgb_to_hsv(image):
 
 
 def hsv_to_rgb(hsv):
-  """torchvision's `_hsv2rgb`."""
-  h, s, v = hsv[..., 0], hsv[..., 1], hsv[..., 2]
-  i = jnp.floor(h * 6.0)
-  f = h * 6.0 - i
-  i = i.astype(jnp.int32) % 6
-  p = jnp.clip(v * (1.0 - s), 0.0, 1.0)
-  q = jnp.clip(v * (1.0 - s * f), 0.0, 1.0)
-  t = jnp.clip(v * (1.0 - s * (1.0 - f)), 0.0, 1.0)
-  sector = lambda *vals: jnp.select([i == k for k in range(6)], vals)
-  return jnp.stack([sector(v, q, p, p, t, v), sector(t, v, v, q, p, p), sector(p, p, t, v, v, q)], -1)
+  """HSV -> RGB as `channel(n) = v - v s clip(min(k, 4 - k), 0, 1)`, `k = (n + 6 h) mod 6`
+  for n = 5, 3, 1 (R, G, B): torchvision's `_hsv2rgb` sector table in closed form."""
+  h, s, v = hsv[..., 0:1], hsv[..., 1:2], hsv[..., 2:3]
+  k = jnp.mod(jnp.asarray((5.0, 3.0, 1.0), hsv.dtype) + 6.0 * h, 6.0)
+  return v - v * s * jnp.clip(jnp.minimum(k, 4.0 - k), 0.0, 1.0)
 
 
 def adjust_hue(image, delta):
@@ -125,23 +142,22 @@ def adjust_hue(image, delta):
 def color_jitter(rng, image, brightness=0.3, contrast=0.3, saturation=0.3, hue=0.3):
   """torchvision `ColorJitter`: factors `U[1 - b, 1 + b]` (hue `U[-h, h]`), the four
   operations applied in a random order. Strengths must be static; 0 skips the operation."""
-  k_perm, k_b, k_c, k_s, k_h = jax.random.split(rng, 5)
-  factor = lambda k, m: jax.random.uniform(k, (), minval=max(0.0, 1.0 - m), maxval=1.0 + m)
+  u = jax.random.uniform(rng, (8,))  # one draw for everything: few PRNG calls compile fast
+  between = lambda v, lo, hi: lo + (hi - lo) * v
   ops = []
   if brightness > 0:
-    ops.append(lambda x: adjust_brightness(x, factor(k_b, brightness)))
+    ops.append(lambda x: adjust_brightness(x, between(u[0], max(0.0, 1.0 - brightness), 1.0 + brightness)))
   if contrast > 0:
-    ops.append(lambda x: adjust_contrast(x, factor(k_c, contrast)))
+    ops.append(lambda x: adjust_contrast(x, between(u[1], max(0.0, 1.0 - contrast), 1.0 + contrast)))
   if saturation > 0:
-    ops.append(lambda x: adjust_saturation(x, factor(k_s, saturation)))
+    ops.append(lambda x: adjust_saturation(x, between(u[2], max(0.0, 1.0 - saturation), 1.0 + saturation)))
   if hue > 0:
-    ops.append(lambda x: adjust_hue(x, jax.random.uniform(k_h, (), minval=-hue, maxval=hue)))
+    ops.append(lambda x: adjust_hue(x, between(u[3], -hue, hue)))
   if not ops:
     return image
-  order = jax.random.permutation(k_perm, len(ops))
-  for step in range(len(ops)):
-    image = jax.lax.switch(order[step], ops, image)
-  return image
+  order = jnp.argsort(u[4:4 + len(ops)])  # a uniformly random permutation
+  # One loop body holding every operation once (not one copy per step): smaller programs.
+  return jax.lax.fori_loop(0, len(ops), lambda step, x: jax.lax.switch(order[step], ops, x), image)
 
 
 def crop_box(rng, height: int, width: int, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3), attempts: int = 10):
@@ -151,16 +167,17 @@ def crop_box(rng, height: int, width: int, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3
   rounds the box to whole pixels and keeps it if it fits; the first fitting attempt wins,
   else the central crop with the aspect ratio clamped into `ratio`.
   """
-  k_area, k_ratio, k_top, k_left = jax.random.split(rng, 4)
-  area = height * width * jax.random.uniform(k_area, (attempts,), minval=scale[0], maxval=scale[1])
-  aspect = jnp.exp(jax.random.uniform(k_ratio, (attempts,), minval=math.log(ratio[0]), maxval=math.log(ratio[1])))
+  u = jax.random.uniform(rng, (2 * attempts + 2,))
+  area = height * width * (scale[0] + (scale[1] - scale[0]) * u[:attempts])
+  log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+  aspect = jnp.exp(log_lo + (log_hi - log_lo) * u[attempts:2 * attempts])
   w = jnp.round(jnp.sqrt(area * aspect))
   h = jnp.round(jnp.sqrt(area / aspect))
   fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
   first = jnp.argmax(fits)
   w, h = w[first], h[first]
-  top = jnp.floor(jax.random.uniform(k_top, ()) * (height - h + 1))
-  left = jnp.floor(jax.random.uniform(k_left, ()) * (width - w + 1))
+  top = jnp.floor(u[-2] * (height - h + 1))
+  left = jnp.floor(u[-1] * (width - w + 1))
   in_ratio = width / height
   if in_ratio < min(ratio):
     fw, fh = width, round(width / min(ratio))
@@ -174,15 +191,27 @@ def crop_box(rng, height: int, width: int, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3
   return tuple(jnp.asarray(v, jnp.float32) for v in box)
 
 
+def interp_matrix(start, length, in_size: int, out_size: int):
+  """`[out_size, in_size]` weights resampling `[start, start + length)` of an axis to
+  `out_size` pixels: a triangle (bilinear) kernel at the output pixel centres, widened by
+  the downscale factor when shrinking, normalised per row (PIL's and
+  `jax.image.scale_and_translate`'s bilinear resize; borders clamp)."""
+  scale = out_size / length
+  centers = start + (jnp.arange(out_size) + 0.5) / scale - 0.5
+  support = jnp.maximum(1.0 / scale, 1.0)
+  w = jnp.maximum(0.0, 1.0 - jnp.abs(centers[:, None] - jnp.arange(in_size)[None, :]) / support)
+  return w / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1e-12)
+
+
 def resized_crop(image, top, left, h, w, out_height: int | None = None, out_width: int | None = None):
   """The box `[top, top + h) x [left, left + w)` of `image` `[H, W, C]`, bilinearly
-  resized to `out_height x out_width` (default: the input size)."""
+  resized to `out_height x out_width` (default: the input size). Two small matrix
+  products, so it vectorises and runs on accelerators without gathers."""
   out_height = out_height or image.shape[0]
   out_width = out_width or image.shape[1]
-  sy, sx = out_height / h, out_width / w
-  return jax.image.scale_and_translate(
-      image, (out_height, out_width, image.shape[2]), (0, 1), jnp.stack([sy, sx]),
-      jnp.stack([-top * sy, -left * sx]), method="linear", antialias=True)
+  wy = interp_matrix(top, h, image.shape[0], out_height)
+  wx = interp_matrix(left, w, image.shape[1], out_width)
+  return jnp.einsum("oh,hwc,pw->opc", wy, image, wx, precision=jax.lax.Precision.HIGHEST)
 
 
 def random_resized_crop(rng, image, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3), attempts: int = 10):
@@ -192,18 +221,22 @@ def random_resized_crop(rng, image, scale=(0.7, 1.0), ratio=(3 / 4, 4 / 3), atte
 
 def random_flip(rng, image, prob: float = 0.5):
   """Mirror left-right with probability `prob`."""
-  return jnp.where(jax.random.bernoulli(rng, prob), image[:, ::-1], image)
+  return jnp.where(jax.random.uniform(rng) < prob, image[:, ::-1], image)
 
 
 def random_grayscale(rng, image, prob: float = 0.1):
-  return jnp.where(jax.random.bernoulli(rng, prob), to_grayscale(image), image)
+  return jnp.where(jax.random.uniform(rng) < prob, to_grayscale(image), image)
 
 
 def augment_one(rng, image, params: AugmentParams = DOMAINBED):
   """One image `[H, W, 3]` in [0, 1]: crop, flip, colour jitter, grey, in DomainBed's order."""
   k_crop, k_flip, k_jit, k_gray = jax.random.split(rng, 4)
   p = params
-  image = random_resized_crop(k_crop, image, p.scale, p.ratio, p.crop_attempts)
+  height, width = image.shape[:2]
+  # At scale 1 every candidate box but the full image overflows, and the fallback is the
+  # full image when its aspect ratio is allowed: skip the (identity) resampling.
+  if not (tuple(p.scale) == (1.0, 1.0) and min(p.ratio) <= width / height <= max(p.ratio)):
+    image = random_resized_crop(k_crop, image, p.scale, p.ratio, p.crop_attempts)
   if p.flip_prob > 0:
     image = random_flip(k_flip, image, p.flip_prob)
   image = color_jitter(k_jit, image, p.brightness, p.contrast, p.saturation, p.hue)

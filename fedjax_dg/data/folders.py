@@ -11,7 +11,8 @@ sorted visible subfolders of `root`, each domain is a torchvision `ImageFolder` 
 - Images are decoded with PIL, converted to RGB and resized once to
   `data.image_size` squared (bilinear, DomainBed's `Resize((224, 224))`), then kept as
   uint8 `[N, H, W, 3]`: DomainBed resizes on every read and its training augmentation
-  crops from the full-resolution image; ours (`augment.py`) crops from the resized one.
+  crops from the full-resolution image; ours (`augment.py`) crops from the resized one,
+  as the Bai et al. benchmark code does.
 - Like DomainBed (`ImageFile.LOAD_TRUNCATED_IMAGES = True`) a truncated file decodes
   with what it holds; a file PIL cannot read at all is an error naming it.
 
@@ -84,7 +85,8 @@ def scan(root: str):
     for k, c in enumerate(classes):
       imgs = list_images(os.path.join(root, d, c))
       if not imgs:
-        raise FileNotFoundError(f"{os.path.join(root, d, c)}: no {'/'.join(IMAGE_EXTENSIONS)} image in this class folder")
+        raise FileNotFoundError(f"{os.path.join(root, d, c)}: no {'/'.join(IMAGE_EXTENSIONS)} image "
+                                "in this class folder")
       fs += imgs
       ls += [k] * len(imgs)
     files.append(fs)
@@ -175,6 +177,8 @@ def cached_images(paths, size: int, cache_dir: str, name: str, root: str, center
                   num_workers: int = 0, extra: dict | None = None) -> np.ndarray:
   """`decode_images(paths, ...)`, read from `cache_dir` when an entry for exactly these
   files exists and written there otherwise (a warning, not an error, if it cannot be)."""
+  if not len(paths):
+    return np.zeros((0, size, size, 3), np.uint8)
   digest = files_digest(paths, root, size, center_crop)
   stem = os.path.join(cache_dir, f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest[:16]}")
   shape = (len(paths), size, size, 3)

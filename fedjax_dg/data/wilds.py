@@ -54,45 +54,62 @@ class Table(NamedTuple):
   y: np.ndarray        # int32 labels
   domain: np.ndarray   # int64 raw domain values
   split: np.ndarray    # split names (SPLITS)
-  rows: list           # "file row k" of each example, for error messages
+  source: str          # the table naming the images; example i is its row i + 2
   num_classes: int
   domain_field: str
   center_crop: bool
 
 
-def read_csv(path: str, columns) -> list[dict]:
-  """Rows of a CSV as dicts; one-line errors for a missing file or column."""
+def read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
+  """The named columns of a CSV (and those of `optional` it has), as lists of strings;
+  one-line errors for a missing file or column."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked WILDS release folder")
   with open(path, newline="") as f:
-    reader = csv.DictReader(f)
-    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    reader = csv.reader(f)
+    header = next(reader, [])
+    missing = [c for c in columns if c not in header]
     if missing:
-      raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(reader.fieldnames or ())})")
-    return list(reader)
+      raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(header)})")
+    names = list(columns) + [c for c in optional if c in header]
+    index = [header.index(c) for c in names]
+    out = {c: [] for c in names}
+    for k, row in enumerate(reader):
+      if len(row) != len(header):
+        raise DataError(f"{path} row {k + 2}: {len(row)} fields, the header has {len(header)}")
+      for c, i in zip(names, index):
+        out[c].append(row[i])
+  return out
 
 
-def _int(row: dict, column: str, where: str) -> int:
+def _ints(values, column: str, path: str) -> np.ndarray:
   try:
-    return int(float(row[column]))
-  except (TypeError, ValueError):
-    raise DataError(f"{where}: column {column!r} holds {row[column]!r}, not an integer") from None
+    return np.array([int(float(v)) for v in values], np.int64)
+  except ValueError:
+    k = next(k for k, v in enumerate(values) if not _is_number(v))
+    raise DataError(f"{path} row {k + 2}: column {column!r} holds {values[k]!r}, not an integer") from None
+
+
+def _is_number(v: str) -> bool:
+  try:
+    float(v)
+    return True
+  except ValueError:
+    return False
 
 
 def read_iwildcam(root: str) -> Table:
   path = os.path.join(root, "metadata.csv")
-  rows = read_csv(path, ("split", "y", "filename"))
-  field = "location_remapped" if rows and "location_remapped" in rows[0] else "location"
-  if rows and field not in rows[0]:
+  cols = read_columns(path, ("split", "y", "filename"), optional=("location_remapped", "location"))
+  field = "location_remapped" if "location_remapped" in cols else "location"
+  if field not in cols:
     raise DataError(f"{path}: no column 'location_remapped' or 'location'")
-  where = [f"{path} row {k + 2}" for k in range(len(rows))]
-  y = np.array([_int(r, "y", w) for r, w in zip(rows, where)], np.int32)
-  bad = [(w, r["split"]) for r, w in zip(rows, where) if r["split"] not in SPLITS]
+  bad = [k for k, s in enumerate(cols["split"]) if s not in SPLITS]
   if bad:
-    raise DataError(f"{bad[0][0]}: split {bad[0][1]!r} is not one of {list(SPLITS)}")
-  return Table([os.path.join(root, "train", r["filename"]) for r in rows], y,
-               np.array([_int(r, field, w) for r, w in zip(rows, where)], np.int64),
-               np.array([r["split"] for r in rows]), where, int(y.max()) + 1 if len(y) else 0, "location", False)
+    raise DataError(f"{path} row {bad[0] + 2}: split {cols['split'][bad[0]]!r} is not one of {list(SPLITS)}")
+  y = _ints(cols["y"], "y", path).astype(np.int32)
+  return Table([os.path.join(root, "train", f) for f in cols["filename"]], y, _ints(cols[field], field, path),
+               np.array(cols["split"]), path, int(y.max()) + 1 if len(y) else 0, "location", False)
 
 
 def camelyon17_patch(patient: str, node: str, x: str, y: str) -> str:
@@ -106,41 +123,38 @@ CAMELYON17_VAL_CENTER, CAMELYON17_TEST_CENTER = 1, 2
 
 def read_camelyon17(root: str) -> Table:
   path = os.path.join(root, "metadata.csv")
-  rows = read_csv(path, ("patient", "node", "x_coord", "y_coord", "tumor", "center", "split"))
-  where = [f"{path} row {k + 2}" for k in range(len(rows))]
-  center = np.array([_int(r, "center", w) for r, w in zip(rows, where)], np.int64)
-  split = []
-  for r, w, c in zip(rows, where, center):
-    s = _int(r, "split", w)
-    if s not in (0, 1):
-      raise DataError(f"{w}: split {s} is not 0 (train) or 1 (id_val)")
-    split.append("val" if c == CAMELYON17_VAL_CENTER else "test" if c == CAMELYON17_TEST_CENTER
-                 else ("train", "id_val")[s])
-  paths = [os.path.join(root, camelyon17_patch(r["patient"].strip(), r["node"].strip(), r["x_coord"].strip(),
-                                               r["y_coord"].strip())) for r in rows]
-  y = np.array([_int(r, "tumor", w) for r, w in zip(rows, where)], np.int32)
-  return Table(paths, y, center, np.array(split), where, 2, "hospital", False)
+  cols = read_columns(path, ("patient", "node", "x_coord", "y_coord", "tumor", "center", "split"))
+  center = _ints(cols["center"], "center", path)
+  flag = _ints(cols["split"], "split", path)
+  split = np.where(center == CAMELYON17_VAL_CENTER, "val",
+                   np.where(center == CAMELYON17_TEST_CENTER, "test", np.where(flag == 1, "id_val", "train")))
+  bad = np.flatnonzero((split != "val") & (split != "test") & (flag != 0) & (flag != 1))
+  if len(bad):
+    raise DataError(f"{path} row {bad[0] + 2}: split {flag[bad[0]]} is not 0 (train) or 1 (id_val)")
+  paths = [os.path.join(root, camelyon17_patch(*(v.strip() for v in row)))
+           for row in zip(cols["patient"], cols["node"], cols["x_coord"], cols["y_coord"])]
+  return Table(paths, _ints(cols["tumor"], "tumor", path).astype(np.int32), center, split,
+               path, 2, "hospital", False)
 
 
 def read_celeba(root: str) -> Table:
   attr_path = os.path.join(root, "list_attr_celeba.csv")
   part_path = os.path.join(root, "list_eval_partition.csv")
-  attrs = read_csv(attr_path, ("image_id", "Blond_Hair", "Male"))
-  part = {}
-  for k, r in enumerate(read_csv(part_path, ("image_id", "partition"))):
-    p = _int(r, "partition", f"{part_path} row {k + 2}")
-    if p not in (0, 1, 2):
-      raise DataError(f"{part_path} row {k + 2}: partition {p} is not 0 (train), 1 (val) or 2 (test)")
-    part[r["image_id"]] = ("train", "val", "test")[p]
-  where = [f"{attr_path} row {k + 2}" for k in range(len(attrs))]
-  missing = [(w, r["image_id"]) for r, w in zip(attrs, where) if r["image_id"] not in part]
+  attrs = read_columns(attr_path, ("image_id", "Blond_Hair", "Male"))
+  parts = read_columns(part_path, ("image_id", "partition"))
+  flags = _ints(parts["partition"], "partition", part_path)
+  bad = np.flatnonzero((flags < 0) | (flags > 2))
+  if len(bad):
+    raise DataError(f"{part_path} row {bad[0] + 2}: partition {flags[bad[0]]} is not 0 (train), 1 (val) or 2 (test)")
+  part = dict(zip(parts["image_id"], np.array(["train", "val", "test"])[flags]))
+  missing = [k for k, i in enumerate(attrs["image_id"]) if i not in part]
   if missing:
-    raise DataError(f"{missing[0][0]}: image_id {missing[0][1]!r} has no row in {part_path}")
-  split = [part[r["image_id"]] for r in attrs]
-  y = np.array([_int(r, "Blond_Hair", w) == 1 for r, w in zip(attrs, where)], np.int32)
-  male = np.array([_int(r, "Male", w) == 1 for r, w in zip(attrs, where)], np.int64)
-  return Table([os.path.join(root, "img_align_celeba", r["image_id"]) for r in attrs], y, male,
-               np.array(split), where, 2, "male", True)
+    raise DataError(f"{attr_path} row {missing[0] + 2}: image_id {attrs['image_id'][missing[0]]!r} has no row in "
+                    f"{part_path}")
+  y = (_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path) == 1).astype(np.int32)
+  male = (_ints(attrs["Male"], "Male", attr_path) == 1).astype(np.int64)
+  return Table([os.path.join(root, "img_align_celeba", i) for i in attrs["image_id"]], y, male,
+               np.array([part[i] for i in attrs["image_id"]]), attr_path, 2, "male", True)
 
 
 READERS = {"iwildcam": read_iwildcam, "camelyon17": read_camelyon17, "celeba": read_celeba}
@@ -165,7 +179,7 @@ def domain_index(table: Table):
 def _check_files(table: Table, idx) -> None:
   for i in idx:
     if not os.path.isfile(table.paths[i]):
-      raise FileNotFoundError(f"{table.paths[i]}: image named by {table.rows[i]} does not exist")
+      raise FileNotFoundError(f"{table.paths[i]}: image named by {table.source} row {i + 2} does not exist")
 
 
 def _rows(table: Table, split: str, max_per_split: int, seed: int) -> np.ndarray:

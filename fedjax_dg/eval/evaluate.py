@@ -45,16 +45,17 @@ class Evaluator:
     return out
 
 
-def select(records: list[dict], rule: str, test_split: str = "test") -> dict | None:
-  """`{"round", "val": metrics, "test": metrics}` at the best validation round, or None
-  when no record has the rule's validation split."""
+def select(records: list[dict], rule: str, test_split: str = "test", metric: str = "accuracy") -> dict | None:
+  """`{"round", "val": metrics, "test": metrics}` at the round with the best validation
+  `metric` (WILDS: macro_f1 for IWildCam, worst_group_accuracy for CelebA), or None when
+  no record has the rule's validation split."""
   val_split = SELECTION_RULES[rule]
   best = None
   for r in records:
     v = r.get("splits", {}).get(val_split)
-    if v is None or not np.isfinite(v["accuracy"]):
+    if v is None or not np.isfinite(v[metric]):
       continue
-    if best is None or v["accuracy"] > best["splits"][val_split]["accuracy"]:
+    if best is None or v[metric] > best["splits"][val_split][metric]:
       best = r
   if best is None:
     return None

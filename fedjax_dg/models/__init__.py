@@ -8,7 +8,7 @@ We use Linen's functional `apply` everywhere: parameters are a plain pytree
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -64,18 +64,24 @@ class SplitModel(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """Pure functions over a parameter pytree."""
+  """Pure functions over a parameter pytree. `preprocess` maps stored inputs (uint8 images,
+  or floats) to what the network reads (`to_float`, plus ImageNet normalisation for the
+  ResNets), so uint8 stores never need a float copy."""
   module: SplitModel
   input_shape: tuple[int, ...]
+  preprocess: Callable | None = None
+
+  def _in(self, x):
+    return x if self.preprocess is None else self.preprocess(x)
 
   def init(self, rng) -> dict:
-    return self.module.init(rng, jnp.zeros((1,) + self.input_shape, jnp.float32))["params"]
+    return self.module.init(rng, self._in(jnp.zeros((1,) + self.input_shape, jnp.float32)))["params"]
 
   def apply(self, params, x):
-    return self.module.apply({"params": params}, x)
+    return self.module.apply({"params": params}, self._in(x))
 
   def features(self, params, x):
-    return self.module.apply({"params": params}, x, method=SplitModel.features)
+    return self.module.apply({"params": params}, self._in(x), method=SplitModel.features)
 
   def head(self, classifier_params, z):
     return self.module.classifier.apply({"params": classifier_params}, z)
@@ -98,7 +104,10 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
   else:
     raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
   head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())))
-  return Model(SplitModel(featurizer=feat, classifier=head), tuple(input_shape))
+  from fedjax_dg.data.augment import normalize, to_float  # pylint: disable=g-import-not-at-top
+  # ImageNet statistics for the ResNets (their pretrained weights expect them, as DomainBed's).
+  prep = (lambda x: normalize(to_float(x))) if name.startswith("resnet") else to_float
+  return Model(SplitModel(featurizer=feat, classifier=head), tuple(input_shape), prep)
 
 
 def count_params(params) -> int:
