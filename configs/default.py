@@ -133,5 +133,6 @@ def get_config():
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto
   c.engine.chunk_size = 10
+  c.engine.host_store = False  # True: client inputs stay in host memory, minibatches fetched per step
   c.engine.unroll = -1        # local-step scan unroll: -1 auto (full on CPU), else the factor
   return c

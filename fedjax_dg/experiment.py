@@ -61,7 +61,11 @@ def setup(config, fold: splits.Fold):
   if config.algorithm.name == "fedloe":  # hold out each client's tuning split for stage 2
     parts, tune_parts = _split_tuning(parts, config.algorithm.loe_tune_fraction, config.seed)
     tune_packed = store_lib.pack_clients(fold.train, tune_parts)
-  packed = store_lib.pack_clients(fold.train, parts)
+  if config.engine.get("host_store", False):  # inputs stay in host memory (data larger than the device)
+    from fedjax_dg.data.host_store import pack_clients_host
+    packed = pack_clients_host(fold.train, parts)
+  else:
+    packed = store_lib.pack_clients(fold.train, parts)
   cohort = config_lib.cohort_size(config, num_clients)
   model = model_for(config, build_model(config.model, fold.train.x.shape[1:], fold.num_classes))
   c = config.client

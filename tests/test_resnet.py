@@ -226,9 +226,11 @@ def test_converted_forward_matches_numpy_reference(tmp_path, arch, size, dim):
   save_file(sd, path)
   model = build_model(model_config(arch), (size, size, 3), 5)
   params = resnet.load_pretrained(jax.eval_shape(model.init, jax.random.PRNGKey(0)), path)
-  x = np.random.default_rng(1).normal(size=(2, size, size, 3)).astype(np.float32)
+  x = np.random.default_rng(1).integers(0, 256, size=(2, size, size, 3)).astype(np.uint8)  # stored pixels
   ours = np.asarray(model.features(params, jnp.asarray(x)), np.float64)
-  ref = np_resnet(sd, x.transpose(0, 3, 1, 2), arch)
+  # The model reads x / 255 normalised with ImageNet's statistics (as torchvision's transforms).
+  xn = (x / 255.0 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+  ref = np_resnet(sd, xn.transpose(0, 3, 1, 2), arch)
   assert ours.shape == ref.shape == (2, dim)
   err, scale = np.max(np.abs(ours - ref)), np.max(np.abs(ref))
   print(f"{arch} {size}x{size}: max abs err {err:.3g}, max |ref| {scale:.3g}")

@@ -181,12 +181,13 @@ def erm_objective(model):
 
 
 def in_chunks(fn, x, chunk: int = 256):
-  """`fn` applied to `x` in row chunks (`lax.map`), for full passes over a client's data."""
+  """`fn` applied to `x` in row chunks (`lax.map`), for full passes over a client's data.
+  Rows are read by index (`x[rows]`), so `x` may also be a host-resident `HostRows`; the
+  last chunk repeats the last row and the repeats are dropped."""
   n = x.shape[0]
   chunk = min(chunk, n)
-  pad = -n % chunk
-  xp = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
-  out = jax.lax.map(fn, xp.reshape((-1, chunk) + x.shape[1:]))
+  rows = jnp.minimum(jnp.arange(-(-n // chunk) * chunk), n - 1).reshape(-1, chunk)
+  out = jax.lax.map(lambda r: fn(x[r]), rows)
   return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
 
 
