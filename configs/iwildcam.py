@@ -30,7 +30,7 @@ def get_config():
   c.workdir = "runs/iwildcam"
   c.data.name = "wilds"
   c.data.dataset = "iwildcam"
-  c.data.select_metric = "macro_f1"   # wilds.KEY_METRIC: selection on WILDS's key metric
+  c.data.select_metric = "macro_f1_label_classes"   # wilds.KEY_METRIC: selection on WILDS's key metric
   c.data.root = ""                       # --config.data.root=/path/to/iwildcam_v2.0
   c.data.image_size = 224                # the authors' code: 448
   c.data.cache_dir = ""                  # "": <root>/.fedjax_dg_cache/<image_size>

@@ -13,6 +13,9 @@ def test_macro_f1_matches_sklearn(seed):
   y = rng.integers(0, 6, 200)
   pred = np.where(rng.random(200) < 0.6, y, rng.integers(0, 7, 200))  # includes a class absent from y
   assert macro_f1(pred, y) == pytest.approx(f1_score(y, pred, average="macro"), abs=1e-12)
+  # WILDS's IWildCam form: classes of the labels only
+  assert macro_f1(pred, y, "labels") == pytest.approx(
+      f1_score(y, pred, average="macro", labels=np.unique(y)), abs=1e-12)
 
 
 def test_worst_group_and_accuracy_by_hand():

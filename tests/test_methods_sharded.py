@@ -52,6 +52,10 @@ algs = [
   [fedsr(probabilistic_model(model, 4), sched, sgd, omg_rule(7.0, 0.5), 4, name="fedsr+omg"), probabilistic_model(model, 4)],
   [feddg(tiny_mlp(), sched, sgd, optax_rule(optax.sgd(1.0)), bank, 0.5), img_store],  # [model or store to use]
 ]
+WANT = NAMES
+name_of = lambda a: (a[0] if isinstance(a, list) else a).name
+algs = [a for a in algs if name_of(a) in WANT]
+assert len(algs) == len(WANT), [name_of(a) for a in algs]
 for alg in algs:
   p0, st = params, store
   if isinstance(alg, list):
@@ -77,5 +81,22 @@ print("METHODS_SHARDED_OK")
 """
 
 
+import pytest
+
+SEED_METHODS = ("fedomg", "fedsam+omg", "fedsam", "fediir", "fediir+omg", "feddim", "fedga", "fedgma")
+# The baselines with persistent client or server state run by default, the rest with -m slow.
+BASELINES_STATEFUL = ("groupdro", "afl", "fedsr")
+BASELINES_STATELESS = ("mixup", "irm", "fish", "fedsr+omg", "feddg")
+
+
+def _run(names):
+  run_on_host_devices(SCRIPT.replace("NAMES", repr(tuple(names))), "METHODS_SHARDED_OK")
+
+
 def test_methods_sharded_over_four_host_devices():
-  run_on_host_devices(SCRIPT, "METHODS_SHARDED_OK")
+  _run(SEED_METHODS + BASELINES_STATEFUL)
+
+
+@pytest.mark.slow
+def test_more_baselines_sharded_over_four_host_devices():
+  _run(BASELINES_STATELESS)

@@ -112,7 +112,7 @@ def test_iwildcam_official_splits_domains_labels(tmp_path):
   ds = wilds.load(data_config(root, "iwildcam"))
   assert ds.names == ("location_0", "location_3") and [len(y) for y in ds.ys] == [3, 3]
   np.testing.assert_array_equal(ds.ys[0], [0, 1, 3])
-  assert wilds.KEY_METRIC["iwildcam"] == "macro_f1"
+  assert wilds.KEY_METRIC["iwildcam"] == "macro_f1_label_classes"
 
 
 def test_camelyon17_official_scheme(tmp_path):

@@ -42,7 +42,7 @@ from fedjax_dg.data.datasets import DomainDataset
 from fedjax_dg.data.folders import DataError, as_dtype, cached_images, options, subsample
 from fedjax_dg.data.splits import Fold, Split
 
-KEY_METRIC = {"iwildcam": "macro_f1", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
+KEY_METRIC = {"iwildcam": "macro_f1_label_classes", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
 SPLITS = ("train", "id_val", "id_test", "val", "test")
 FOLD_SPLITS = (("train", "train"), ("in_val", "id_val"), ("in_test", "id_test"),
                ("heldout_val", "val"), ("test", "test"))
