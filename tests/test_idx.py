@@ -214,3 +214,23 @@ def test_rotated_mnist_trains_end_to_end(tiny_config, tmp_path, monkeypatch):
   out = experiment.train_and_evaluate(c, str(tmp_path / "w"))
   assert out["domains"]["names"] == ["0deg", "15deg", "30deg", "45deg", "60deg", "75deg"]
   assert 0.0 <= out["final"]["splits"]["test"]["accuracy"] <= 1.0
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="Debian's dataset-fashion-mnist is not installed (make fashion-mnist)")
+def test_rotated_fashion_mnist_config_trains_on_the_debian_files(tmp_path):
+  """The real files, through the shipped config (its Debian fallback path), for four rounds."""
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"))
+  import rotated_fashion_mnist
+  from fedjax_dg import experiment
+  c = rotated_fashion_mnist.get_config()
+  c.data.path = str(tmp_path / "absent")  # forces the fallback
+  c.data.max_per_domain = 300
+  c.model.name, c.model.hidden = "mlp", (64,)
+  c.num_rounds, c.eval_every, c.checkpoint_every, c.quiet = 4, 1, 0, True
+  out = experiment.train_and_evaluate(c, str(tmp_path / "run"))
+  assert out["domains"]["names"] == ["0deg", "15deg", "30deg", "45deg", "60deg", "75deg"]
+  assert sum(out["client_sizes"]) == 300 * len(out["domains"]["train"]) - round(0.1 * 300) * len(out["domains"]["train"])
+  val = out["final"]["splits"]["in_val"]
+  assert val["accuracy"] > 0.1 + 5 * np.sqrt(0.1 * 0.9 / val["n"])  # above chance (ten classes) by 5 sd
