@@ -83,6 +83,16 @@ def setup(config, fold: splits.Fold):
               sched=sched, algorithm=algorithm, strategy=strategy, round_fn=round_fn)
 
 
+def load_pretrained(params, path: str):
+  """`params` with the featurizer's ResNet weights read from `path` (models/resnet.py)."""
+  from fedjax_dg.models import resnet
+  feat = params["featurizer"]
+  if "base" in feat and "to_z" in feat:  # FedSR: the ResNet is the base of its probabilistic featurizer
+    base = resnet.load_pretrained({"featurizer": feat["base"]}, path)["featurizer"]
+    return {**params, "featurizer": {**feat, "base": base}}
+  return resnet.load_pretrained(params, path)
+
+
 def _augmentation(config, fold):
   """DomainBed's training augmentation (`data.augment`, `data.augment_preset`) as the local
   loop's `(rng, x) -> x`, or None."""
@@ -158,8 +168,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   k_init, k_server, k_rounds = jax.random.split(key, 3)
   params = s["model"].init(k_init)
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
-    from fedjax_dg.models import resnet
-    params = resnet.load_pretrained(params, config.model.pretrained_path)
+    params = load_pretrained(params, config.model.pretrained_path)
   state = init_round_state(s["algorithm"], k_server, params, s["num_clients"])
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)

@@ -420,3 +420,24 @@ def test_build_model_resnet18_logits():
   logits = model.apply(params, jnp.ones((2, 32, 32, 3)))
   assert logits.shape == (2, 4) and bool(jnp.all(jnp.isfinite(logits)))
   assert model.head(params["classifier"], model.features(params, jnp.ones((2, 32, 32, 3)))).shape == (2, 4)
+
+
+def test_runner_loads_pretrained_weights_into_fedsr_base(tmp_path):
+  """FedSR wraps the ResNet in a probabilistic featurizer; the runner loads the weights into
+  its base and leaves the projection and the head alone."""
+  from fedjax_dg.algorithms.fedsr import probabilistic_model
+  from fedjax_dg.experiment import load_pretrained
+  sd = torchvision_state_dict("resnet18")
+  path = str(tmp_path / "r18.safetensors")
+  save_file(sd, path)
+  plain = build_model(model_config("resnet18"), (32, 32, 3), 5)
+  sr = probabilistic_model(plain, 8)
+  shapes = jax.eval_shape(sr.init, jax.random.PRNGKey(0))
+  zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+  got = load_pretrained(zeros, path)
+  want = resnet.load_pretrained({"featurizer": zeros["featurizer"]["base"]}, path)["featurizer"]
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), got["featurizer"]["base"], want))
+  np.testing.assert_array_equal(got["featurizer"]["base"]["conv1"]["kernel"], sd["conv1.weight"].transpose(2, 3, 1, 0))
+  assert not np.any(got["featurizer"]["to_z"]["kernel"]) and not np.any(got["classifier"]["Dense_0"]["kernel"])
+  plain_got = load_pretrained(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(plain.init, jax.random.PRNGKey(0))), path)
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), plain_got["featurizer"], want))
