@@ -96,6 +96,12 @@ def get_config():
   c.algorithm.sr_eval_samples = 0   # FedSR evaluation: 0 = the mean of z, else samples averaged
   c.algorithm.fdg_window = 0.25     # FedDG low-frequency window: half-width floor(r min(H, W) / 2)
   c.algorithm.fdg_bank_size = 16    # FedDG amplitude spectra per client in the server's bank
+  c.algorithm.adg_lambda0 = 0.55    # FedADG weight of L_advf; lambda_1 = 1 - lambda_0 on CE (authors' code: 0.15)
+  c.algorithm.adg_e0_epochs = 1     # FedADG E0: ERM epochs before the adversarial epochs (Bai et al.: 1)
+  c.algorithm.adg_gen_lr = 7e-4     # FedADG generator step (seed 001 Table 7; authors 7e-3 with client lr 1e-2)
+  c.algorithm.adg_disc_lr = 7e-4    # FedADG discriminator step
+  c.algorithm.adg_noise_dim = 1024  # FedADG generator noise size (Bai et al.; authors 2048)
+  c.algorithm.adg_hidden = 1024     # FedADG D width and projection size; G's hidden layer is 4x
   c.algorithm.gma_tau = 0.4  # FedGMA mask threshold (seed 001 App. D: 0.1 or 0.4); server.lr is eta_g
   # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
   # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5); then:

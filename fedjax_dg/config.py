@@ -91,6 +91,10 @@ def validate(config) -> None:
             "afl": [("afl_step", a.afl_step >= 0, ">= 0")],
             "fedsr": [("sr_z_dim", a.sr_z_dim >= 1, ">= 1"), ("sr_l2", a.sr_l2 >= 0, ">= 0"),
                       ("sr_cmi", a.sr_cmi >= 0, ">= 0"), ("sr_eval_samples", a.sr_eval_samples >= 0, ">= 0")],
+            "fedadg": [("adg_lambda0", 0 <= a.adg_lambda0 <= 1, "in [0, 1]"),
+                       ("adg_e0_epochs", a.adg_e0_epochs >= 0, ">= 0"),
+                       ("adg_gen_lr", a.adg_gen_lr >= 0, ">= 0"), ("adg_disc_lr", a.adg_disc_lr >= 0, ">= 0"),
+                       ("adg_noise_dim", a.adg_noise_dim >= 1, ">= 1"), ("adg_hidden", a.adg_hidden >= 1, ">= 1")],
             "feddg": [("fdg_window", 0 <= a.fdg_window <= 1, "in [0, 1]"), ("fdg_bank_size", a.fdg_bank_size >= 1, ">= 1")]}
   for field, ok, rule in checks.get(a.name.replace("+omg", ""), []):
     _check(ok, f"algorithm.{field} must be {rule}, got {a[field]}")

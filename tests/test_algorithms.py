@@ -162,7 +162,7 @@ def test_registry_builds_the_named_method(tiny_config):
             "scaffold": "scaffold", "fediir": "fediir", "fediir+omg": "fediir", "feddim": "feddim",
             "fedga": "fedga", "irm": "dg", "vrex": "dg", "coral": "dg", "mmd": "dg",
             "fedgma": "fedavg", "mixup": "dg", "fish": "fedavg", "groupdro": "fedavg", "afl": "afl",
-            "fedsr": "fedavg", "fedsr+omg": "fedavg", "feddg": "fedavg"}
+            "fedsr": "fedavg", "fedsr+omg": "fedavg", "feddg": "fedavg", "fedadg": "fedavg"}
   assert set(module) == set(ALGORITHMS)
   store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))  # FedDG's bank needs images
   for name in ALGORITHMS:

@@ -22,6 +22,7 @@ from fedjax_dg.algorithms.groupdro import groupdro
 from fedjax_dg.algorithms.afl import afl
 from fedjax_dg.algorithms.fedsr import fedsr, probabilistic_model
 from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
+from fedjax_dg.algorithms.fedadg import fedadg
 from fedjax_dg.engine import init_round_state, make_round
 from helpers import ragged_store, tiny_mlp, tree_max_diff
 store = ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6))
@@ -51,6 +52,7 @@ algs = [
   [fedsr(probabilistic_model(model, 4), sched, sgd, optax_rule(optax.sgd(1.0)), 4), probabilistic_model(model, 4)],
   [fedsr(probabilistic_model(model, 4), sched, sgd, omg_rule(7.0, 0.5), 4, name="fedsr+omg"), probabilistic_model(model, 4)],
   [feddg(tiny_mlp(), sched, sgd, optax_rule(optax.sgd(1.0)), bank, 0.5), img_store],  # [model or store to use]
+  fedadg(model, sched, sgd, optax_rule(optax.sgd(1.0)), 8, 3, noise_dim=4, hidden=8),
 ]
 WANT = NAMES
 name_of = lambda a: (a[0] if isinstance(a, list) else a).name
@@ -86,7 +88,7 @@ import pytest
 SEED_METHODS = ("fedomg", "fedsam+omg", "fedsam", "fediir", "fediir+omg", "feddim", "fedga", "fedgma")
 # The baselines with persistent client or server state run by default, the rest with -m slow.
 BASELINES_STATEFUL = ("groupdro", "afl", "fedsr")
-BASELINES_STATELESS = ("mixup", "irm", "fish", "fedsr+omg", "feddg")
+BASELINES_STATELESS = ("mixup", "irm", "fish", "fedsr+omg", "feddg", "fedadg")
 
 
 def _run(names):

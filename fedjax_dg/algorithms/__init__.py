@@ -8,6 +8,7 @@ import ml_collections
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
 from fedjax_dg.algorithms.afl import afl
 from fedjax_dg.algorithms.dg import dg_fedavg
+from fedjax_dg.algorithms.fedadg import fedadg
 from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
 from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
 from fedjax_dg.algorithms.feddim import feddim
@@ -32,7 +33,7 @@ _OBJECTIVES = ("fedavg", "fedprox", "fedsam")
 ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
               "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe",
               "irm", "vrex", "coral", "mmd", "mixup", "fish", "groupdro", "afl", "fedsr", "fedsr+omg", "feddg",
-              "fedgma")
+              "fedadg", "fedgma")
 
 
 def objective_factory(name: str, config, model):
@@ -81,6 +82,7 @@ COMMUNICATION = {
     "feddim": {"sends": ("per-class mean insight matrices",), "receives": ("global insight matrices",)},
     "fedga": {"sends": ("generalisation gap (a scalar)",)},
     "afl": {"sends": ("per-domain loss sums and example counts (pre-round)",), "receives": ("domain weights beta",)},
+    "fedadg": {"sends": ("distribution-generator update",), "receives": ("distribution generator",)},
     "feddg": {"sends": ("amplitude spectra of its images (once)",),
               "receives": ("other clients' amplitude spectra (once)",), "leaks_data": True},
     "fedloe": {"sends": ("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
@@ -121,6 +123,14 @@ def _build(config, model, sched, num_clients, cohort_size, num_domains, train_do
     omg = name.endswith("+omg")
     rule = omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if omg else fedavg_rule()
     return fedsr(model, sched, client_opt, rule, a.sr_z_dim, a.sr_l2, a.sr_cmi, name=name)
+  if name == "fedadg":
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    z = jax.eval_shape(model.features, params, jnp.zeros((1,) + model.input_shape))
+    with_lr = lambda lr: make_optimizer(ml_collections.ConfigDict({**config.client.to_dict(), "lr": lr}))
+    return fedadg(model, sched, client_opt, fedavg_rule(), z.shape[-1], model.module.classifier.num_classes,
+                  noise_dim=a.adg_noise_dim, lambda0=a.adg_lambda0, gen_opt=with_lr(a.adg_gen_lr),
+                  disc_opt=with_lr(a.adg_disc_lr), hidden=a.adg_hidden, e0_epochs=a.adg_e0_epochs,
+                  gen_relu=config.model.name != "cnn")  # the CNN's features end in GroupNorm: any sign
   if name == "feddg":
     if store is None:
       raise ValueError("algorithm.name='feddg' needs the training client store for its amplitude bank")
