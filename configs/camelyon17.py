@@ -23,46 +23,21 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import default  # noqa: E402
+import benchmark_common  # noqa: E402
 
 
 def get_config():
   c = default.get_config()
   c.workdir = "runs/camelyon17"
-  c.data.name = "wilds"
-  c.data.dataset = "camelyon17"
-  c.data.select_metric = "accuracy"   # wilds.KEY_METRIC: selection on WILDS's key metric
-  c.data.root = ""                       # --config.data.root=/path/to/camelyon17_v1.0
-  c.data.image_size = 96                 # the patch size
-  c.data.cache_dir = ""                  # "": <root>/.fedjax_dg_cache/<image_size>
-  c.data.max_per_split = 0               # > 0: that many random rows per official split
-  c.data.dtype = "uint8"                 # stored pixels; "float32" is [0, 1] at 4x the memory
-  c.data.num_workers = 0                 # decoding threads; 0: one per CPU (at most 32)
-  c.data.augment = True
-  c.data.augment_preset = "camelyon17"
-
-  c.partition.method = "heterogeneous"
-  c.partition.lam = 0.1
-  c.num_clients = 100                    # seed 001 Sec. 4.3
-  c.cohort_size = 0
-  c.cohort_fraction = 1.0
-
-  c.model.name = "resnet50"              # seed 001 App. D.1
-  c.model.head_hidden = ()
-  c.model.pretrained_path = ""           # local ImageNet weights (torchvision layout); "": random init
-  c.model.freeze_bn = True
-
-  c.algorithm.name = "fedavg"
+  benchmark_common.wilds_data(
+      c, "camelyon17", select_metric="accuracy",
+      image_size=96,                     # the patch size
+      augment_preset="camelyon17")
+  benchmark_common.benchmark_protocol(
+      c, lr=1e-3,                        # seed 001 Table 7, ERM
+      batch_size=32,                     # WILDS default
+      num_rounds=20,                     # seed 001 Table 7, total communication
+      checkpoint_every=5)
   c.algorithm.irm_lambda = 100.0         # seed 001 Table 7 (Camelyon17)
   c.algorithm.gma_tau = 0.4              # seed 001 Table 7 (Camelyon17)
-  c.client.optimizer = "adam"
-  c.client.lr = 1e-3                     # seed 001 Table 7, ERM
-  c.client.batch_size = 32               # WILDS default
-  c.client.weight_decay = 0.0
-  c.client.local_steps = 0
-  c.client.local_epochs = 1              # seed 001 App. D
-  c.server.lr = 1.0
-
-  c.num_rounds = 20                      # seed 001 Table 7, total communication
-  c.eval_every = 1                       # model selection picks a round
-  c.checkpoint_every = 5
   return c

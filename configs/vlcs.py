@@ -18,51 +18,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import default  # noqa: E402
+import benchmark_common  # noqa: E402
 
 
 def get_config():
   c = default.get_config()
   c.workdir = "runs/vlcs_fediir"
-  c.data.name = "image_folder"
-  c.data.root = ""                       # --config.data.root=/path/to/VLCS
-  c.data.image_size = 224                # DomainBed: Resize((224, 224))
-  c.data.cache_dir = ""                  # "": <root>/.fedjax_dg_cache/<image_size>
-  c.data.max_per_domain = 0              # > 0: that many random images per domain (quick runs)
-  c.data.dtype = "uint8"                 # stored pixels; "float32" is [0, 1] at 4x the memory
-  c.data.num_workers = 0                 # decoding threads; 0: one per CPU (at most 32)
-  c.data.augment = True                  # DomainBed's training augmentation (data/augment.py)
-  c.data.augment_preset = "domainbed"
-  c.data.test_domains = (0,)             # Caltech101; sweep d in 0..3
-  c.data.val_domains = ()
-  c.data.in_val_fraction = 0.1           # seed 003: 90% train / 10% validation
-  c.data.in_test_fraction = 0.0
-  c.data.leave_one_domain_out = False
-
-  c.partition.method = "heterogeneous"
-  c.partition.lam = 0.0
-  c.num_clients = 3                      # one client per training domain
-  c.cohort_size = 0
-  c.cohort_fraction = 1.0
-
-  c.model.name = "resnet18"              # seed 003 Sec. 5.1
-  c.model.head_hidden = (256,)           # two FC layers, d -> d/2 -> K (shared/ALGORITHMS.md)
-  c.model.pretrained_path = ""           # local ImageNet weights (torchvision layout); "": random init
-  c.model.freeze_bn = True               # DomainBed freezes the BN statistics
-
-  c.algorithm.name = "fediir"
+  benchmark_common.image_folder_data(c)
+  benchmark_common.fediir_protocol(      # test domain 0: Caltech101
+      c, model="resnet18", head_hidden=(256,), lr=1e-3)  # seed 003 Table 3 (VLCS)
   c.algorithm.iir_gamma = 5e-3           # seed 003 Table 3 (VLCS)
-  c.algorithm.iir_ema = 0.95             # seed 003 Table 3 ("ALL")
-
-  c.client.optimizer = "sgd"
-  c.client.momentum = 0.9
-  c.client.lr = 1e-3                     # seed 003 Table 3: eta_l
-  c.client.batch_size = 32               # seed 003 Table 3
-  c.client.weight_decay = 0.0
-  c.client.local_steps = 0
-  c.client.local_epochs = 1              # seed 003 Sec. 5.1
-  c.server.lr = 1.0                      # seed 003 Table 3: eta_g
-
-  c.num_rounds = 100                     # seed 003 Table 3: T
-  c.eval_every = 1                       # model selection picks a round
-  c.checkpoint_every = 10
   return c

@@ -1,0 +1,98 @@
+"""Settings the image benchmark configs share: how the images load, and two papers' protocols.
+
+Each function takes the ConfigDict of `default.get_config()` and sets fields in place; the
+dataset configs (pacs.py, vlcs.py, office_home.py, terra_incognita.py, iwildcam.py,
+camelyon17.py, celeba.py) call them and set their own values (the papers' per-dataset table
+entries) themselves.
+
+Left at default.py's values, so set nowhere here:
+- `data.root`: the unpacked dataset, `--config.data.root=/path/to/<dataset>`.
+- `data.cache_dir`: "" is `<root>/.fedjax_dg_cache/<image_size>`.
+- `data.max_per_domain` (image folders) / `data.max_per_split` (WILDS): > 0 keeps that many
+  random images per domain / rows per official split (quick runs).
+- `data.dtype`: "uint8" stored pixels; "float32" is [0, 1] at 4x the memory.
+- `data.num_workers`: decoding threads; 0 is one per CPU (at most 32).
+- `model.pretrained_path`: local ImageNet weights (torchvision layout); "" is random init.
+- `model.freeze_bn`: True, as DomainBed freezes the BN statistics.
+- `partition.method` "heterogeneous", `cohort_size` 0 with `cohort_fraction` 1 (every client
+  every round), `client.weight_decay` 0, `client.local_steps` 0 (local epochs count).
+"""
+
+
+def image_folder_data(c):
+  """DomainBed's image folders (`fedjax_dg.data.folders`), one folder per domain."""
+  c.data.name = "image_folder"
+  c.data.image_size = 224                # DomainBed: Resize((224, 224))
+  c.data.augment = True                  # DomainBed's training augmentation (data/augment.py)
+
+
+def wilds_data(c, dataset, *, select_metric, image_size, augment_preset="domainbed"):
+  """A WILDS release folder (`fedjax_dg.data.wilds`) under WILDS's official split scheme."""
+  c.data.name = "wilds"
+  c.data.dataset = dataset
+  c.data.select_metric = select_metric   # wilds.KEY_METRIC: selection on WILDS's key metric
+  c.data.image_size = image_size
+  c.data.augment = True
+  c.data.augment_preset = augment_preset  # augment.PRESETS
+
+
+def held_out_domains(c, test_domains, val_domains):
+  """Seed 001 App. C.2: a test and a held-out validation domain; the rest train."""
+  c.data.test_domains = test_domains
+  c.data.val_domains = val_domains
+  c.data.in_val_fraction = 0.1           # seed 001 App. C.2: 10% + 10% of the training
+  c.data.in_test_fraction = 0.1          # domains as in-domain validation / test
+
+
+def benchmark_protocol(c, *, lr, batch_size, num_rounds, num_clients=100, checkpoint_every=10):
+  """Bai et al. (seed 001) App. C-D.
+
+  ResNet-50; `num_clients` by Heterogeneous Partitioning, all clients every round; FedAvg
+  (default.py's algorithm) of one local Adam epoch; early stopping on the held-out domain.
+  The dataset config passes its client learning rate, batch and rounds (Table 7 where the
+  paper gives them) and sets Table 7's per-method values.
+  """
+  c.num_clients = num_clients            # seed 001 Sec. 4.3: 100
+  c.partition.lam = 0.1                  # seed 001 reports lambda = 1, 0.1 and 0
+  c.model.name = "resnet50"              # seed 001 App. D.1; DomainBed's default backbone
+  c.client.optimizer = "adam"
+  c.client.lr = lr
+  c.client.batch_size = batch_size
+  c.client.local_epochs = 1              # seed 001 App. D
+  _rounds(c, num_rounds, checkpoint_every)
+
+
+def fediir_protocol(c, *, model, head_hidden, lr):
+  """Guo et al. (seed 003) Sec. 5.1 and App. F.3 Table 3: FedIIR, one client per domain.
+
+  The test domain (`--config.data.test_domains='(d,)'`, d in 0..3, averaged in the paper)
+  is left out and the other three train, 10% of them the validation set the model is
+  chosen on (no held-out domain). The dataset config sets Table 3's `algorithm.iir_gamma`.
+  """
+  _one_client_per_domain(c)
+  c.model.name = model                   # seed 003 Sec. 5.1
+  c.model.head_hidden = head_hidden      # two FC layers, d -> d/2 -> K (shared/ALGORITHMS.md)
+  c.algorithm.name = "fediir"
+  c.algorithm.iir_ema = 0.95             # seed 003 Table 3 ("ALL")
+  c.client.optimizer = "sgd"             # seed 003 Sec. 5.1: SGD, momentum 0.9
+  c.client.momentum = 0.9
+  c.client.lr = lr                       # seed 003 Table 3: eta_l
+  c.client.batch_size = 32               # seed 003 Table 3
+  c.client.local_epochs = 1              # seed 003 Sec. 5.1
+  c.server.lr = 1.0                      # seed 003 Table 3: eta_g
+  _rounds(c, num_rounds=100, checkpoint_every=10)  # seed 003 Table 3: T
+
+
+def _one_client_per_domain(c):
+  c.data.test_domains = (0,)             # domain 0; sweep d in 0..3
+  c.data.val_domains = ()
+  c.data.in_val_fraction = 0.1           # seed 003: 90% train / 10% validation
+  c.data.in_test_fraction = 0.0
+  c.num_clients = 3                      # one client per training domain
+  c.partition.lam = 0.0                  # complete heterogeneity: a client holds one domain
+
+
+def _rounds(c, num_rounds, checkpoint_every):
+  c.num_rounds = num_rounds
+  c.eval_every = 1                       # model selection picks a round
+  c.checkpoint_every = checkpoint_every
