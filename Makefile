@@ -16,11 +16,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedjax-dg --config configs/default.py --config.workdir=runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
+# Tests run in parallel processes (pytest-xdist), one per core, at most 4.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n auto --maxprocesses 4 -m slow
 
 bench: $(STAMP)
 	$(PY) benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json

@@ -34,7 +34,8 @@ def _run(alg, store, strategy, params, rounds=2):
   return state.server.params
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "chunked", "sequential", "host_loop"])
+@pytest.mark.parametrize("strategy", ["vmap", "sequential", pytest.param("chunked", marks=pytest.mark.slow),
+                                      pytest.param("host_loop", marks=pytest.mark.slow)])
 def test_host_store_equals_the_packed_store(strategy):
   split, parts = _split_and_parts()
   model = tiny_mlp()

@@ -28,7 +28,7 @@ def _image_store(seed=0, clients=4, n=10, size=8):
 
 
 def _rounds(store, sched, rounds=2):
-  model = build_model(ml_collections.ConfigDict({"name": "cnn"}), store.x.shape[2:], 3)
+  model = build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": (16,)}), store.x.shape[2:], 3)
   alg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))
   state = init_round_state(alg, None, model.init(jax.random.PRNGKey(0)), store.num_clients)
   rf = make_round(alg, store.num_clients, store.num_clients, "vmap")
