@@ -57,3 +57,16 @@ def test_host_rows_fetch_the_right_rows():
   got = jax.jit(jax.vmap(lambda x, i: x[i]))(store.x[jnp.asarray([2, 4])], rows)
   np.testing.assert_array_equal(got, packed.x[[2, 4]][np.arange(2)[:, None], rows])
   assert store.x.shape == packed.x.shape
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "sequential"])
+def test_local_steps_are_served_from_the_prefetch(strategy):
+  """Every local minibatch comes from the background gather the loop started before its scan."""
+  split, parts = _split_and_parts(seed=2)
+  model = tiny_mlp()
+  sched = make_schedule(4, 0, 1, 12, 3)
+  store = pack_clients_host(split, parts)
+  _run(fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0)), store, strategy, model.init(jax.random.PRNGKey(0)))
+  source = store.x.source
+  assert source.direct == 0
+  assert source.prefetched == 2 * 4 * sched.num_steps  # rounds x cohort x steps

@@ -209,10 +209,12 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(jnp.arange(sched.num_steps))
+  host = hasattr(data.x, "prefetch")  # inputs in host memory (data/host_store.py): gather ahead
+  token = data.x.prefetch(idx) if host else None
 
   def step(carry, inp):
     i, m, k, s = inp
-    x = to_float(data.x[i])  # uint8 images become floats in [0, 1]; floats stay as they are
+    x = to_float(data.x.rows(i, s, token) if host else data.x[i])  # uint8 -> [0, 1]; floats unchanged
     if sched.augment is not None:
       x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
     new_carry, loss = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)

@@ -4,14 +4,17 @@
 copy of the inputs on the device: `x` is a `HostRows`, a pytree whose only leaf is the
 client ids it stands for, with the examples (one flat host array, which may be a
 `np.memmap`) and a `[C, N_max]` row table as static data. Inside the compiled round,
-`data.x[i]` for a client's row indices `i` (the local scan's minibatch, a full-pass chunk)
-fetches exactly those rows from the host with `jax.pure_callback`, batched over the
-cohort under `vmap`. Every strategy and every method that reads `data.x` by row indices
-runs unchanged and gives the in-memory results (tested); the fetch is synchronous: each
-step waits for its rows (no prefetching).
+`data.x[i]` for a client's row indices `i` (a full-pass chunk, a minibatch) fetches exactly
+those rows from the host with `jax.pure_callback`, batched over the cohort under `vmap`.
+The local loop knows its whole `[steps, B]` index plan before its scan starts: it hands the
+plan to `prefetch`, a background thread gathers the minibatches in the order the scan will
+ask for them, and each step's `rows(...)` takes its prefetched batch (or, if none matches,
+gathers it then). Every strategy and every method that reads `data.x` by row indices runs
+unchanged and gives the in-memory results (tested).
 """
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Sequence
 
 import jax
@@ -28,11 +31,46 @@ class HostSource:
 
   def __init__(self, x: np.ndarray, table: np.ndarray):
     self.x, self.table = x, table
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    self._pending = {}  # (client, step) -> future of (rows, examples)
+    self.prefetched = self.direct = 0  # minibatches served from the prefetch / gathered on demand
 
   def fetch(self, clients, rows):
     clients, rows = np.asarray(clients), np.asarray(rows)
     clients = clients.reshape(clients.shape + (1,) * (rows.ndim - clients.ndim))
     return np.asarray(self.x[self.table[clients, rows]])
+
+  def _gather(self, client: int, rows: np.ndarray):
+    return rows, np.asarray(self.x[self.table[client, rows]])
+
+  def announce(self, clients, plan):
+    """Queues the gathers of `plan` (`[..., steps, B]` rows per client) in step order."""
+    clients, plan = np.asarray(clients), np.asarray(plan)
+    plan = np.broadcast_to(plan, clients.shape + plan.shape[-2:]) if plan.ndim == 2 else plan
+    for pos in np.ndindex(clients.shape):
+      c = int(clients[pos])
+      for s, rows in enumerate(plan[pos]):
+        self._pending[(c, s)] = self._pool.submit(self._gather, c, np.array(rows))
+    return np.zeros(clients.shape, np.int32)
+
+  def step_rows(self, clients, steps, rows, token):
+    """The examples of minibatch `rows` at local step `steps` of `clients` (any leading shape)."""
+    del token  # only orders this call after `announce`
+    clients, steps, rows = np.asarray(clients), np.asarray(steps), np.asarray(rows)
+    lead = rows.shape[:-1]
+    clients, steps = np.broadcast_to(clients, lead), np.broadcast_to(steps, lead)
+    out = np.empty(rows.shape + self.x.shape[1:], self.x.dtype)
+    for pos in np.ndindex(lead):
+      fut = self._pending.pop((int(clients[pos]), int(steps[pos])), None)
+      if fut is not None:
+        want, examples = fut.result()
+        if np.array_equal(want, rows[pos]):
+          out[pos] = examples
+          self.prefetched += 1
+          continue
+      out[pos] = self.x[self.table[int(clients[pos]), rows[pos]]]
+      self.direct += 1
+    return out
 
 
 @jax.tree_util.register_pytree_node_class
@@ -60,6 +98,18 @@ class HostRows:
   @property
   def ndim(self):
     return len(self.shape)
+
+  def prefetch(self, plan):
+    """Starts gathering this client's minibatches `plan` `[steps, B]`; returns the token
+    that `rows` waits on."""
+    return jax.pure_callback(self.source.announce, jax.ShapeDtypeStruct((), jnp.int32), self.client,
+                             jnp.asarray(plan), vmap_method="broadcast_all")
+
+  def rows(self, idx, step, token):
+    """`self[idx]` for local step `step`, served from the prefetch."""
+    out = jax.ShapeDtypeStruct(jnp.shape(idx) + self.source.x.shape[1:], self.source.x.dtype)
+    return jax.pure_callback(self.source.step_rows, out, self.client, step, idx, token,
+                             vmap_method="broadcast_all")
 
   def __getitem__(self, idx):
     if np.ndim(self.client) > 0:  # selecting clients
