@@ -84,10 +84,15 @@ def mmd_penalty(z_a, z_b, mask_a=None, mask_b=None, gammas=MMD_GAMMAS):
           - 2 * wmean(_kernel(z_a, z_b, gammas), ma, mb))
 
 
+def domain_onehot(domain, mask, num_domains: int):
+  """`[B, num_domains]`: 1 where a real row belongs to the domain."""
+  return (domain[:, None] == jnp.arange(num_domains)[None]) * mask[:, None]
+
+
 def domain_risks(per_example_loss, domain, mask, num_domains: int):
   """`(R_e, present_e)` for e in 0..num_domains-1: each domain's mean loss over its real
   rows (0 for an absent domain) and whether it has a real row."""
-  onehot = (domain[:, None] == jnp.arange(num_domains)[None]) * mask[:, None]
+  onehot = domain_onehot(domain, mask, num_domains)
   counts = jnp.sum(onehot, 0)
   risks = jnp.sum(onehot * per_example_loss[:, None], 0) / jnp.maximum(counts, 1.0)
   return risks, (counts > 0).astype(per_example_loss.dtype)
@@ -100,7 +105,7 @@ def mixup_partners(domain, mask, num_domains: int):
   only present domain the partner is the example of rank `(r + 1) mod n_e`, so a single-domain
   client mixes within its domain. Returns partner indices `[B]` (padding rows: themselves)."""
   d = jnp.arange(num_domains)
-  onehot = (domain[:, None] == d[None]) * mask[:, None]
+  onehot = domain_onehot(domain, mask, num_domains)
   counts = jnp.sum(onehot, 0)
   rank = jnp.sum((jnp.cumsum(onehot, 0) - onehot) * onehot, 1)
   # next present domain after e, cyclically (e itself when it is the only one)

@@ -25,7 +25,7 @@ import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks
 from fedjax_dg.algorithms.fedavg import local_update_with
-from fedjax_dg.objectives import domain_risks
+from fedjax_dg.objectives import domain_onehot, domain_risks
 
 
 class ServerState(NamedTuple):
@@ -70,7 +70,7 @@ def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, r
     params, _ = bcast
     logits = in_chunks(lambda xb: model.apply(params, xb), data.x, stat_chunk)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y) * data.mask
-    onehot = (data.domain[:, None] == jnp.arange(num_domains)[None]) * data.mask[:, None]
+    onehot = domain_onehot(data.domain, data.mask, num_domains)
     return jnp.sum(onehot * ce[:, None], 0), jnp.sum(onehot, 0)  # per-domain loss sums, counts
 
   def server_prepare(state: ServerState, mean_stat) -> ServerState:

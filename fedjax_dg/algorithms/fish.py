@@ -18,7 +18,6 @@ import optax
 
 from fedjax_dg.algorithms.base import Batch, ClientOutput, LocalSchedule, ServerRule, local_loop, tree_where
 from fedjax_dg.algorithms.fedavg import federated
-from fedjax_dg.objectives import domain_risks
 
 
 def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
@@ -36,10 +35,10 @@ def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, nu
       loss, g = jax.value_and_grad(domain_loss)(p, batch, e)
       updates, st_new = inner_opt.update(g, st, p)
       present = jnp.sum(batch.mask * (batch.domain == e)) > 0
-      return tree_where(present, (optax.apply_updates(p, updates), st_new), (p, st)), loss * present
+      return tree_where(present, (optax.apply_updates(p, updates), st_new), (p, st)), (loss * present, present)
 
-    (theta_inner, _), losses = jax.lax.scan(inner, (theta, inner_opt.init(theta)), jnp.arange(num_domains))
-    _, present = domain_risks(jnp.zeros_like(batch.mask), batch.domain, batch.mask, num_domains)
+    (theta_inner, _), (losses, present) = jax.lax.scan(inner, (theta, inner_opt.init(theta)),
+                                                       jnp.arange(num_domains))
     theta = jax.tree.map(lambda t, ti: t + meta_lr * (ti - t), theta, theta_inner)
     return theta, jnp.sum(losses) / jnp.maximum(jnp.sum(present), 1.0)
   return step_fn

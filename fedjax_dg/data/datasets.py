@@ -38,6 +38,14 @@ class DomainDataset:
     return tuple(self.xs[0].shape[1:])
 
 
+def deal_domains(n: int, num_domains: int, seed: int, max_per_domain: int = 0) -> list[np.ndarray]:
+  """DomainBed's split: shuffle all `n` indices, domain `i` gets `perm[i::D]`; optionally
+  the first `max_per_domain` of each share (a random subsample, for quick runs)."""
+  perm = np.random.default_rng(seed).permutation(n)
+  shares = [perm[i::num_domains] for i in range(num_domains)]
+  return [s[:max_per_domain] if max_per_domain > 0 else s for s in shares]
+
+
 def rotated_digits(image_size: int = 16, angles: Sequence[float] = (0, 15, 30, 45, 60, 75),
                    seed: int = 0) -> DomainDataset:
   """RotatedMNIST's recipe (DomainBed) on scikit-learn's bundled 8x8 digits.
@@ -54,10 +62,8 @@ def rotated_digits(image_size: int = 16, angles: Sequence[float] = (0, 15, 30, 4
   digits = load_digits()
   images = digits.images.astype(np.float32) / 16.0
   labels = digits.target.astype(np.int32)
-  perm = np.random.default_rng(seed).permutation(len(images))
   xs, ys = [], []
-  for i, angle in enumerate(angles):
-    idx = perm[i::len(angles)]
+  for idx, angle in zip(deal_domains(len(images), len(angles), seed), angles):
     imgs = ndimage.zoom(images[idx], (1, image_size / 8, image_size / 8), order=1)
     imgs = ndimage.rotate(imgs, angle, axes=(1, 2), reshape=False, order=1, cval=0.0)
     xs.append(np.clip(imgs, 0.0, 1.0)[..., None].astype(np.float32))

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from fedjax_dg.data.datasets import DomainDataset
+from fedjax_dg.data.datasets import DomainDataset, deal_domains
 
 # Where Debian's `dataset-fashion-mnist` puts the four gzipped IDX files.
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -105,14 +105,6 @@ def _source_dir(data_config) -> str:
                    + (f"; install with: {hints[0]}" if hints else ""))
 
 
-def _deal(n: int, num_domains: int, seed: int, max_per_domain: int = 0) -> list[np.ndarray]:
-  """DomainBed's split: shuffle all `n` indices, domain `i` gets `perm[i::D]`; optionally
-  the first `max_per_domain` of each share (a random subsample, for quick runs)."""
-  perm = np.random.default_rng(seed).permutation(n)
-  shares = [perm[i::num_domains] for i in range(num_domains)]
-  return [s[:max_per_domain] if max_per_domain > 0 else s for s in shares]
-
-
 def rotate(images: np.ndarray, angle: float) -> np.ndarray:
   """uint8 [N, H, W] -> float32 [N, H, W, 1] in [0, 1], rotated `angle` degrees
   counter-clockwise about the centre, bilinear, zero fill, same size."""
@@ -137,7 +129,7 @@ def load_rotated(data_config) -> DomainDataset:
   root = _source_dir(data_config)
   images, labels = load_mnist_dir(root, data_config.get("prefix", ""))
   angles = tuple(data_config.get("angles", (0, 15, 30, 45, 60, 75)))
-  shares = _deal(len(images), len(angles), data_config.get("seed", 0), data_config.get("max_per_domain", 0))
+  shares = deal_domains(len(images), len(angles), data_config.get("seed", 0), data_config.get("max_per_domain", 0))
   xs = tuple(rotate(images[s], a) for s, a in zip(shares, angles))
   ys = tuple(labels[s] for s in shares)
   name = data_config.get("name", "rotated_mnist")
@@ -176,7 +168,7 @@ def load_colored(data_config) -> DomainDataset:
   images, digits = load_mnist_dir(root, data_config.get("prefix", ""))
   flips = tuple(data_config.get("color_flips", (0.1, 0.2, 0.9)))
   seed = data_config.get("seed", 0)
-  shares = _deal(len(images), len(flips), seed, data_config.get("max_per_domain", 0))
+  shares = deal_domains(len(images), len(flips), seed, data_config.get("max_per_domain", 0))
   rng = np.random.default_rng([seed, 1])
   noise, stride = data_config.get("label_noise", 0.25), data_config.get("downsample", 2)
   envs = [color(images[s], digits[s], e, noise, rng, stride) for s, e in zip(shares, flips)]
