@@ -62,6 +62,7 @@ class ClientOutput(NamedTuple):
 class Stacked(NamedTuple):
   messages: Any
   weights: jax.Array
+  extras: Any = None  # per-client side messages a rule may read (FedGA's gaps), when sent
 
 
 class Algorithm(NamedTuple):
@@ -87,6 +88,15 @@ class Algorithm(NamedTuple):
   receives: tuple[str, ...] = ()
   leaks_data: bool = False      # sends something computed per example (e.g. amplitude spectra)
   setup_bytes: int = 0          # a one-off exchange before training (FedDG's amplitude bank)
+  # Optional post-round phase (after `server_update`): every member computes
+  # `client_report(broadcast_after_update, client_state_after_update, data, rng)` and
+  # `server_finish(server_state, aggregate)` consumes the cohort's reports (FedGA's gaps,
+  # FedLOE's tuning-split logits). `*_aggregation`: "mean" (uniform over real members) or
+  # "stack" (`Stacked(reports, valid)`).
+  client_report: Callable | None = None
+  server_finish: Callable | None = None
+  report_aggregation: str = "mean"
+  stat_aggregation: str = "mean"
 
 
 class ServerRule(NamedTuple):
@@ -100,6 +110,9 @@ class ServerRule(NamedTuple):
   init: Callable
   apply: Callable
   aggregation: str = "mean"
+  name: str = ""
+  needs: tuple[str, ...] = ()   # per-client signals the rule reads from `Stacked.extras`
+  weighting: str | None = None  # overrides the client side's weighting (FedOMG: data fractions)
 
 
 class LocalSchedule(NamedTuple):
@@ -159,6 +172,11 @@ def real_steps(count, sched: LocalSchedule):
   if sched.epochs > 0:
     return sched.epochs * ((count + sched.batch_size - 1) // sched.batch_size)
   return jnp.asarray(sched.num_steps)
+
+
+def tree_sq_dist(a, b):
+  """`||a - b||^2` summed over every leaf of two same-shaped pytrees."""
+  return sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def tree_where(cond, a, b):
