@@ -50,8 +50,8 @@ def get_config():
   c.model.head_hidden = ()               # seed 003: a single linear classifier on RotatedMNIST
 
   c.algorithm.name = "fedavg"
-  c.algorithm.iir_gamma = 1e-2           # seed 003 Table 3
-  c.algorithm.iir_ema = 0.95             # seed 003 Table 3 ("ALL")
+  c.algorithm.fediir.gamma = 1e-2           # seed 003 Table 3
+  c.algorithm.fediir.ema = 0.95             # seed 003 Table 3 ("ALL")
 
   c.client.optimizer = "sgd"
   c.client.lr = 1e-2                     # seed 003 Table 3: eta_l

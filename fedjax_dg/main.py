@@ -43,9 +43,26 @@ def main(argv):
   return 0
 
 
+def translate_legacy(argv: list[str]) -> list[str]:
+  """Rewrites flat hyperparameter flags of earlier versions (`--config.algorithm.prox_mu=0.1`)
+  to their nested fields (`--config.algorithm.fedprox.mu=0.1`), saying so on stderr."""
+  from fedjax_dg.algorithms import legacy_names
+  legacy, out = legacy_names(), []
+  for arg in argv:
+    head, eq, value = arg.partition("=")
+    old = head[len("--config.algorithm."):] if head.startswith("--config.algorithm.") else None
+    if old in legacy and eq:
+      new = [f"--config.algorithm.{path}" for path in legacy[old]]
+      print(f"note: {head} is now {' and '.join(new)}", file=sys.stderr)
+      out += [f"{n}={value}" for n in new]
+    else:
+      out.append(arg)
+  return out
+
+
 def run():
   flags.mark_flag_as_required("config")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), argv=translate_legacy(sys.argv))
 
 
 if __name__ == "__main__":
