@@ -6,10 +6,11 @@ client ids it stands for, with the examples (one flat host array, which may be a
 `np.memmap`) and a `[C, N_max]` row table as static data. Inside the compiled round,
 `data.x[i]` for a client's row indices `i` (a full-pass chunk, a minibatch) fetches exactly
 those rows from the host with `jax.pure_callback`, batched over the cohort under `vmap`.
-The local loop knows its whole `[steps, B]` index plan before its scan starts: it hands the
-plan to `prefetch`, a background thread gathers the minibatches in the order the scan will
-ask for them, and each step's `rows(...)` takes its prefetched batch (or, if none matches,
-gathers it then). Every strategy and every method that reads `data.x` by row indices runs
+The local loop knows its whole `[steps, B]` index plan before its scan starts: it asks
+`store.minibatch_reader(x, plan)` for its reader, which for a `HostRows` hands the plan to
+`prefetch` (a background thread gathers the minibatches in the order the scan will ask for
+them); each step's `rows(...)` takes its prefetched batch (or, if none matches, gathers it
+then). Every strategy and every method that reads `data.x` by row indices runs
 unchanged and gives the in-memory results (tested).
 """
 from __future__ import annotations
@@ -110,6 +111,11 @@ class HostRows:
     out = jax.ShapeDtypeStruct(jnp.shape(idx) + self.source.x.shape[1:], self.source.x.dtype)
     return jax.pure_callback(self.source.step_rows, out, self.client, step, idx, token,
                              vmap_method="broadcast_all")
+
+  def reader(self, plan):
+    """`read(rows, step)` for `data.store.minibatch_reader`: prefetches `plan`, then serves."""
+    token = self.prefetch(plan)
+    return lambda rows, step: self.rows(rows, step, token)
 
   def __getitem__(self, idx):
     if np.ndim(self.client) > 0:  # selecting clients

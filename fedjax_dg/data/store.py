@@ -6,7 +6,7 @@ is then a gather `x[cohort]`, not a Python loop.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -36,3 +36,13 @@ def pack_clients(split: Split, client_indices: Sequence[np.ndarray]) -> ClientSt
   for k, idx in enumerate(client_indices):
     x[k, :len(idx)], y[k, :len(idx)], dom[k, :len(idx)] = split.x[idx], split.y[idx], split.domain[idx]
   return ClientStore(x, y, dom, counts)
+
+
+def minibatch_reader(x, plan) -> Callable:
+  """How a local loop reads its minibatches: `read(rows, step) -> x[rows]`, where `plan`
+  `[steps, B]` holds every step's rows and `x` is one client's `[N_max, ...]` inputs.
+  Device arrays are indexed; host-resident inputs (`host_store.HostRows`) start gathering
+  the whole plan in the background here and serve each step from it (`x.reader(plan)`)."""
+  if hasattr(x, "reader"):
+    return x.reader(plan)
+  return lambda rows, step: x[rows]
