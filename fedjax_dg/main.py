@@ -7,7 +7,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.")
+_CONFIG = None  # defined in `run`, after the command line's flat names are translated
 _WORKDIR = flags.DEFINE_string("workdir", None, "Overrides config.workdir.")
 
 
@@ -60,9 +60,17 @@ def translate_legacy(argv: list[str]) -> list[str]:
   return out
 
 
+def _define_flags():
+  global _CONFIG
+  if _CONFIG is None:
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.")
+
+
 def run():
+  sys.argv[:] = translate_legacy(sys.argv)   # before the config flag reads its overrides
+  _define_flags()
   flags.mark_flag_as_required("config")
-  app.run(lambda argv: sys.exit(main(argv)), argv=translate_legacy(sys.argv))
+  app.run(lambda argv: sys.exit(main(argv)))
 
 
 if __name__ == "__main__":
