@@ -115,7 +115,7 @@ class HostRows:
     if _traced(self.client, idx):
       if np.ndim(idx[0]) != 0:
         raise IndexError("inside a trace, host-store inputs are indexed as x[c, rows] with one client id c")
-      return self[idx[0]][idx[1]]
+      return HostRows(self.source, jnp.asarray(self.client)[idx[0]])[idx[1]]
     plain = lambda i: i if i is None or isinstance(i, (int, np.integer, slice, type(Ellipsis))) else np.asarray(i)
     table = self.source.table[np.asarray(self.client)]  # [clients..., N_max]: rows of the flat data
     return np.asarray(self.source.x[table[tuple(plain(i) for i in idx)]])
