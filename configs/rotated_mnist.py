@@ -32,6 +32,7 @@ def get_config():
   c.data.path = "data/mnist"
   c.data.fallback_path = ""
   c.data.prefix = ""                     # file-name prefix, e.g. "emnist-digits-" for EMNIST
+  c.data.num_classes = 10                # labels in the IDX files lie in [0, num_classes) (EMNIST letters: 27)
   c.data.angles = (0, 15, 30, 45, 60, 75)
   c.data.max_per_domain = 0              # 0: all 70000 / 6 images per domain
   c.data.test_domains = (5,)             # 75 degrees

@@ -106,6 +106,21 @@ class HostRows:
     return jax.pure_callback(self.source.announce, jax.ShapeDtypeStruct((), jnp.int32), self.client,
                              jnp.asarray(plan), vmap_method="broadcast_all")
 
+  def _client_rows(self, idx: tuple):
+    """`x[c, rows]` as on a packed `[C, N_max, ...]` array (NumPy indexing of the client and
+    row axes, e.g. a client id and its row indices). Outside a trace: the NumPy array of
+    those examples (padding rows, never read as data, hold the data's row 0 instead of
+    zeros). Inside one: `x[c][rows]` for one client id `c`, fetched from the host."""
+    if len(idx) != 2:
+      raise IndexError(f"host-store inputs take two indices (client, rows), got {len(idx)}")
+    if _traced(self.client, idx):
+      if np.ndim(idx[0]) != 0:
+        raise IndexError("inside a trace, host-store inputs are indexed as x[c, rows] with one client id c")
+      return HostRows(self.source, jnp.asarray(self.client)[idx[0]])[idx[1]]
+    plain = lambda i: i if i is None or isinstance(i, (int, np.integer, slice, type(Ellipsis))) else np.asarray(i)
+    table = self.source.table[np.asarray(self.client)]  # [clients..., N_max]: rows of the flat data
+    return np.asarray(self.source.x[table[tuple(plain(i) for i in idx)]])
+
   def rows(self, idx, step, token):
     """`self[idx]` for local step `step`, served from the prefetch."""
     out = jax.ShapeDtypeStruct(jnp.shape(idx) + self.source.x.shape[1:], self.source.x.dtype)
@@ -118,11 +133,19 @@ class HostRows:
     return lambda rows, step: self.rows(rows, step, token)
 
   def __getitem__(self, idx):
+    if isinstance(idx, tuple) and len(idx) == 1:
+      idx = idx[0]
+    if isinstance(idx, tuple) and np.ndim(self.client) > 0:  # x[c, rows]: clients and their rows
+      return self._client_rows(idx)
     if np.ndim(self.client) > 0:  # selecting clients
       return HostRows(self.source, self.client[idx])
     idx = jnp.asarray(idx)
     out = jax.ShapeDtypeStruct(idx.shape + self.source.x.shape[1:], self.source.x.dtype)
     return jax.pure_callback(self.source.fetch, out, self.client, idx, vmap_method="broadcast_all")
+
+
+def _traced(*values) -> bool:
+  return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
 
 
 def pack_clients_host(split: Split, client_indices: Sequence[np.ndarray]) -> ClientStore:

@@ -43,6 +43,7 @@ from fedjax_dg.data.folders import DataError, as_dtype, cached_images, options, 
 from fedjax_dg.data.splits import Fold, Split
 
 KEY_METRIC = {"iwildcam": "macro_f1_label_classes", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
+IWILDCAM_CLASSES = 182  # the release's label ids are 0..181 (`IWildCamDataset._n_classes`)
 SPLITS = ("train", "id_val", "id_test", "val", "test")
 FOLD_SPLITS = (("train", "train"), ("in_val", "id_val"), ("in_test", "id_test"),
                ("heldout_val", "val"), ("test", "test"))
@@ -65,7 +66,7 @@ def read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
   one-line errors for a missing file or column."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked WILDS release folder")
-  with open(path, newline="") as f:
+  with open(path, newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the header
     reader = csv.reader(f)
     header = next(reader, [])
     missing = [c for c in columns if c not in header]
@@ -90,6 +91,15 @@ def _ints(values, column: str, path: str) -> np.ndarray:
     raise DataError(f"{path} row {k + 2}: column {column!r} holds {values[k]!r}, not an integer") from None
 
 
+def _in_range(values: np.ndarray, column: str, path: str, allowed: str, ok) -> np.ndarray:
+  """`values`, or a one-line error naming the first row whose value fails `ok`."""
+  bad = np.flatnonzero(~ok(values))
+  if len(bad):
+    raise DataError(f"{path} row {bad[0] + 2}: column {column!r} holds {int(values[bad[0]])}, outside {allowed} "
+                    f"({len(bad)} rows do)")
+  return values
+
+
 def _is_number(v: str) -> bool:
   try:
     float(v)
@@ -107,7 +117,8 @@ def read_iwildcam(root: str) -> Table:
   bad = [k for k, s in enumerate(cols["split"]) if s not in SPLITS]
   if bad:
     raise DataError(f"{path} row {bad[0] + 2}: split {cols['split'][bad[0]]!r} is not one of {list(SPLITS)}")
-  y = _ints(cols["y"], "y", path).astype(np.int32)
+  in_range = lambda v: (v >= 0) & (v < IWILDCAM_CLASSES)
+  y = _in_range(_ints(cols["y"], "y", path), "y", path, f"[0, {IWILDCAM_CLASSES})", in_range).astype(np.int32)
   return Table([os.path.join(root, "train", f) for f in cols["filename"]], y, _ints(cols[field], field, path),
                np.array(cols["split"]), path, int(y.max()) + 1 if len(y) else 0, "location", False)
 
@@ -133,7 +144,8 @@ def read_camelyon17(root: str) -> Table:
     raise DataError(f"{path} row {bad[0] + 2}: split {flag[bad[0]]} is not 0 (train) or 1 (id_val)")
   paths = [os.path.join(root, camelyon17_patch(*(v.strip() for v in row)))
            for row in zip(cols["patient"], cols["node"], cols["x_coord"], cols["y_coord"])]
-  return Table(paths, _ints(cols["tumor"], "tumor", path).astype(np.int32), center, split,
+  tumor = _in_range(_ints(cols["tumor"], "tumor", path), "tumor", path, "{0, 1}", lambda v: (v == 0) | (v == 1))
+  return Table(paths, tumor.astype(np.int32), center, split,
                path, 2, "hospital", False)
 
 
@@ -151,8 +163,10 @@ def read_celeba(root: str) -> Table:
   if missing:
     raise DataError(f"{attr_path} row {missing[0] + 2}: image_id {attrs['image_id'][missing[0]]!r} has no row in "
                     f"{part_path}")
-  y = (_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path) == 1).astype(np.int32)
-  male = (_ints(attrs["Male"], "Male", attr_path) == 1).astype(np.int64)
+  pm1 = lambda v: (v == -1) | (v == 1)
+  y = (_in_range(_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path), "Blond_Hair", attr_path, "{-1, 1}", pm1)
+       == 1).astype(np.int32)
+  male = (_in_range(_ints(attrs["Male"], "Male", attr_path), "Male", attr_path, "{-1, 1}", pm1) == 1).astype(np.int64)
   return Table([os.path.join(root, "img_align_celeba", i) for i in attrs["image_id"]], y, male,
                np.array([part[i] for i in attrs["image_id"]]), attr_path, 2, "male", True)
 
