@@ -59,8 +59,10 @@ def main(argv) -> int:
       print(launch.status_text(launch.status(exp), verbose=_VERBOSE.value))
     elif cmd == "run":
       lc = sweep.get("launch", {})
+      cache = ""
+      if lc.get("compilation_cache", False):
+        cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
       if _LAUNCHER.value == "local":
-        cache = os.path.join(os.path.abspath(sweep.root), ".jax_cache") if lc.get("compilation_cache", False) else ""
         counts = launch.run_local(exp, _WORKERS.value or int(lc.get("workers", 1)), cache_dir=cache,
                                   ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -68,7 +70,7 @@ def main(argv) -> int:
       else:
         params = dict(lc.get("submitit", {}))
         folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")
-        out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value)
+        out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value, cache_dir=cache)
         if _WAIT.value:
           print(launch.status_text(launch.status(exp)))
         else:

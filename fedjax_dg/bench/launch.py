@@ -257,22 +257,41 @@ def _child_pythonpath() -> str:
   return root + (os.pathsep + rest if rest else "")
 
 
+@contextlib.contextmanager
+def _environ(**values):
+  """os.environ with `values` set (None: left alone) inside the block, restored after."""
+  old = {k: os.environ.get(k) for k in values}
+  os.environ.update({k: v for k, v in values.items() if v is not None})
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
 def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = None, parameters: dict | None = None,
-                 wait: bool = False, quiet: bool = False) -> list:
+                 wait: bool = False, quiet: bool = False, cache_dir: str = "") -> list:
   """Submits every job not done as one submitit batch (a Slurm job array with
   `cluster=None` on a Slurm login node; `cluster="local"` runs them as local processes,
   as the tests do). `parameters` go to `update_parameters` (e.g. timeout_min,
-  slurm_partition, gpus_per_node, cpus_per_task, slurm_array_parallelism). With `wait`,
-  returns the outcomes ("done", "failed", ...), else the submitit job handles."""
+  slurm_partition, gpus_per_node, cpus_per_task, slurm_array_parallelism). The jobs
+  import this fedjax_dg (PYTHONPATH) and use `cache_dir` as JAX's compilation cache. With
+  `wait`, returns the outcomes ("done", "failed", ...), else the submitit job handles."""
   try:
     import submitit
   except ImportError:
     raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'") from None
   todo = prepare(exp)
-  os.environ["PYTHONPATH"] = _child_pythonpath()
+  if not todo:
+    _print(f"{len(exp.jobs)} jobs, all done", quiet)
+    return []
   executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
   executor.update_parameters(**dict(parameters or {}))
-  with executor.batch():
+  cache = dict(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0") if cache_dir else {}
+  with _environ(PYTHONPATH=_child_pythonpath(), **cache), executor.batch():
     handles = [executor.submit(execute, os.path.abspath(j.workdir)) for j in todo]
   _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - len(todo)} already done, {len(todo)} submitted to "
          f"{executor.cluster} (logs in {folder})", quiet)
