@@ -27,6 +27,10 @@ def get_config():
   c.data.in_val_fraction = 0.1
   c.data.in_test_fraction = 0.1
   c.data.leave_one_domain_out = False
+  # Seed 001's R_DG (Sec. 4.1): this fraction of each test domain leaves the test split (which
+  # keeps the rest); with _include it joins training as a training domain, else it is set aside.
+  c.data.test_domain_train_fraction = 0.0
+  c.data.test_domain_train_include = True
   # On-disk datasets (configs/rotated_mnist.py, colored_mnist.py, pacs.py, ...; README "Datasets").
   c.data.path = ""               # root of the files; "" for the embedded datasets
   c.data.fallback_path = ""      # searched when data.path has no files (e.g. Debian's package location)

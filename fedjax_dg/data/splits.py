@@ -52,8 +52,13 @@ def _concat(ds: DomainDataset, parts):
 
 
 def make_fold(ds: DomainDataset, test_domains: Sequence[int], val_domains: Sequence[int],
-              in_val_fraction: float = 0.1, in_test_fraction: float = 0.1, seed: int = 0) -> Fold:
-  """Holds out `test_domains` and `val_domains`; splits each remaining domain at random."""
+              in_val_fraction: float = 0.1, in_test_fraction: float = 0.1, seed: int = 0,
+              test_domain_train_fraction: float = 0.0, test_domain_train_include: bool = True) -> Fold:
+  """Holds out `test_domains` and `val_domains`; splits each remaining domain at random.
+
+  `test_domain_train_fraction > 0` carves that fraction off every test domain
+  (`carve_test_domains`): seed 001's R_DG (Sec. 4.1) trains with it and tests on the rest.
+  """
   d_all = set(range(ds.num_domains))
   test_domains, val_domains = tuple(int(d) for d in test_domains), tuple(int(d) for d in val_domains)
   for field, doms in (("test_domains", test_domains), ("val_domains", val_domains)):
@@ -76,10 +81,56 @@ def make_fold(ds: DomainDataset, test_domains: Sequence[int], val_domains: Seque
     te.append((d, np.sort(perm[n_va:n_va + n_te])))
     tr.append((d, np.sort(perm[n_va + n_te:])))
   whole = lambda doms: [(d, np.arange(len(ds.ys[d]))) for d in doms]
-  return Fold(train=_concat(ds, tr), in_val=_concat(ds, va), in_test=_concat(ds, te),
+  fold = Fold(train=_concat(ds, tr), in_val=_concat(ds, va), in_test=_concat(ds, te),
               heldout_val=_concat(ds, whole(val_domains)), test=_concat(ds, whole(test_domains)),
               train_domains=train_domains, val_domains=val_domains, test_domains=test_domains,
               domain_names=ds.names, num_classes=ds.num_classes)
+  return carve_test_domains(fold, test_domain_train_fraction, test_domain_train_include, seed)
+
+
+def _take(s: Split, idx: np.ndarray) -> Split:
+  return Split(s.x[idx], s.y[idx], s.domain[idx])
+
+
+def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: int = 0) -> Fold:
+  """Seed 001's R_DG split (Sec. 4.1): `round(fraction * n_d)` random examples of every
+  test domain `d` (S''_DG-test) leave the test split, which keeps the rest (S'_DG-test).
+
+  With `include` they join the training set as examples of their own domain `d` (which
+  becomes a training domain); without, they are set aside, so the run trains exactly as
+  on the plain fold and is tested on the same S'. The carve draws from its own stream
+  (seeded by `seed`), so the two runs test on identical examples and the training-domain
+  splits do not change."""
+  if not (isinstance(fraction, (int, float)) and 0.0 <= fraction < 1.0):
+    raise ValueError(f"data.test_domain_train_fraction must lie in [0, 1), got {fraction}")
+  if fraction == 0.0:
+    return fold
+  rng = np.random.default_rng([int(seed), 20240901])
+  keep, moved = [], []
+  for d in sorted(set(int(v) for v in np.unique(fold.test.domain))):
+    rows = np.flatnonzero(fold.test.domain == d)
+    perm = rng.permutation(rows)
+    k = int(round(fraction * len(rows)))
+    moved.append(perm[:k])
+    keep.append(perm[k:])
+  keep, moved = np.sort(np.concatenate(keep)), np.sort(np.concatenate(moved))
+  test, train, train_domains = _take(fold.test, keep), fold.train, fold.train_domains
+  if include:
+    extra = _take(fold.test, moved)
+    train = Split(np.concatenate([train.x, extra.x]), np.concatenate([train.y, extra.y]),
+                  np.concatenate([train.domain, extra.domain]))
+    train_domains = tuple(sorted(set(train_domains) | set(int(d) for d in np.unique(extra.domain))))
+  return dataclasses.replace(fold, train=train, test=test, train_domains=train_domains)
+
+
+def fold_from_config(ds: DomainDataset, data_config) -> Fold:
+  """`make_fold` with every split field of `config.data` (test / validation domains,
+  in-domain fractions, seed, and R_DG's `test_domain_train_fraction` / `_include`)."""
+  d = data_config
+  return make_fold(ds, d.test_domains, d.val_domains, in_val_fraction=d.in_val_fraction,
+                   in_test_fraction=d.in_test_fraction, seed=d.seed,
+                   test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
+                   test_domain_train_include=d.get("test_domain_train_include", True))
 
 
 def leave_one_domain_out(ds: DomainDataset, val_offset: int = 1, **kwargs) -> list[Fold]:

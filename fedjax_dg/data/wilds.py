@@ -40,7 +40,7 @@ import numpy as np
 
 from fedjax_dg.data.datasets import DomainDataset
 from fedjax_dg.data.folders import DataError, as_dtype, cached_images, options, subsample
-from fedjax_dg.data.splits import Fold, Split
+from fedjax_dg.data.splits import Fold, Split, carve_test_domains
 
 KEY_METRIC = {"iwildcam": "macro_f1_label_classes", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
 IWILDCAM_CLASSES = 182  # the release's label ids are 0..181 (`IWildCamDataset._n_classes`)
@@ -223,8 +223,10 @@ def load_fold(data_config) -> Fold:
     idx = _rows(table, split, max_per_split, seed)
     parts[field] = Split(_images(data_config, table, idx, split), table.y[idx], ids[idx])
   doms = lambda s: tuple(int(d) for d in np.unique(s.domain))
-  return Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
+  fold = Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
               test_domains=doms(parts["test"]), domain_names=names, num_classes=table.num_classes)
+  return carve_test_domains(fold, data_config.get("test_domain_train_fraction", 0.0),
+                            data_config.get("test_domain_train_include", True), seed)
 
 
 def load(data_config) -> DomainDataset:

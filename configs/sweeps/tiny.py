@@ -1,0 +1,34 @@
+"""The tests' sweep: FedAvg and FedProx x lambda {1, 0} x seeds {0, 1} on the embedded rotated
+digits, MLP, 4 clients, 3 rounds (seconds per job).
+
+  python -m fedjax_dg.bench run --sweep configs/sweeps/tiny.py --sweep.root=/tmp/tiny
+  python -m fedjax_dg.bench report --sweep configs/sweeps/tiny.py --sweep.root=/tmp/tiny --out=/tmp/tiny/report
+"""
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep_common  # noqa: E402
+
+
+def get_config():
+  s = sweep_common.skeleton("tiny", "runs/sweeps/tiny")
+  b = s.base
+  b.model.name = "mlp"
+  b.model.hidden = (32,)
+  b.data.image_size = 8
+  b.num_clients = 4
+  b.num_rounds = 3
+  b.eval_every = 1
+  b.checkpoint_every = 1
+  b.client.momentum = 0.0
+  b.client.batch_size = 64
+  b.engine.unroll = 1
+  s.grids = ml_collections.ConfigDict({
+      "table": {"methods": ("fedavg", "fedprox"), "client_counts": (4,), "lams": (1.0, 0.0), "seeds": (0, 1),
+                "num_trials": 0},
+  })
+  s.report.sweep_file = "configs/sweeps/tiny.py"
+  return s

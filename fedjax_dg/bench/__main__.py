@@ -1,0 +1,3 @@
+from fedjax_dg.bench.cli import run
+
+run()

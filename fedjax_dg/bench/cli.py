@@ -1,0 +1,102 @@
+"""`python -m fedjax_dg.bench COMMAND --sweep configs/sweeps/<name>.py [--sweep.<field>=...]`
+(or `fedjax-dg-sweep COMMAND ...`).
+
+Commands:
+  run      run every job not done: a local pool of --workers processes (default
+           sweep.launch.workers, 1), or --launcher=submitit (Slurm; --cluster=local runs
+           the submitit jobs as local processes); finished jobs are skipped, interrupted
+           ones resume from their checkpoints, failed ones run again
+  status   done / running / failed / interrupted / pending counts and the unfinished jobs
+           (--verbose: every job)
+  collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
+           and oracle selection), difficulty.md (Table 6), jobs.csv into --out
+  figures  Fig. 2, Fig. 3, Fig. 4-style curves and per-run curves (PNG + CSV) into --out
+  report   collect + figures + REPORT.md into --out (default sweep.report.out)
+  jobs     one line per job: key, workdir, description
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+COMMANDS = ("run", "status", "collect", "figures", "report", "jobs")
+
+_SWEEP = config_flags.DEFINE_config_file("sweep", None, "Path to a sweep config (configs/sweeps/*.py).")
+_WORKERS = flags.DEFINE_integer("workers", None, "run: local worker processes (default sweep.launch.workers).")
+_LAUNCHER = flags.DEFINE_enum("launcher", "local", ["local", "submitit"], "run: the local pool or submitit.")
+_CLUSTER = flags.DEFINE_string("cluster", None, "run --launcher=submitit: submitit cluster (None: auto, 'local').")
+_WAIT = flags.DEFINE_bool("wait", False, "run --launcher=submitit: wait for the jobs to finish.")
+_OUT = flags.DEFINE_string("out", None, "collect / figures / report: output folder.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "status: list every job.")
+_IGNORE_LOCKS = flags.DEFINE_bool("ignore_locks", False, "run: run jobs even if a lock says they are running.")
+
+
+def _out(sweep, sub: str) -> str:
+  return _OUT.value or (sweep.get("report", {}).get("out", "") if sub == "report" else "") or \
+      os.path.join(sweep.root, "results" if sub != "report" else "report")
+
+
+def main(argv) -> int:
+  from fedjax_dg.bench import collect, figures, launch, report, sweep as sweep_lib
+  args = argv[1:]
+  if len(args) != 1 or args[0] not in COMMANDS:
+    print(f"error: give one command of {', '.join(COMMANDS)}, e.g. "
+          "python -m fedjax_dg.bench status --sweep configs/sweeps/tiny.py", file=sys.stderr)
+    return 2
+  cmd, sweep = args[0], _SWEEP.value
+  if sweep is None:
+    print("error: --sweep is required, e.g. --sweep configs/sweeps/tiny.py", file=sys.stderr)
+    return 2
+  try:
+    exp = sweep_lib.expand(sweep)
+    if cmd == "jobs":
+      for e in exp.entries:
+        print(f"{e.key}  {e.grid:12s} {sweep_lib.describe(e.axes)}  {exp.jobs[e.key].workdir}")
+    elif cmd == "status":
+      print(launch.status_text(launch.status(exp), verbose=_VERBOSE.value))
+    elif cmd == "run":
+      lc = sweep.get("launch", {})
+      cache = ""
+      if lc.get("compilation_cache", False):
+        cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
+      if _LAUNCHER.value == "local":
+        counts = launch.run_local(exp, _WORKERS.value or int(lc.get("workers", 1)), cache_dir=cache,
+                                  ignore_locks=_IGNORE_LOCKS.value)
+        print(", ".join(f"{v} {k}" for k, v in counts.items()))
+        print(launch.status_text(launch.status(exp)))
+      else:
+        params = dict(lc.get("submitit", {}))
+        folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")
+        out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value, cache_dir=cache)
+        if _WAIT.value:
+          print(launch.status_text(launch.status(exp)))
+        else:
+          print("submitted: " + " ".join(str(h.job_id) for h in out))
+    elif cmd == "collect":
+      out = _out(sweep, "collect")
+      collect.collect(sweep, out, exp)
+      print(f"tables in {out}/tables.md, jobs in {out}/jobs.csv")
+    elif cmd == "figures":
+      out = _out(sweep, "figures")
+      for p in figures.make_figures(sweep, out, exp):
+        print(p)
+    elif cmd == "report":
+      out = _out(sweep, "report")
+      report.write_report(sweep, out, exp)
+      print(f"report in {out}/REPORT.md")
+  except (sweep_lib.SweepError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+def run():
+  flags.mark_flag_as_required("sweep")
+  app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+  run()

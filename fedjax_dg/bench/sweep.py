@@ -1,0 +1,348 @@
+"""Sweeps as data: an ml_collections sweep config expanded into jobs (seed 001 Sec. 4.3, App. E).
+
+A sweep config (`configs/sweeps/*.py`) holds the base experiment config (`sweep.base`, a
+whole `configs/default.py`-style ConfigDict, so `--sweep.base.num_rounds=10` works) and
+named grids, each crossing the benchmark's axes:
+
+  methods x client_counts x lams x schedules (num_rounds, local_epochs) x folds x seeds x trials
+
+* `client_counts` entry 1 is the centralised column: the method's centralised counterpart
+  from `sweep.centralized` (e.g. FedAvg -> ERM on the pooled training data), run once with
+  one client and no lambda; a method without a counterpart is "not applicable" there
+  (seed 001 Tables 3-5, "-").
+* `folds` are (test_domains, val_domains) pairs (`sweep.folds`; empty = the base config's;
+  `sweep.leave_one_domain_out` = every domain once, the next one validating).
+* `seeds` set the fields named in `sweep.seed_fields` (default the training seed).
+* trials: trial 0 runs the defaults; trials 1..n-1 draw hyperparameters at random
+  (DomainBed's protocol; seed 001 App. D.4 selects them on the held-out domain), from each
+  method's declared ranges (`fedjax_dg.algorithms.sample_hparams`, when
+  `sweep.search.method_ranges`) and from the sweep's own `sweep.search.distributions`.
+  Draws depend on (search seed, trial, algorithm) only, so one trial is one setting of the
+  hyperparameters across cells and seeds.
+
+A grid with `kind = "difficulty"` expands into the runs of seed 001's Table 6 (R_DG and
+R_FL; `fedjax_dg.bench.difficulty`).
+
+Every job is one run: its config is the base with the job's dotted overrides, and its
+workdir is `<sweep.root>/<key>` where `key` hashes the canonical JSON of the resolved
+config (`config_key`). Identical runs from two grids are one job; a finished job is never
+run again; a changed config is a new job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import zlib
+
+import ml_collections
+import numpy as np
+
+# Fields that steer a run but not its results; they do not enter the job key.
+RUN_CONTROL_FIELDS = ("workdir", "resume", "quiet")
+DIFFICULTY_ROLES = ("dg_without", "dg_with", "fl_erm", "fl_fedavg")
+
+
+class SweepError(ValueError):
+  """A sweep config field holds a value the expansion cannot use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One run: `key` (the hash), its `workdir` and its resolved experiment `config`."""
+  key: str
+  workdir: str
+  config: ml_collections.ConfigDict
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A job's place in one grid: the grid's name and the axes values that produced it."""
+  grid: str
+  key: str
+  axes: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Expansion:
+  jobs: dict          # key -> Job, in first-seen order
+  entries: list       # Entry, one per (grid, point of the grid)
+
+
+# ---------------------------------------------------------------------------- configs
+
+def canonical_json(tree) -> str:
+  """Sorted keys, no spaces, tuples as lists: equal configs give equal strings."""
+  return json.dumps(tree, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def _json_default(x):
+  if isinstance(x, np.generic):
+    return x.item()
+  raise TypeError(f"cannot serialise {type(x).__name__} in a config")
+
+
+def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
+  """sha256 of the config's canonical JSON without the run-control fields."""
+  d = config.to_dict()
+  for f in RUN_CONTROL_FIELDS:
+    d.pop(f, None)
+  return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:length]
+
+
+def flatten(tree, prefix: str = "") -> dict:
+  """Nested dicts / ConfigDicts -> {"a.b.c": leaf}."""
+  items = tree.items() if hasattr(tree, "items") else ()
+  out = {}
+  for k, v in items:
+    path = f"{prefix}{k}"
+    if isinstance(v, (dict, ml_collections.ConfigDict)):
+      out.update(flatten(v, path + "."))
+    else:
+      out[path] = v
+  return out
+
+
+def set_path(config: ml_collections.ConfigDict, path: str, value, what: str = "override") -> None:
+  """`config[a][b][c] = value` for `path = "a.b.c"`; a path the config lacks is an error."""
+  node, parts = config, path.split(".")
+  for i, p in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict) or p not in node:
+      raise SweepError(f"{what} {path!r}: the base config has no field {'.'.join(parts[:i + 1])!r}")
+    if i == len(parts) - 1:
+      try:
+        node[p] = value
+      except TypeError as e:
+        raise SweepError(f"{what} {path!r}: {e}") from None
+    else:
+      node = node[p]
+
+
+def get_path(config, path: str):
+  node = config
+  for p in path.split("."):
+    node = node[p]
+  return node
+
+
+def from_json_dict(d) -> ml_collections.ConfigDict:
+  """A config back from its JSON form (lists become the tuples config files use)."""
+  def fix(v):
+    if isinstance(v, dict):
+      return {k: fix(x) for k, x in v.items()}
+    if isinstance(v, list):
+      return tuple(fix(x) for x in v)
+    return v
+  return ml_collections.ConfigDict(fix(d))
+
+
+def load_config_file(path: str, fn: str = "get_config") -> ml_collections.ConfigDict:
+  """`get_config()` of a config file, as `config_flags` loads it."""
+  import importlib.util
+  if not os.path.isfile(path):
+    raise SweepError(f"no such config file {path!r}")
+  spec = importlib.util.spec_from_file_location(f"_sweep_cfg_{zlib.crc32(path.encode())}", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return getattr(mod, fn)()
+
+
+# ---------------------------------------------------------------------------- search
+
+def _draw(spec, rng: np.random.Generator, path: str):
+  """One value from a sweep-level distribution: ("log_uniform", lo, hi), ("uniform", lo, hi),
+  ("int_uniform", lo, hi) (inclusive) or ("choice", (v1, v2, ...))."""
+  if not (isinstance(spec, (tuple, list)) and spec and isinstance(spec[0], str)):
+    raise SweepError(f"sweep.search.distributions.{path}: expected (kind, ...), got {spec!r}")
+  kind, args = spec[0], tuple(spec[1:])
+  if kind == "choice" and len(args) == 1 and len(args[0]) > 0:
+    return args[0][int(rng.integers(len(args[0])))]
+  if kind in ("uniform", "log_uniform", "int_uniform") and len(args) == 2 and args[0] <= args[1]:
+    lo, hi = args
+    if kind == "uniform":
+      return float(rng.uniform(lo, hi))
+    if kind == "int_uniform":
+      return int(rng.integers(lo, hi + 1))
+    if lo <= 0:
+      raise SweepError(f"sweep.search.distributions.{path}: log_uniform needs 0 < lo, got {lo}")
+    return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+  raise SweepError(f"sweep.search.distributions.{path}: unknown or malformed {spec!r}; use "
+                   "('uniform'|'log_uniform'|'int_uniform', lo, hi) or ('choice', (values...))")
+
+
+def stable_int(text: str) -> int:
+  return zlib.crc32(text.encode())
+
+
+def trial_overrides(sweep, algorithm: str, trial: int) -> dict:
+  """Dotted overrides of random-search trial `trial` for `algorithm` ({} for trial 0).
+
+  The method's declared ranges first (`fedjax_dg.algorithms.sample_hparams`), then the
+  sweep's own distributions, which win where both name a field."""
+  search = sweep.get("search", ml_collections.ConfigDict())
+  if trial == 0 and search.get("first_trial_default", True):
+    return {}
+  rng = np.random.default_rng([int(search.get("seed", 0)), int(trial), stable_int(algorithm)])
+  out = {}
+  if search.get("method_ranges", False):
+    try:
+      from fedjax_dg.algorithms import sample_hparams
+    except ImportError:
+      raise SweepError("sweep.search.method_ranges: this fedjax_dg has no algorithms.sample_hparams; "
+                       "set it to False and give sweep.search.distributions") from None
+    out.update(sample_hparams(algorithm, rng))
+  for path, spec in sorted(flatten_distributions(search.get("distributions", {})).items()):
+    out[path] = _draw(spec, rng, path)
+  return out
+
+
+def flatten_distributions(tree, prefix: str = "") -> dict:
+  """Like `flatten`, but a tuple leaf is a distribution spec."""
+  out = {}
+  for k, v in (tree.items() if hasattr(tree, "items") else ()):
+    path = f"{prefix}{k}"
+    if isinstance(v, (dict, ml_collections.ConfigDict)):
+      out.update(flatten_distributions(v, path + "."))
+    else:
+      out[path] = v
+  return out
+
+
+# ---------------------------------------------------------------------------- expansion
+
+def _folds(sweep) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  base = sweep.base
+  if sweep.get("leave_one_domain_out", False):
+    if base.data.name == "wilds":
+      raise SweepError("sweep.leave_one_domain_out: WILDS runs on its official split scheme")
+    from fedjax_dg.data import datasets
+    n = datasets.load_dataset(base.data).num_domains
+    return [((t,), ((t + 1) % n,)) for t in range(n)]
+  folds = sweep.get("folds", ())
+  if not folds:
+    return [(tuple(base.data.test_domains), tuple(base.data.val_domains))]
+  out = []
+  for f in folds:
+    if len(f) != 2:
+      raise SweepError(f"sweep.folds: each entry is (test_domains, val_domains), got {f!r}")
+    out.append((tuple(int(d) for d in f[0]), tuple(int(d) for d in f[1])))
+  return out
+
+
+def _make_config(sweep, settings: dict, algorithm: str) -> ml_collections.ConfigDict:
+  """The base config with the sweep's per-algorithm overrides, then `settings`."""
+  c = ml_collections.ConfigDict(sweep.base.to_dict())
+  for path, v in flatten(sweep.get("method_overrides", {}).get(algorithm, {})).items():
+    set_path(c, path, v, what=f"sweep.method_overrides.{algorithm}")
+  for path, v in settings.items():
+    set_path(c, path, v)
+  c.resume, c.quiet = True, True
+  c.data.leave_one_domain_out = False  # folds are the sweep's jobs
+  return c
+
+
+def _add(exp: Expansion, sweep, grid: str, axes: dict, settings: dict, algorithm: str) -> None:
+  config = _make_config(sweep, {"algorithm.name": algorithm, **settings}, algorithm)
+  key = config_key(config)
+  if key not in exp.jobs:
+    config.workdir = os.path.join(sweep.root, key)
+    exp.jobs[key] = Job(key, config.workdir, config)
+  exp.entries.append(Entry(grid, key, axes))
+
+
+def _seed_settings(sweep, seed: int) -> dict:
+  return {f: int(seed) for f in sweep.get("seed_fields", ("seed",))}
+
+
+def _fold_settings(fold) -> dict:
+  return {"data.test_domains": fold[0], "data.val_domains": fold[1]}
+
+
+def _expand_grid(exp: Expansion, sweep, name: str, g) -> None:
+  base = sweep.base
+  centralized = sweep.get("centralized", {})
+  schedules = [tuple(s) for s in g.get("schedules", ())] or [(int(base.num_rounds), int(base.client.local_epochs))]
+  if g.get("schedules", ()) and base.client.local_steps > 0:
+    raise SweepError(f"sweep.grids.{name}.schedules set client.local_epochs, but base.client.local_steps > 0 "
+                     "fixes the local steps; set sweep.base.client.local_steps=0")
+  trials = range(max(1, int(g.get("num_trials", 0))))
+  for method, C, (rounds, epochs), fold, seed, trial in itertools.product(
+      g.methods, g.client_counts, schedules, _folds(sweep), g.seeds, trials):
+    C = int(C)
+    if C < 1:
+      raise SweepError(f"sweep.grids.{name}.client_counts: counts must be >= 1, got {C}")
+    algorithm = centralized.get(method, "") if C == 1 else method
+    if not algorithm:
+      continue  # not applicable: no centralised counterpart
+    over = trial_overrides(sweep, algorithm, trial)
+    for lam in ((None,) if C == 1 else g.lams):
+      settings = {"num_clients": C, "num_rounds": int(rounds), "client.local_epochs": int(epochs),
+                  **_fold_settings(fold), **_seed_settings(sweep, seed), **over}
+      if lam is not None:
+        settings["partition.lam"] = float(lam)
+      axes = {"method": method, "algorithm": algorithm, "num_clients": C, "lam": lam, "seed": int(seed),
+              "test_domains": list(fold[0]), "val_domains": list(fold[1]), "num_rounds": int(rounds),
+              "local_epochs": int(epochs), "trial": int(trial), "overrides": over}
+      _add(exp, sweep, name, axes, settings, algorithm)
+
+
+def _expand_difficulty(exp: Expansion, sweep, name: str, g) -> None:
+  """Seed 001 Sec. 4.1 / Table 6: ERM without and with `fraction` of the test domain in
+  training (both tested on the rest), centralised ERM and FedAvg at each lambda."""
+  frac = float(g.get("fraction", 0.2))
+  if not 0.0 < frac < 1.0:
+    raise SweepError(f"sweep.grids.{name}.fraction must lie in (0, 1), got {frac}")
+  erm, fedavg, C = g.erm, g.fedavg, int(g.num_clients)
+  for fold, seed in itertools.product(_folds(sweep), g.seeds):
+    common = {**_fold_settings(fold), **_seed_settings(sweep, seed)}
+    runs = [("dg_without", erm, 1, None, {"data.test_domain_train_fraction": frac,
+                                           "data.test_domain_train_include": False}),
+            ("dg_with", erm, 1, None, {"data.test_domain_train_fraction": frac,
+                                        "data.test_domain_train_include": True}),
+            ("fl_erm", erm, 1, None, {})]
+    runs += [("fl_fedavg", fedavg, C, float(lam), {"partition.lam": float(lam)}) for lam in g.lams]
+    for role, alg, n, lam, extra in runs:
+      axes = {"role": role, "method": alg, "algorithm": alg, "num_clients": n, "lam": lam, "seed": int(seed),
+              "test_domains": list(fold[0]), "val_domains": list(fold[1]), "trial": 0, "overrides": {},
+              "fraction": frac}
+      _add(exp, sweep, name, axes, {"num_clients": n, **common, **extra}, alg)
+
+
+def expand(sweep) -> Expansion:
+  """Every job and grid entry of a sweep config."""
+  for field in ("root", "base", "grids"):
+    if field not in sweep:
+      raise SweepError(f"sweep.{field} is required")
+  exp = Expansion({}, [])
+  for name, g in sweep.grids.items():
+    kind = g.get("kind", "grid")
+    if kind == "grid":
+      _expand_grid(exp, sweep, name, g)
+    elif kind == "difficulty":
+      _expand_difficulty(exp, sweep, name, g)
+    else:
+      raise SweepError(f"sweep.grids.{name}.kind must be 'grid' or 'difficulty', got {kind!r}")
+  return exp
+
+
+def grid_entries(exp: Expansion, grid: str) -> list[Entry]:
+  return [e for e in exp.entries if e.grid == grid]
+
+
+def describe(axes: dict) -> str:
+  """One line naming a job by its axes."""
+  parts = [axes.get("role") or axes["method"]]
+  if axes["algorithm"] != axes["method"] or axes.get("role"):
+    parts.append(f"({axes['algorithm']})")
+  parts.append(f"C={axes['num_clients']}")
+  if axes.get("lam") is not None:
+    parts.append(f"lam={axes['lam']:g}")
+  if "num_rounds" in axes:
+    parts.append(f"R={axes['num_rounds']}xE={axes['local_epochs']}")
+  parts.append(f"test={','.join(map(str, axes['test_domains']))}")
+  parts.append(f"seed={axes['seed']}")
+  if axes.get("trial"):
+    parts.append(f"trial={axes['trial']}")
+  return " ".join(parts)

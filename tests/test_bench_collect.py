@@ -1,0 +1,202 @@
+"""Collect, difficulty metrics and figures on fixture runs whose summaries the test writes."""
+import csv
+import json
+import os
+import statistics
+import sys
+
+import ml_collections
+import pytest
+
+from fedjax_dg.bench import collect, difficulty, figures, sweep as sweep_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
+import sweep_common  # noqa: E402
+
+
+def write_run(workdir, rounds: dict, wall=1.0, bytes_per_round=100):
+  """A finished run: `rounds[t] = {split: accuracy}`; the summary's selections are the
+  best heldout_val / in_val rounds (earliest on ties), as the runner writes them."""
+  os.makedirs(workdir, exist_ok=True)
+  recs = [{"round": t, "train_loss": 0.0, "splits": {k: {"accuracy": v, "n": 10} for k, v in sp.items()}}
+          for t, sp in sorted(rounds.items())]
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in recs)
+  sel = {}
+  for rule, split in (("heldout_domain", "heldout_val"), ("in_domain", "in_val")):
+    best = max(recs, key=lambda r: (r["splits"][split]["accuracy"], -r["round"]))
+    sel[rule] = {"round": best["round"], "val": best["splits"][split], "test": best["splits"]["test"]}
+  summary = {"selection": sel, "wall_time_s": wall, "final": recs[-1], "client_sizes": [30, 30],
+             "domains": {"names": ["a", "b", "c", "d"]},
+             "communication": {"bytes_per_round": bytes_per_round, "setup_bytes": 0}}
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f)
+
+
+def sweep_config(root, **grid):
+  s = sweep_common.skeleton("fixture", str(root))
+  s.base.num_rounds = 2
+  g = {"methods": ("fedavg", "irm", "fedprox"), "client_counts": (1, 4), "lams": (1.0, 0.0), "seeds": (0, 1, 2),
+       "num_trials": 0}
+  g.update(grid)
+  s.grids = ml_collections.ConfigDict({"table": g})
+  return s
+
+
+# Held-out-selected test accuracy per (method, C, lam) and seed; rows: three seeds.
+TEST = {("fedavg", 1, None): (0.90, 0.80, 0.85), ("irm", 1, None): (0.70, 0.72, 0.74),
+        ("fedavg", 4, 1.0): (0.60, 0.70, 0.65), ("irm", 4, 1.0): (0.50, 0.52, 0.60),
+        ("fedprox", 4, 1.0): (0.61, 0.69, 0.68),
+        ("fedavg", 4, 0.0): (0.40, 0.44, 0.42), ("irm", 4, 0.0): (0.45, 0.47, 0.49),
+        ("fedprox", 4, 0.0): (0.45, 0.47, 0.49)}
+
+
+def fill(exp, test=TEST):
+  """Round 1: held-out val 0.5, test = the table value; round 2: val 0.4, test = value + 0.1
+  (the oracle picks round 2); in_val prefers round 2."""
+  for e in exp.entries:
+    a = e.axes
+    v = test[(a["method"], a["num_clients"], a["lam"])][a["seed"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.5, "in_val": 0.3, "in_test": 0.9, "test": v},
+                                        2: {"heldout_val": 0.4, "in_val": 0.6, "in_test": 0.8, "test": v + 0.1}})
+
+
+def test_table_mean_std_bold_italics_by_hand(tmp_path):
+  s = sweep_config(tmp_path)
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  results = collect.load_results(exp)
+  t = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=1)
+  assert t.columns == ((1, None), (4, 1.0), (4, 0.0))
+  assert [r[1] for r in t.rows] == ["fedavg", "irm", "fedprox"]  # B, DG adapted, FL
+  for (m, C, lam), vals in TEST.items():
+    c = t.cells[(m, (C, lam))]
+    assert c.mean == pytest.approx(sum(vals) / 3, abs=1e-12)
+    assert c.std == pytest.approx(statistics.stdev(vals), abs=1e-12)  # sample std, ddof = 1
+  assert t.cells[("fedprox", (1, None))] is None  # no centralised FedProx: "-"
+  # Column (4, 1): fedavg 0.65, fedprox 0.66, irm 0.54 -> fedprox bold, fedavg italics.
+  # Column (4, 0): irm and fedprox tie at 0.47 (bold both), fedavg 0.42 italics.
+  rk = collect.ranks(t)
+  assert rk[("fedprox", (4, 1.0))] == 1 and rk[("fedavg", (4, 1.0))] == 2 and ("irm", (4, 1.0)) not in rk
+  assert rk[("irm", (4, 0.0))] == rk[("fedprox", (4, 0.0))] == 1 and rk[("fedavg", (4, 0.0))] == 2
+  md = collect.to_markdown(t, digits=3).splitlines()
+  assert md[2] == "| B | FedAvg-ERM | **0.850 ± 0.050** | *0.650 ± 0.050* | *0.420 ± 0.020* |"
+  assert md[3] == "| DG adapted | IRM | *0.720 ± 0.020* | 0.540 ± 0.053 | **0.470 ± 0.020** |"
+  assert md[4] == "| FL | FedProx | - | **0.660 ± 0.044** | **0.470 ± 0.020** |"
+  tex = collect.to_latex(t, digits=2)
+  assert "\\textbf{0.85 $\\pm$ 0.05}" in tex and "\\textit{0.65 $\\pm$ 0.05}" in tex
+  # ddof = 0 (numpy's default) is the population std.
+  t0 = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=0)
+  assert t0.cells[("irm", (4, 1.0))].std == pytest.approx(statistics.pstdev(TEST[("irm", 4, 1.0)]), abs=1e-12)
+
+
+def test_selection_rules_oracle_and_missing_seeds(tmp_path):
+  s = sweep_config(tmp_path)
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  # Remove one seed of fedavg at (4, 1): the cell keeps the two others and says so.
+  gone = next(e for e in exp.entries if (e.axes["method"], e.axes["num_clients"], e.axes["lam"], e.axes["seed"])
+              == ("fedavg", 4, 1.0, 2))
+  os.remove(os.path.join(exp.jobs[gone.key].workdir, "summary.json"))
+  results = collect.load_results(exp)
+  ind = collect.build_table(s, exp, results, "table", "in_domain", "accuracy", ddof=1)
+  orc = collect.build_table(s, exp, results, "table", "oracle", "accuracy", ddof=1)
+  vals = TEST[("irm", 4, 0.0)]
+  # in-domain validation picks round 2 (test + 0.1); so does the oracle (the best test round).
+  assert ind.cells[("irm", (4, 0.0))].mean == pytest.approx(sum(vals) / 3 + 0.1)
+  assert orc.cells[("irm", (4, 0.0))].mean == pytest.approx(sum(vals) / 3 + 0.1)
+  c = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=1).cells[("fedavg", (4, 1.0))]
+  assert c.values == (0.60, 0.70) and c.expected == 3
+  assert collect.format_cell(c, 2) == "0.65 ± 0.07 (2/3)"
+  assert collect.format_cell(collect.Cell(None, None, (), 3), 2) == "X"
+
+
+def test_random_search_picks_the_best_validation_trial(tmp_path):
+  s = sweep_config(tmp_path, methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0, 1), num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  exp = sweep_lib.expand(s)
+  # (seed, trial) -> (held-out val, test); the selected trial is 2 for seed 0, 0 for seed 1 (a tie with
+  # trial 1 goes to the lower index); the oracle picks the best test: trial 1 for seed 0, 1 for seed 1.
+  table = {(0, 0): (0.5, 0.30), (0, 1): (0.6, 0.90), (0, 2): (0.7, 0.40),
+           (1, 0): (0.8, 0.20), (1, 1): (0.8, 0.60), (1, 2): (0.1, 0.50)}
+  for e in exp.entries:
+    val, test = table[(e.axes["seed"], e.axes["trial"])]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": val, "in_val": val, "in_test": 0.5, "test": test}})
+  results = collect.load_results(exp)
+  c = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", 1).cells[("fedavg", (4, 1.0))]
+  assert c.values == (0.40, 0.20)
+  o = collect.build_table(s, exp, results, "table", "oracle", "accuracy", 1).cells[("fedavg", (4, 1.0))]
+  assert o.values == (0.90, 0.60)
+
+
+def test_csv_has_one_row_per_job_with_rounds_and_bytes(tmp_path):
+  s = sweep_config(tmp_path)
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  collect.collect(s, str(tmp_path / "out"), exp)
+  rows = list(csv.DictReader(open(tmp_path / "out" / "jobs.csv")))
+  assert len(rows) == len(exp.jobs) == 3 * 2 * 3 + 2 * 3  # 3 methods x 2 lambdas x 3 seeds + 2 centralised x 3
+  r = next(r for r in rows if r["method"] == "irm" and r["num_clients"] == "4" and r["lam"] == "0.0"
+           and r["seed"] == "1")
+  assert r["state"] == "done" and r["heldout_domain_round"] == "1" and r["in_domain_round"] == "2"
+  assert float(r["heldout_domain_test"]) == 0.47 and float(r["oracle_test"]) == pytest.approx(0.57)
+  assert r["bytes_per_round"] == "100" and r["bytes_total"] == "200"  # 2 rounds
+  md = open(tmp_path / "out" / "tables.md").read()
+  assert "UPPER BOUND" in md and md.count("| group | method |") == 3
+
+
+def difficulty_sweep(root):
+  s = sweep_common.skeleton("difficulty", str(root))
+  s.grids = ml_collections.ConfigDict({"difficulty": {"kind": "difficulty", "erm": "erm", "fedavg": "fedavg",
+                                                      "num_clients": 4, "lams": (1.0, 0.0), "seeds": (0, 1),
+                                                      "fraction": 0.2}})
+  return s
+
+
+def test_r_dg_and_r_fl_equal_their_definitions(tmp_path):
+  s = difficulty_sweep(tmp_path)
+  exp = sweep_lib.expand(s)
+  # role -> per seed (test, in_test) at the held-out-selected round (round 1; round 2 is worse on val).
+  vals = {("dg_without", None): [(0.60, 0.9), (0.50, 0.9)], ("dg_with", None): [(0.80, 0.9), (0.75, 0.9)],
+          ("fl_erm", None): [(0.55, 0.90), (0.52, 0.80)], ("fl_fedavg", 1.0): [(0.40, 0.81), (0.42, 0.76)],
+          ("fl_fedavg", 0.0): [(0.30, 0.45), (0.33, 0.56)]}
+  for e in exp.entries:
+    test, in_test = vals[(e.axes["role"], e.axes["lam"])][e.axes["seed"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.7, "in_val": 0.5, "in_test": in_test, "test": test},
+                                        2: {"heldout_val": 0.1, "in_val": 0.9, "in_test": 0.0, "test": 0.0}})
+  d = difficulty.compute(sweep_lib.grid_entries(exp, "difficulty"), collect.load_results(exp), ddof=1)
+  # R_DG = ERM_Perf(train, S') / ERM_Perf(train + S'', S'), performances = means over seeds.
+  assert d["R_DG"]["value"] == pytest.approx(((0.60 + 0.50) / 2) / ((0.80 + 0.75) / 2), abs=1e-12)
+  assert d["R_DG"]["std"] == pytest.approx(statistics.stdev([0.60 / 0.80, 0.50 / 0.75]), abs=1e-12)
+  # R_FL(lam) = FedAvg in-domain test / centralised ERM in-domain test.
+  assert d["R_FL"]["1"]["value"] == pytest.approx(((0.81 + 0.76) / 2) / ((0.90 + 0.80) / 2), abs=1e-12)
+  assert d["R_FL"]["0"]["value"] == pytest.approx(((0.45 + 0.56) / 2) / ((0.90 + 0.80) / 2), abs=1e-12)
+  assert d["C"] == 4 and d["D"] == 4 and d["n"] == 60 + 4 * 10
+  md = difficulty.to_markdown(d, "rotated_digits", 3)
+  assert f"| {d['R_DG']['value']:.3f} ± {d['R_DG']['std']:.3f} |" in md and "R_FL(λ=0)" in md
+
+
+def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
+  s = sweep_config(tmp_path)
+  s.grids.rounds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (0, 1, 2),
+                    "schedules": ((4, 1), (2, 2))}
+  s.figures.clients_grid, s.figures.rounds_grid, s.figures.curves_grid = "table", "rounds", "table"
+  s.figures.per_run_grid, s.figures.per_run_methods, s.figures.per_run_seeds = "table", ("irm",), (0,)
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  pngs = figures.make_figures(s, str(tmp_path / "fig"), exp)
+  names = sorted(os.path.relpath(p, tmp_path / "fig") for p in pngs)
+  assert names == sorted(["fig2_clients.png", "fig3_rounds.png", "fig4_curves_C4.png"]
+                         + [os.path.join("runs", e.key + ".png") for e in exp.entries
+                            if e.grid == "table" and e.axes["method"] == "irm" and e.axes["seed"] == 0])
+  for p in pngs:
+    assert os.path.getsize(p) > 5000
+  rows = figures.read_rows(tmp_path / "fig" / "fig2_clients.csv")
+  got = {(r["lam"], r["method"], r["num_clients"]): float(r["mean"]) for r in rows}
+  assert got[("1.0", "irm", "4")] == pytest.approx(sum(TEST[("irm", 4, 1.0)]) / 3)
+  assert got[("0.0", "fedavg", "1")] == got[("1.0", "fedavg", "1")] == pytest.approx(0.85)  # C = 1 in both panels
+  assert ("1.0", "fedprox", "1") not in got
+  curves = figures.read_rows(tmp_path / "fig" / "fig4_curves_C4.csv")
+  r = next(r for r in curves if (r["lam"], r["method"], r["split"], r["round"]) == ("0.0", "irm", "test", "2"))
+  assert float(r["mean"]) == pytest.approx(sum(TEST[("irm", 4, 0.0)]) / 3 + 0.1)
