@@ -332,3 +332,19 @@ def test_py150_gpt2_loss_on_the_fixture(tmp_path):
   lp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
   nll = [-lp[i, t, fold.train.y[i, t]] for i in range(6) for t in range(L - 1) if fold.train.y[i, t] != -100]
   assert loss == pytest.approx(np.mean(nll), rel=1e-5)
+
+
+def test_per_token_labels_pack_into_client_stores(tmp_path):
+  """Py150's [N, T] labels pack as [C, N_max, T]; padding rows hold only IGNORE; the host
+  store's labels equal the packed store's."""
+  from fedjax_dg.data.host_store import pack_clients_host
+  from fedjax_dg.data.store import pack_clients
+  write_py150(tmp_path / "py150_v1.0")
+  tr = wilds.load_fold(py150_config_for(tmp_path / "py150_v1.0").data).train
+  parts = [np.array([0, 2, 5]), np.array([1])]
+  packed, host = pack_clients(tr, parts), pack_clients_host(tr, parts)
+  assert packed.y.shape == (2, 3, L - 1)
+  np.testing.assert_array_equal(packed.y[0], tr.y[[0, 2, 5]])
+  np.testing.assert_array_equal(packed.y[1, 0], tr.y[1])
+  assert np.all(packed.y[1, 1:] == -100)
+  np.testing.assert_array_equal(host.y, packed.y)
