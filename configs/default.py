@@ -56,6 +56,13 @@ def get_config():
   c.data.augment = False         # DomainBed's training augmentation, inside the jitted local step
   c.data.augment_preset = "domainbed"  # domainbed | celeba | camelyon17
   c.data.select_metric = "accuracy"    # model selection metric (WILDS: macro_f1, worst_group_accuracy)
+  # Text (configs/civilcomments.py, py150.py) and FEMNIST (configs/femnist.py); README "Text and FEMNIST".
+  c.data.tokenizer = ""          # civilcomments: a local tokenizer.json (distilbert-base-uncased's)
+  c.data.max_tokens = 300        # civilcomments: tokens per comment after truncation
+  c.data.pad_id = 1              # py150: the pad id in the WILDS token files (CodeGPT's <pad>)
+  c.data.civil_domain_fields = ("black", "y")  # civilcomments: the client domains (WILDS / the authors' grouper)
+  c.data.femnist_val_writers = 1   # femnist: held-out validation writers (ids 0..V-1)
+  c.data.femnist_test_writers = 1  # femnist: test writers (ids V..V+T-1)
 
   c.partition = ml_collections.ConfigDict()
   c.partition.method = "heterogeneous"  # heterogeneous | dirichlet | iid
@@ -66,12 +73,14 @@ def get_config():
   c.cohort_fraction = 1.0
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp | resnet18 | resnet50
+  c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp | femnist_cnn | resnet18 | resnet50 | distilbert | gpt2
   c.model.hidden = (200, 200)
   c.model.head_hidden = ()
   c.model.pretrained_path = ""      # resnet18/50: torchvision weights (.pth/.safetensors) or converted .npz
   c.model.freeze_bn = True          # resnet: batch-norm statistics frozen (DomainBed)
   c.model.freeze_featurizer = False
+  c.model.hf_config = ""            # distilbert / gpt2: a local Hugging Face config.json ("" = base sizes)
+  c.model.hf_weights = ""           # distilbert / gpt2: local model.safetensors or pytorch_model.bin
 
   # The method (`fedavg`, or a method and a server rule: `fediir+omg`, `irm+omg`) and one block
   # of hyperparameters per method and rule, with the papers' defaults, generated from the

@@ -156,7 +156,20 @@ DATASETS = {
     "image_folder": "fedjax_dg.data.folders:load",
     "wilds": "fedjax_dg.data.wilds:load",
     "tfds": "fedjax_dg.data.tfds_source:load",
+    "femnist": "fedjax_dg.data.femnist:load",
 }
+# What each dataset's inputs are (config validation refuses image-only methods on text).
+# CivilComments and Py150 are WILDS releases: `data.name="wilds"` with `data.dataset` in
+# `wilds.TEXT_LOADERS` is text; see `modality`.
+TEXT_WILDS = ("civilcomments", "py150")
+
+
+def modality(data_config) -> str:
+  """"text" for the WILDS text releases (CivilComments, Py150), else "image" (the embedded
+  and synthetic vector datasets count as "image": every method applies to them)."""
+  if data_config.name == "wilds" and data_config.get("dataset", "") in TEXT_WILDS:
+    return "text"
+  return "image"
 
 
 def load_dataset(data_config) -> DomainDataset:

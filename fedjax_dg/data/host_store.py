@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dg.data.splits import Split
-from fedjax_dg.data.store import ClientStore
+from fedjax_dg.data.store import ClientStore, padded_labels
 
 
 class HostSource:
@@ -154,7 +154,7 @@ def pack_clients_host(split: Split, client_indices: Sequence[np.ndarray]) -> Cli
     raise ValueError(f"every client needs at least one example; client {int(counts.argmin())} has none")
   n_max, c = int(counts.max()), len(client_indices)
   table = np.zeros((c, n_max), np.int64)
-  y = np.zeros((c, n_max), split.y.dtype)
+  y = padded_labels(split.y, c, n_max)
   dom = np.zeros((c, n_max), np.int32)
   for k, idx in enumerate(client_indices):
     table[k, :len(idx)], y[k, :len(idx)], dom[k, :len(idx)] = idx, split.y[idx], split.domain[idx]

@@ -7,7 +7,7 @@ dataset's domain list everywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -16,9 +16,14 @@ from fedjax_dg.data.datasets import DomainDataset
 
 @dataclasses.dataclass(frozen=True)
 class Split:
+  """Examples of one split. `y` is `[N]` (one label per example) or `[N, T]` (Py150's
+  per-token labels, `models.text.IGNORE` where unlabelled). `meta`, if set, is what the
+  dataset's own metric reads besides predictions and labels (CivilComments: identity
+  indicators `[N, 8]`; Py150: token types `[N, T]`)."""
   x: np.ndarray
   y: np.ndarray
   domain: np.ndarray
+  meta: np.ndarray | None = None
 
   def __len__(self):
     return len(self.y)
@@ -36,6 +41,9 @@ class Fold:
   test_domains: tuple[int, ...]
   domain_names: tuple[str, ...]
   num_classes: int
+  # The dataset's metric `metrics(pred, split) -> dict` (WILDS's CivilComments worst-group
+  # accuracy, Py150's class/method token accuracy); None: `eval.metrics.classification_metrics`.
+  metrics: Callable | None = None
 
   def eval_splits(self) -> dict[str, Split]:
     return {"in_val": self.in_val, "in_test": self.in_test,

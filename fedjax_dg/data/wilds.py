@@ -21,6 +21,10 @@ picks the layout. Each reader mirrors the `wilds/datasets/*_dataset.py` of the r
   id_val / id_test. WILDS reads the two tables row by row in parallel; we join them on
   `image_id`.
 
+Text releases: `civilcomments` (v1.0, `fedjax_dg.data.civilcomments`) and `py150` (v1.0,
+`fedjax_dg.data.py150`) have their own readers, reached through `load_fold` by
+`data.dataset` (TEXT_LOADERS), and carry their own WILDS metric in `Fold.metrics`.
+
 Fold splits (seed 001 App. C.2, "the Wilds official partitions"): train -> `train`,
 id_val -> `in_val`, id_test -> `in_test`, val (OOD) -> `heldout_val`, test -> `test`.
 Domain ids are the contiguous indices of the sorted domain values over the whole table
@@ -172,12 +176,15 @@ def read_celeba(root: str) -> Table:
 
 
 READERS = {"iwildcam": read_iwildcam, "camelyon17": read_camelyon17, "celeba": read_celeba}
+# Text releases: `data.dataset` -> "module:function" returning the official-split Fold.
+TEXT_LOADERS = {"civilcomments": "fedjax_dg.data.civilcomments:load_fold", "py150": "fedjax_dg.data.py150:load_fold"}
+KEY_METRIC.update({"civilcomments": "worst_group_accuracy", "py150": "accuracy"})
 
 
 def read_table(data_config) -> Table:
   name = data_config.get("dataset", "")
   if name not in READERS:
-    raise ValueError(f"data.dataset: unknown WILDS dataset {name!r}; choose one of {sorted(READERS)}")
+    raise ValueError(f"data.dataset: unknown WILDS dataset {name!r}; choose one of {sorted(READERS) + sorted(TEXT_LOADERS)}")
   root, *_ = options(data_config)
   if not os.path.isdir(root):
     raise FileNotFoundError(f"data.root: no folder {root!r} (the unpacked WILDS {name} release)")
@@ -212,9 +219,17 @@ def _images(data_config, table: Table, idx, split: str) -> np.ndarray:
   return as_dtype(x, dtype)
 
 
+def _text_fold(data_config) -> Fold:
+  import importlib  # pylint: disable=g-import-not-at-top
+  module, fn = TEXT_LOADERS[data_config.dataset].split(":")
+  return getattr(importlib.import_module(module), fn)(data_config)
+
+
 def load_fold(data_config) -> Fold:
   """The official split scheme as a `Fold` (see the module docstring), images decoded
   once and cached; `data.max_per_split > 0` keeps that many random rows per split."""
+  if data_config.get("dataset", "") in TEXT_LOADERS:
+    return _text_fold(data_config)
   table = read_table(data_config)
   ids, names = domain_index(table)
   max_per_split, seed = int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0))
@@ -233,6 +248,12 @@ def load(data_config) -> DomainDataset:
   """The official training split only, one entry per training domain (names as in
   `load_fold`). For experiments on WILDS use `load_fold`, which keeps the official
   validation and test splits."""
+  if data_config.get("dataset", "") in TEXT_LOADERS:
+    fold = _text_fold(data_config)
+    tr, doms = fold.train, fold.train_domains
+    return DomainDataset(f"wilds_{data_config.dataset}", tuple(fold.domain_names[k] for k in doms),
+                         tuple(tr.x[tr.domain == k] for k in doms), tuple(tr.y[tr.domain == k] for k in doms),
+                         fold.num_classes)
   table = read_table(data_config)
   ids, names = domain_index(table)
   idx = _rows(table, "train", int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0)))
