@@ -118,7 +118,7 @@ def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, n
   assert stage1[-1]["train_loss"] < stage1[0]["train_loss"]
   if name == "fedloe":  # stage 2 ran after stage 1, with a combination over the 8 clients
     stage2 = [r for r in recs if r.get("stage") == 2]
-    assert [r["round"] for r in stage2] == [9, 10, 11, 12]
+    assert [r["round"] for r in stage2] == [10, 12]   # stage 2's rounds 9-12, evaluated every 2 and at its end
     assert len(stage2[-1]["phi"]) == 8
   assert out["final"]["splits"]["in_val"]["accuracy"] > 0.3  # chance is 0.1
   if name == "erm":
