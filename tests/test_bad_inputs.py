@@ -93,16 +93,14 @@ def script(tmp, path, *args) -> str:
   return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args])
 
 
-def _cli_errors():
-  from fedjax_dg import main  # the exceptions `main` prints as one line
-  del main
-  return (ValueError, OSError, FloatingPointError)
+# What `fedjax_dg.main` prints as its one line (`config.ConfigError` is a ValueError).
+CLI_ERRORS = (ValueError, OSError, FloatingPointError)
 
 
 def error_of(fn) -> str:
   try:
     fn()
-  except _cli_errors() as e:
+  except CLI_ERRORS as e:
     return _one_line(str(e), f"{type(e).__name__} message")
   raise AssertionError("no error was raised")
 
