@@ -222,9 +222,10 @@ def test_labels_outside_their_range_are_refused(tmp_path, layout, table, column,
   root = {"iwildcam": write_iwildcam, "camelyon17": write_camelyon17, "celeba": write_celeba}[layout](
       str(tmp_path / layout))
   set_cell(os.path.join(root, table), 3, column, value)
+  n = {"iwildcam": len(IWILDCAM), "camelyon17": len(CAMELYON), "celeba": len(CELEBA)}[layout]
   with pytest.raises(wilds.DataError) as e:
     wilds.load_fold(data_config(root, layout))
-  assert str(e.value) == f"{root}/{table} row 5: column {column!r} holds {value}, outside {allowed} (1 rows do)"
+  assert str(e.value) == f"{root}/{table} row 5: column {column!r} holds {value}, outside {allowed} (1 of {n} rows do)"
 
 
 @pytest.mark.parametrize("layout", ["iwildcam", "camelyon17", "celeba"])

@@ -100,7 +100,7 @@ def _in_range(values: np.ndarray, column: str, path: str, allowed: str, ok) -> n
   bad = np.flatnonzero(~ok(values))
   if len(bad):
     raise DataError(f"{path} row {bad[0] + 2}: column {column!r} holds {int(values[bad[0]])}, outside {allowed} "
-                    f"({len(bad)} rows do)")
+                    f"({len(bad)} of {len(values)} rows do)")
   return values
 
 

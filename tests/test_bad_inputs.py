@@ -1,0 +1,362 @@
+"""Bad inputs and faults (issue 13) and the one line each now gets, as a generated table.
+
+`CASES` lists them. Each case runs in a fresh temporary folder and returns the line the user
+sees; it passes when that line is one line and contains the case's `expect` fragment (a
+case that raises nothing, or the wrong kind of error, fails). The table of every case and
+its line, `docs/bad_inputs.md`, is generated from the results and compared here, so it
+cannot go stale; after changing a case or a message, regenerate it with
+
+    REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py
+
+Adding a case: decorate a function of a `pathlib.Path` (its temporary folder) with
+`@case(item, name, trigger, expect)` anywhere below `case`; the table orders cases by issue
+item, then by their place in this file. Helpers for the function body:
+
+- `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
+  (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
+  `overrides`; checks exit status 2 and exactly one line on stderr, and returns it.
+- `script(tmp, path, *args)`: the same for any script of the repository.
+- `error_of(fn)`: the message of the error `fn()` raises, which must be one the CLI prints
+  as its one line (a ValueError, `config.ConfigError` included, an OSError or a
+  FloatingPointError).
+- `warning_of(fn)`: the one warning `fn()` emits (it must run to the end).
+
+Paths under the case's folder read `<tmp>` in the table, hex digests `<digest>`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import subprocess
+import sys
+import warnings
+from typing import Callable
+
+import ml_collections
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "bad_inputs.md")
+REGENERATE = "REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py"
+# Issue 13's `P`, without the workdir (each case gets its own).
+P = ("--config.model.name=mlp", "--config.num_clients=4", "--config.num_rounds=4", "--config.checkpoint_every=0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  item: int                          # the item of issue 13
+  name: str                          # what is wrong
+  trigger: str                       # how the case provokes it (markdown)
+  expect: str                        # a fragment the line must contain
+  run: Callable[..., str]            # tmp folder -> the line the user sees
+  outcome: str = "error"             # "error": refused; "warning": goes on after one line; "works": no message
+
+
+CASES: list[Case] = []
+
+
+def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error"):
+  """Registers the decorated function as a case (see the module docstring)."""
+  def register(fn):
+    if any(c.name == name for c in CASES):
+      raise ValueError(f"two bad-input cases named {name!r}")
+    CASES.append(Case(item, name, trigger, expect, fn, outcome))
+    return fn
+  return register
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _one_line(text: str, what: str) -> str:
+  assert text and "\n" not in text.strip("\n"), f"{what} is not one line: {text!r}"
+  return text.strip("\n")
+
+
+def _run(tmp, argv, timeout=300) -> str:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)  # this checkout's package, not an installed one
+  out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
+  return _one_line(out.stderr, "stderr")
+
+
+def cli(tmp, *overrides, config="configs/default.py") -> str:
+  """`python -m fedjax_dg --config CONFIG P... --config.workdir=tmp/W OVERRIDES...`: its one stderr line."""
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg", "--config", config, *P,
+                    f"--config.workdir={tmp}/W", *overrides])
+
+
+def script(tmp, path, *args) -> str:
+  """`python PATH ARGS...` (relative to the repository): its one stderr line."""
+  return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args])
+
+
+# What `fedjax_dg.main` prints as its one line (`config.ConfigError` is a ValueError).
+CLI_ERRORS = (ValueError, OSError, FloatingPointError)
+
+
+def error_of(fn) -> str:
+  try:
+    fn()
+  except CLI_ERRORS as e:
+    return _one_line(str(e), f"{type(e).__name__} message")
+  raise AssertionError("no error was raised")
+
+
+def warning_of(fn) -> str:
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    fn()
+  mine = [w for w in record if issubclass(w.category, UserWarning)]
+  assert len(mine) == 1, f"expected one warning, got {[str(w.message) for w in mine]}"
+  return _one_line(str(mine[0].message), "warning")
+
+
+def _normalise(line: str, tmp) -> str:
+  line = line.replace(str(tmp), "<tmp>").replace(ROOT, "<repo>")
+  return re.sub(r"\b[0-9a-f]{16,40}\b", "<digest>", line)
+
+
+# ----------------------------------------------------------------------------- fixtures on disk
+
+def _idx_dir(root, labels):
+  """MNIST-format files: 9 train and 3 t10k random images with `labels`."""
+  import struct
+  os.makedirs(root, exist_ok=True)
+  images = np.random.default_rng(0).integers(0, 256, (len(labels), 28, 28), dtype=np.uint8)
+  labels = np.asarray(labels, np.uint8)
+
+  def write(name, a):
+    with open(os.path.join(root, name), "wb") as f:
+      f.write(bytes([0, 0, 8, a.ndim]) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes())
+  write("train-images-idx3-ubyte", images[:9])
+  write("train-labels-idx1-ubyte", labels[:9])
+  write("t10k-images-idx3-ubyte", images[9:])
+  write("t10k-labels-idx1-ubyte", labels[9:])
+  return str(root)
+
+
+def _image_folder(root):
+  from PIL import Image
+  for d in ("art", "photo"):
+    for c, colour in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
+      os.makedirs(root / d / c, exist_ok=True)
+      Image.new("RGB", (9, 7), colour).save(root / d / c / "img0.png")
+  return root
+
+
+def _folder_config(root):
+  return ml_collections.ConfigDict({"name": "image_folder", "root": str(root), "image_size": 8, "seed": 0,
+                                    "num_workers": 1})
+
+
+def _wilds_config(root, dataset):
+  return ml_collections.ConfigDict({"name": "wilds", "dataset": dataset, "root": str(root), "image_size": 8,
+                                    "seed": 0, "num_workers": 1})
+
+
+# ----------------------------------------------------------------------------- item 8: labels
+
+@case(8, "IDX label outside the classes", "`P --config configs/rotated_mnist.py --config.data.path=D` where "
+      "`D/train-labels-idx1-ubyte` holds a 255", "train-labels-idx1-ubyte: label 255 at index 4 lies outside [0, 10)")
+def _(tmp):
+  labels = [3, 1, 4, 1, 255, 9, 2, 6, 5, 3, 5, 8]
+  return cli(tmp, f"--config.data.path={_idx_dir(tmp / 'mnist', labels)}", config="configs/rotated_mnist.py")
+
+
+@case(8, "WILDS label -1", "`wilds.load_fold` of an IWildCam `metadata.csv` whose row 3 has `y=-1`",
+      "metadata.csv row 3: column 'y' holds -1, outside [0, 182)")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  from PIL import Image
+  root = tmp / "iwildcam_v2.0"
+  os.makedirs(root / "train")
+  rows = [("train", 0, 0), ("train", -1, 1), ("val", 1, 2), ("test", 2, 3)]
+  with open(root / "metadata.csv", "w") as f:
+    f.write("split,location_remapped,y,filename\n")
+    for k, (split, y, loc) in enumerate(rows):
+      Image.new("RGB", (5, 5)).save(root / "train" / f"{k}.jpg")
+      f.write(f"{split},{loc},{y},{k}.jpg\n")
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(8, "label outside the classes (any loader)", "a loader returns a `DomainDataset` with 3 classes and a label 3",
+      "toy: domain 'b': label 3 at index 1 lies outside [0, 3)")
+def _(tmp):
+  from fedjax_dg.data.datasets import DomainDataset
+  x = np.zeros((2, 4), np.float32)
+  return error_of(lambda: DomainDataset("toy", ("a", "b"), (x, x), (np.array([0, 2]), np.array([1, 3])), 3))
+
+
+@case(8, "`data.correlations` outside [0, 1]", "`P --config.data.name=spurious --config.data.correlations=(0.9,1.5)`",
+      "data.correlations must lie in [0, 1] (one per domain), got 1.5")
+def _(tmp):
+  return cli(tmp, "--config.data.name=spurious", "--config.data.correlations=(0.9,1.5)")
+
+
+# ----------------------------------------------------------------------------- item 9: files
+
+def _corrupt_cache(tmp, suffix, corrupt):
+  from fedjax_dg.data import folders
+  root = _image_folder(tmp / "PACS")
+  folders.load(_folder_config(root))
+  entry = next((root / ".fedjax_dg_cache" / "8").glob(f"art-*{suffix}"))
+  corrupt(entry)
+  return warning_of(lambda: folders.load(_folder_config(root)))
+
+
+@case(9, "corrupt decode cache `.npy`", "an image folder's cached `.npy` cut to 100 bytes, then loaded again",
+      "npy: corrupt image cache (", outcome="warning")
+def _(tmp):
+  return _corrupt_cache(tmp, ".npy", lambda p: p.write_bytes(p.read_bytes()[:100]))
+
+
+@case(9, "corrupt decode cache manifest", "an image folder's cache manifest (`.json`) cut short, then loaded again",
+      "json: corrupt image cache manifest (", outcome="warning")
+def _(tmp):
+  return _corrupt_cache(tmp, ".json", lambda p: p.write_text(p.read_text()[:20]))
+
+
+@case(9, "CSV with a byte-order mark", "CelebA's two tables saved as UTF-8 with BOM (Excel's \"CSV UTF-8\")",
+      "read as without the mark", outcome="works")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = tmp / "celeba"
+  os.makedirs(root / "img_align_celeba")
+  names = [f"{k:06d}.jpg" for k in range(1, 5)]
+  with open(root / "list_attr_celeba.csv", "w", encoding="utf-8-sig") as f:
+    f.write("image_id,Blond_Hair,Male\n" + "".join(f"{n},{(-1, 1)[k % 2]},{(-1, 1)[k // 2]}\n"
+                                                   for k, n in enumerate(names)))
+  with open(root / "list_eval_partition.csv", "w", encoding="utf-8-sig") as f:
+    f.write("image_id,partition\n" + "".join(f"{n},{k % 3}\n" for k, n in enumerate(names)))
+  table = wilds.read_table(_wilds_config(root, "celeba"))
+  assert list(table.y) == [0, 1, 0, 1] and list(table.domain) == [0, 0, 1, 1]
+  return f"{len(table.y)} rows, labels and domains read as without the mark"
+
+
+@case(9, "torchvision converter on a bad file", "`python scripts/convert_torchvision_weights.py bad.pth out.npz` "
+      "with `bad.pth` holding `hello`", "bad.pth: cannot read weights (")
+def _(tmp):
+  (tmp / "bad.pth").write_bytes(b"hello")
+  return script(tmp, "scripts/convert_torchvision_weights.py", str(tmp / "bad.pth"), str(tmp / "out.npz"))
+
+
+# ----------------------------------------------------------------------------- items 10-12
+
+@case(10, "image folder with a symlink loop", "`ln -s D/art/dog D/art/dog/loop`, then load `D`",
+      "loop: not following the directory link to <tmp>/PACS/art/dog: it leads back into <tmp>/PACS",
+      outcome="warning")
+def _(tmp):
+  from fedjax_dg.data import folders
+  root = _image_folder(tmp / "PACS")
+  os.symlink(root / "art" / "dog", root / "art" / "dog" / "loop")
+  loaded = []
+  line = warning_of(lambda: loaded.append(folders.load(_folder_config(root))))
+  assert [len(y) for y in loaded[0].ys] == [2, 2]  # each image once (the loop made it 1 + 40)
+  return line
+
+
+def _evil_pth(path, size, stride, storage):
+  from test_resnet import write_torch_zip  # a torch.save writer without torch
+  write_torch_zip(str(path), {"0": np.ones(storage, np.float32)}, {"conv1.weight": ("0", 0, size, stride)})
+  return str(path)
+
+
+@case(11, "`.pth` with stride 0", "a `.pth` of under 1 KB whose `conv1.weight` is `(2**26,)` elements with stride 0 "
+      "(it allocated 256 MiB; `(2**28,)`: 1 GiB)", "stride 0 in dimension 0 (size 67108864); strides must be positive")
+def _(tmp):
+  from fedjax_dg.models import convert
+  path = _evil_pth(tmp / "evil.pth", (2 ** 26,), (0,), 1)
+  assert os.path.getsize(path) < 1000
+  return error_of(lambda: convert.read_state_dict(path))
+
+
+@case(11, "`.pth` view larger than its storage", "a `.pth` whose `conv1.weight` is a `(100, 100)` view, strides "
+      "`(1, 1)`, of 100 elements", "a view of 10000 elements (size (100, 100)) on a storage of 100 elements")
+def _(tmp):
+  from fedjax_dg.models import convert
+  path = _evil_pth(tmp / "overlap.pth", (100, 100), (1, 1), 100)
+  return error_of(lambda: convert.read_state_dict(path))
+
+
+@case(12, "FedDG with `engine.host_store=True`", "`feddg.amplitude_bank` of a host store (`store.x[c, rows]`); "
+      "test_host_store_methods.py runs FedDG end to end", "equals the packed store's", outcome="works")
+def _(tmp):
+  from fedjax_dg.algorithms.feddg import amplitude_bank
+  from fedjax_dg.data.host_store import pack_clients_host
+  from fedjax_dg.data.splits import Split
+  from fedjax_dg.data.store import pack_clients
+  rng = np.random.default_rng(0)
+  split = Split(rng.random((20, 6, 6, 1)).astype(np.float32), np.zeros(20, np.int32), np.zeros(20, np.int32))
+  parts = [np.arange(0, 12), np.arange(12, 20)]
+  got, want = amplitude_bank(pack_clients_host(split, parts), 3), amplitude_bank(pack_clients(split, parts), 3)
+  assert got.shape == want.shape == (2, 3, 6, 6, 1)
+  return "the amplitude bank equals the packed store's" if np.array_equal(got, want) else "the banks differ"
+
+
+# ----------------------------------------------------------------------------- running and the table
+
+_RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)
+
+
+def _result(c: Case, tmp_path_factory) -> tuple[str | None, str | None]:
+  if c.name not in _RESULTS:
+    tmp = tmp_path_factory.mktemp(re.sub(r"[^a-z0-9]+", "_", c.name.lower())[:40])
+    try:
+      line, failure = _normalise(c.run(tmp), tmp), None
+      if c.expect not in line:
+        failure = f"expected {c.expect!r} in {line!r}"
+    except Exception as e:  # pylint: disable=broad-except  # reported per case
+      line, failure = None, f"{type(e).__name__}: {e}"
+    _RESULTS[c.name] = (line, failure)
+  return _RESULTS[c.name]
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.name for c in CASES])
+def test_bad_input_gets_its_line(c, tmp_path_factory):
+  _, failure = _result(c, tmp_path_factory)
+  assert failure is None, f"{c.name}: {failure}"
+
+
+def _cell(text: str) -> str:
+  text = text.replace("|", "\\|")
+  return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def render(results: dict[str, str]) -> str:
+  lines = [
+      "# Bad inputs and what they get",
+      "",
+      "Every bad input and fault of issue 13 that is handled, and the line the user now sees.",
+      "Generated by `tests/test_bad_inputs.py`, which runs each case and fails when this file",
+      f"differs from what the cases print; regenerate with `{REGENERATE}`.",
+      "`P` is issue 13's command, `fedjax-dg --config configs/default.py --config.model.name=mlp",
+      "--config.num_clients=4 --config.num_rounds=4 --config.checkpoint_every=0 --config.workdir=W`;",
+      "on the command line an error is printed as `error: <message>` with exit status 2. Outcomes:",
+      "*error*, refused with the message; *warning*, goes on after the one line; *works*, handled",
+      "without a message.",
+      "",
+      "| item | bad input | how | outcome | line |",
+      "| --- | --- | --- | --- | --- |",
+  ]
+  order = sorted(range(len(CASES)), key=lambda k: (CASES[k].item, k))
+  for k in order:
+    c = CASES[k]
+    lines.append(f"| {c.item} | {c.name} | {c.trigger} | {c.outcome} | {_cell(results[c.name])} |")
+  return "\n".join(lines) + "\n"
+
+
+def test_docs_table_is_up_to_date(tmp_path_factory):
+  results = {c.name: _result(c, tmp_path_factory) for c in CASES}
+  failed = {n: f for n, (_, f) in results.items() if f}
+  assert not failed, f"cases failing, table not checked: {failed}"
+  text = render({n: line for n, (line, _) in results.items()})
+  if os.environ.get("REGENERATE_BAD_INPUTS"):
+    os.makedirs(os.path.dirname(DOC), exist_ok=True)
+    with open(DOC, "w") as f:
+      f.write(text)
+  old = open(DOC).read() if os.path.exists(DOC) else ""
+  diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/bad_inputs.md", "generated"))
+  assert old == text, f"docs/bad_inputs.md is stale; regenerate with: {REGENERATE}\n{diff[:4000]}"
