@@ -183,3 +183,17 @@ def test_carved_test_domain_never_tested_on():
   assert np.array_equal(splits.fold_from_config(ds, cfg).test.x, cut.test.x)
   with pytest.raises(ValueError, match=r"data.test_domain_train_fraction must lie in \[0, 1\), got 1.0"):
     splits.make_fold(ds, [2], [0], test_domain_train_fraction=1.0)
+
+
+def test_help_prints_the_config_flags_and_main_fields():
+  import subprocess
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+  assert out.returncode == 0, out.stderr
+  for text in ("--config: Path to an ml_collections config file.", "--workdir", "partition.lam", "algorithm.name",
+               "--config.<field>"):
+    assert text in out.stdout
+  assert "Try --helpfull" not in out.stdout
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg.bench", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+  assert out.returncode == 0 and "--sweep: Path to a sweep config" in out.stdout and "collect" in out.stdout
