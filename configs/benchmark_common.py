@@ -73,7 +73,7 @@ def fediir_protocol(c, *, model, head_hidden, lr):
   c.model.name = model                   # seed 003 Sec. 5.1
   c.model.head_hidden = head_hidden      # two FC layers, d -> d/2 -> K (shared/ALGORITHMS.md)
   c.algorithm.name = "fediir"
-  c.algorithm.iir_ema = 0.95             # seed 003 Table 3 ("ALL")
+  c.algorithm.fediir.ema = 0.95             # seed 003 Table 3 ("ALL")
   c.client.optimizer = "sgd"             # seed 003 Sec. 5.1: SGD, momentum 0.9
   c.client.momentum = 0.9
   c.client.lr = lr                       # seed 003 Table 3: eta_l

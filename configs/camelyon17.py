@@ -38,6 +38,6 @@ def get_config():
       batch_size=32,                     # WILDS default
       num_rounds=20,                     # seed 001 Table 7, total communication
       checkpoint_every=5)
-  c.algorithm.irm_lambda = 100.0         # seed 001 Table 7 (Camelyon17)
-  c.algorithm.gma_tau = 0.4              # seed 001 Table 7 (Camelyon17)
+  c.algorithm.irm.lam = 100.0         # seed 001 Table 7 (Camelyon17)
+  c.algorithm.gma.tau = 0.4              # seed 001 Table 7 (Camelyon17)
   return c

@@ -40,6 +40,6 @@ def get_config():
       batch_size=64,                     # WILDS default
       num_rounds=20,                     # seed 001 Table 7, total communication
       checkpoint_every=5)
-  c.algorithm.irm_lambda = 1000.0        # seed 001 Table 7 (CelebA)
-  c.algorithm.gma_tau = 0.1              # seed 001 Table 7 (CelebA)
+  c.algorithm.irm.lam = 1000.0        # seed 001 Table 7 (CelebA)
+  c.algorithm.gma.tau = 0.1              # seed 001 Table 7 (CelebA)
   return c

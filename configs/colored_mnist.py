@@ -32,6 +32,7 @@ def get_config():
   c.data.path = "data/mnist"
   c.data.fallback_path = ""
   c.data.prefix = ""
+  c.data.num_classes = 10                # labels in the IDX files lie in [0, num_classes) (EMNIST letters: 27)
   c.data.color_flips = (0.1, 0.2, 0.9)   # DomainBed ColoredMNIST environments
   c.data.label_noise = 0.25              # DomainBed / IRM
   c.data.downsample = 2                  # 14x14 (IRM; early DomainBed); 1 keeps 28x28 (DomainBed now)

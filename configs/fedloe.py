@@ -33,8 +33,8 @@ def get_config():
   c.client.local_steps = total // syncs
   c.eval_every = 1
   c.checkpoint_every = 4
-  c.algorithm.loe_stage2_rounds = 4
-  c.algorithm.loe_head_lr = 0.05
-  c.algorithm.loe_penalty = "irm"
-  c.algorithm.loe_lambda = 100.0
+  c.algorithm.fedloe.stage2_rounds = 4
+  c.algorithm.fedloe.head_lr = 0.05
+  c.algorithm.fedloe.penalty = "irm"
+  c.algorithm.fedloe.lam = 100.0
   return c

@@ -38,6 +38,6 @@ def get_config():
       batch_size=16,                     # the authors' config, as WILDS
       num_rounds=50,                     # seed 001 Table 7, total communication
       checkpoint_every=5)
-  c.algorithm.irm_lambda = 10.0          # seed 001 Table 7 (IWildCam)
-  c.algorithm.gma_tau = 0.4              # seed 001 Table 7 (IWildCam)
+  c.algorithm.irm.lam = 10.0          # seed 001 Table 7 (IWildCam)
+  c.algorithm.gma.tau = 0.4              # seed 001 Table 7 (IWildCam)
   return c

@@ -27,5 +27,5 @@ def get_config():
   benchmark_common.image_folder_data(c)
   benchmark_common.fediir_protocol(      # test domain 0: Art
       c, model="resnet50", head_hidden=(1024,), lr=1e-3)  # seed 003 Table 3 (OfficeHome)
-  c.algorithm.iir_gamma = 5e-4           # seed 003 Table 3 (OfficeHome)
+  c.algorithm.fediir.gamma = 5e-4           # seed 003 Table 3 (OfficeHome)
   return c

@@ -38,9 +38,9 @@ def get_config(setting: str = "benchmark"):
   c = default.get_config()
   c.workdir = f"runs/pacs_{setting}"
   benchmark_common.image_folder_data(c)
-  c.algorithm.irm_lambda = 1000.0        # seed 001 Table 7 (PACS)
-  c.algorithm.gma_tau = 0.1              # seed 001 Table 7 (PACS)
-  c.algorithm.iir_gamma = 1e-3           # seed 003 Table 3 (PACS)
+  c.algorithm.irm.lam = 1000.0        # seed 001 Table 7 (PACS)
+  c.algorithm.gma.tau = 0.1              # seed 001 Table 7 (PACS)
+  c.algorithm.fediir.gamma = 1e-3           # seed 003 Table 3 (PACS)
   if setting == "benchmark":
     # photo tests, art_painting is held out; cartoon (1) and sketch (3) train.
     benchmark_common.held_out_domains(c, test_domains=(2,), val_domains=(0,))

@@ -32,6 +32,7 @@ def get_config():
   c.data.path = "data/mnist"
   c.data.fallback_path = ""
   c.data.prefix = ""                     # file-name prefix, e.g. "emnist-digits-" for EMNIST
+  c.data.num_classes = 10                # labels in the IDX files lie in [0, num_classes) (EMNIST letters: 27)
   c.data.angles = (0, 15, 30, 45, 60, 75)
   c.data.max_per_domain = 0              # 0: all 70000 / 6 images per domain
   c.data.test_domains = (5,)             # 75 degrees
@@ -50,8 +51,8 @@ def get_config():
   c.model.head_hidden = ()               # seed 003: a single linear classifier on RotatedMNIST
 
   c.algorithm.name = "fedavg"
-  c.algorithm.iir_gamma = 1e-2           # seed 003 Table 3
-  c.algorithm.iir_ema = 0.95             # seed 003 Table 3 ("ALL")
+  c.algorithm.fediir.gamma = 1e-2           # seed 003 Table 3
+  c.algorithm.fediir.ema = 0.95             # seed 003 Table 3 ("ALL")
 
   c.client.optimizer = "sgd"
   c.client.lr = 1e-2                     # seed 003 Table 3: eta_l

@@ -27,5 +27,5 @@ def get_config():
   benchmark_common.image_folder_data(c)
   benchmark_common.fediir_protocol(      # test domain 0: Caltech101
       c, model="resnet18", head_hidden=(256,), lr=1e-3)  # seed 003 Table 3 (VLCS)
-  c.algorithm.iir_gamma = 5e-3           # seed 003 Table 3 (VLCS)
+  c.algorithm.fediir.gamma = 5e-3           # seed 003 Table 3 (VLCS)
   return c

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,8 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from fedjax_dg import config as config_lib
-from fedjax_dg.algorithms import build_algorithm, make_schedule, model_for
+from fedjax_dg import algorithms
+from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round, default_strategy
@@ -42,7 +44,7 @@ def partition_clients(config, fold: splits.Fold, num_clients: int):
 
 
 def _num_clients(config) -> int:
-  return 1 if config.algorithm.name == "erm" else int(config.num_clients)
+  return 1 if algorithms.spec_of(config).centralised else int(config.num_clients)
 
 
 def _unroll(config, num_steps: int):
@@ -52,14 +54,26 @@ def _unroll(config, num_steps: int):
   return True if jax.default_backend() == "cpu" and num_steps <= 64 else 1
 
 
+class Stage(NamedTuple):
+  """One stage of a run: its algorithm, round function and the rounds it covers."""
+  name: str
+  algorithm: object
+  round_fn: object
+  first: int  # rounds before it
+  rounds: int
+
+
 def setup(config, fold: splits.Fold):
   """Everything a run needs, built and validated before anything compiles."""
+  spec = algorithms.spec_of(config)
   num_clients = _num_clients(config)
   config_lib.validate_data(config, len(fold.train), num_clients)
+  _check_finite(fold)
   parts = partition_clients(config, fold, num_clients)
   tune_packed = None
-  if config.algorithm.name == "fedloe":  # hold out each client's tuning split for stage 2
-    parts, tune_parts = _split_tuning(parts, config.algorithm.loe_tune_fraction, config.seed)
+  if spec.tune_fraction:  # each client holds out a tuning split (FedLOE's stage 2)
+    hp = algorithms.hparams_of(config, spec)
+    parts, tune_parts = _split_tuning(parts, spec.tune_fraction(hp), config.seed, f"algorithm.{spec.key}")
     tune_packed = store_lib.pack_clients(fold.train, tune_parts)
   if config.engine.get("host_store", False):  # inputs stay in host memory (data larger than the device)
     from fedjax_dg.data.host_store import pack_clients_host
@@ -67,20 +81,33 @@ def setup(config, fold: splits.Fold):
   else:
     packed = store_lib.pack_clients(fold.train, parts)
   cohort = config_lib.cohort_size(config, num_clients)
-  model = model_for(config, build_model(config.model, fold.train.x.shape[1:], fold.num_classes))
+  model = algorithms.model_for(config, build_model(config.model, fold.train.x.shape[1:], fold.num_classes))
   c = config.client
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
   sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps),
                         _augmentation(config, fold))
-  algorithm = build_algorithm(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
-                              train_domains=fold.train_domains, store=packed)
+  ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
+                           train_domains=fold.train_domains, store=packed, tune_store=tune_packed)
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = default_strategy(config.model.name)
-  round_fn = make_round(algorithm, num_clients, cohort, strategy, config.engine.chunk_size)
-  return dict(num_clients=num_clients, packed=packed, tune_packed=tune_packed, cohort=cohort, model=model,
-              sched=sched, algorithm=algorithm, strategy=strategy, round_fn=round_fn)
+  make = lambda alg: make_round(alg, num_clients, cohort, strategy, config.engine.chunk_size)
+  algorithm = algorithms.build(ctx)
+  stages = [Stage("stage 1", algorithm, make(algorithm), 0, int(config.num_rounds))]
+  for st, rounds, build in algorithms.later_stages(ctx):
+    alg = build(ctx)
+    stages.append(Stage(st.name, alg, make(alg), stages[-1].first + stages[-1].rounds, int(rounds)))
+  return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
+              algorithm=algorithm, strategy=strategy, stages=stages)
+
+
+def _check_finite(fold: splits.Fold):
+  for name, split in (("training", fold.train),):
+    x = split.x
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+      raise config_lib.ConfigError(f"data: the {name} inputs hold NaN or inf "
+                                   f"({int((~np.isfinite(x)).sum())} values); clean the data set")
 
 
 def load_pretrained(params, path: str):
@@ -106,41 +133,19 @@ def _augmentation(config, fold):
   return lambda rng, x: augment.augment(rng, x, params)
 
 
-def _split_tuning(parts, fraction: float, seed: int):
+def _split_tuning(parts, fraction: float, seed: int, field: str):
   """Each client's indices -> (train, tune), tune = round(fraction * n) >= 1 random rows."""
   rng = np.random.default_rng(seed + 1)
   train, tune = [], []
   for c, idx in enumerate(parts):
     if len(idx) < 2:
-      raise config_lib.ConfigError(f"algorithm.loe_tune_fraction: client {c} has {len(idx)} example(s); "
-                                   "FedLOE needs at least 2 per client (one to train, one to tune)")
+      raise config_lib.ConfigError(f"{field}.tune_fraction: client {c} has {len(idx)} example(s); "
+                                   "a tuning split needs at least 2 per client (one to train, one to tune)")
     perm = rng.permutation(idx)
     k = min(len(idx) - 1, max(1, int(round(fraction * len(idx)))))
     tune.append(np.sort(perm[:k]))
     train.append(np.sort(perm[k:]))
   return train, tune
-
-
-def _fedloe_stage2(config, s, state, store, evaluator, k_rounds, records, metrics_path):
-  """FedLOE stage 2 after the stage-1 rounds; appends its evaluations to `records`."""
-  from fedjax_dg.algorithms.fedloe import init_stage2, make_stage2
-  a, c = config.algorithm, config.client
-  packed, tune = s["packed"], s["tune_packed"]
-  sched = make_schedule(c.batch_size, 0, a.loe_head_epochs, int(packed.counts.max()), int(packed.counts.min()),
-                        _unroll(config, a.loe_head_epochs * math.ceil(int(packed.counts.max()) / c.batch_size)))
-  stage2 = make_stage2(s["model"], sched, a.loe_head_lr, a.loe_penalty, a.loe_lambda, a.loe_solver_steps,
-                       a.loe_solver_lr)
-  params = s["algorithm"].params_of(state.server)
-  st2 = init_stage2(params["classifier"], s["num_clients"])
-  tune_store = jax.tree.map(jnp.asarray, tune)
-  for j in range(a.loe_stage2_rounds):
-    st2 = stage2(st2, params["featurizer"], store, tune_store, jax.random.fold_in(k_rounds, config.num_rounds + j))
-    done = config.num_rounds + j + 1
-    rec = {"round": done, "stage": 2, "train_loss": None, "phi": np.asarray(st2.phi).tolist(),
-           "splits": evaluator({**params, "classifier": st2.head})}
-    records.append(rec)
-    with open(metrics_path, "a") as f:
-      f.write(json.dumps(rec) + "\n")
 
 
 def _read_records(path, upto_round=None):
@@ -155,6 +160,37 @@ def _bytes(tree) -> int:
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
+def _communication(alg, state, store, cohort: int, rng) -> dict:
+  """Bytes per round of `alg` (shapes only), and what it declares it sends and receives."""
+  first = lambda t: jax.tree.map(lambda a: a[0], t)
+  one = lambda fn: jax.eval_shape(
+      lambda st, sto: fn(alg.broadcast(st.server), first(st.clients),
+                         ClientData(*first((sto.x, sto.y, sto.domain, sto.counts))), rng), state, store)
+  comm = {"upload_bytes_per_client": _bytes(one(alg.client_update).message),
+          "download_bytes_per_client": _bytes(jax.eval_shape(alg.broadcast, state.server)),
+          "clients_per_round": cohort}
+  per_client = comm["upload_bytes_per_client"] + comm["download_bytes_per_client"]
+  for phase, fn in (("pre_round", alg.client_stat), ("post_round", alg.client_report)):
+    if fn is not None:  # an extra exchange: the statistic up, the server's answer down
+      comm[f"{phase}_bytes_per_client"] = 2 * _bytes(one(fn))
+      per_client += comm[f"{phase}_bytes_per_client"]
+  comm["bytes_per_round"] = comm["clients_per_round"] * per_client
+  comm.update(sends_beyond_parameters=list(alg.sends), receives_beyond_parameters=list(alg.receives),
+              sends_per_example_data=alg.leaks_data, setup_bytes=alg.setup_bytes)
+  return comm
+
+
+def _check_state(alg, state, done: int, metrics, config):
+  """Stops before a diverged state is evaluated or saved: the loss and the parameters."""
+  train_loss = float(metrics["train_loss"])
+  params_ok = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(alg.params_of(state.server)))
+  if not (math.isfinite(train_loss) and params_ok):
+    what = f"train loss is {train_loss}" if not math.isfinite(train_loss) else "the model parameters are not finite"
+    raise FloatingPointError(f"{what} at round {done}; lower client.lr (now {config.client.lr}) "
+                             f"or server.lr (now {config.server.lr})")
+  return train_loss
+
+
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -164,62 +200,58 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
         "to continue that run or choose another --config.workdir")
   t0 = time.time()
   s = setup(config, fold)
+  stages = s["stages"]
+  total = stages[-1].first + stages[-1].rounds
   key = jax.random.PRNGKey(config.seed)
   k_init, k_server, k_rounds = jax.random.split(key, 3)
   params = s["model"].init(k_init)
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
     params = load_pretrained(params, config.model.pretrained_path)
-  state = init_round_state(s["algorithm"], k_server, params, s["num_clients"])
+  C = s["num_clients"]
+  state = init_round_state(stages[0].algorithm, k_server, params, C)
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)
+  stage_of = lambda t: max(k for k, st in enumerate(stages) if st.first <= max(t - 1, 0))  # round t's stage
 
+  def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
+    return init_round_state(stages[k].algorithm, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
+
+  comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
   ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
   mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
   start = 0
   if config.resume and mngr.latest_step() is not None:
     start = int(mngr.latest_step())
-    state = mngr.restore(start, args=ocp.args.StandardRestore(state))
+    k = stage_of(start)
+    target = state
+    for j in range(1, k + 1):  # the saved state's structure: the stage that ran round `start`
+      target = jax.eval_shape(lambda st, j=j: next_stage_state(j, st), target)
+    state = mngr.restore(start, args=ocp.args.StandardRestore(target))
   records = _read_records(metrics_path, upto_round=start)
   with open(metrics_path, "w") as f:  # drop evaluations past the checkpoint we resume from
     for r in records:
       f.write(json.dumps(r) + "\n")
 
-  alg = s["algorithm"]
-  first = lambda t: jax.tree.map(lambda a: a[0], t)
-  msg_shape = jax.eval_shape(
-      lambda st, sto: alg.client_update(alg.broadcast(st.server), first(st.clients),
-                                        ClientData(*first((sto.x, sto.y, sto.domain, sto.counts))), k_rounds),
-      state, store)
-  comm = {"upload_bytes_per_client": _bytes(msg_shape.message),
-          "download_bytes_per_client": _bytes(jax.eval_shape(alg.broadcast, state.server)),
-          "clients_per_round": s["cohort"]}
-  per_client = comm["upload_bytes_per_client"] + comm["download_bytes_per_client"]
-  if alg.client_stat is not None:  # the pre-round exchange (e.g. FedIIR's head gradients), up and down
-    stat = jax.eval_shape(
-        lambda st, sto: alg.client_stat(alg.broadcast(st.server), first(st.clients),
-                                        ClientData(*first((sto.x, sto.y, sto.domain, sto.counts))), k_rounds),
-        state, store)
-    comm["pre_round_bytes_per_client"] = 2 * _bytes(stat)
-    per_client += comm["pre_round_bytes_per_client"]
-  comm["bytes_per_round"] = comm["clients_per_round"] * per_client
-  comm.update(sends_beyond_parameters=list(alg.sends), receives_beyond_parameters=list(alg.receives),
-              sends_per_example_data=alg.leaks_data, setup_bytes=alg.setup_bytes)
-
-  bar = tqdm(range(start, config.num_rounds), initial=start, total=config.num_rounds, desc="round",
+  bar = tqdm(range(start, total), initial=start, total=total, desc="round",
              disable=config.get("quiet", False), dynamic_ncols=True)
-  metrics = None
   for t in bar:
-    state, metrics = s["round_fn"](state, store, jax.random.fold_in(k_rounds, t))
+    k = stage_of(t + 1)
+    st = stages[k]
+    if k > 0 and t == st.first:
+      state = next_stage_state(k, state)
+    state, metrics = st.round_fn(state, store, jax.random.fold_in(k_rounds, t))
     done = t + 1
-    do_eval = done % config.eval_every == 0 or done == config.num_rounds
-    do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or done == config.num_rounds)
+    last_of_stage = done == st.first + st.rounds
+    do_eval = done % config.eval_every == 0 or last_of_stage
+    do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
     if do_eval or do_ckpt:  # never evaluate or save a diverged state
-      train_loss = float(metrics["train_loss"])
-      if not math.isfinite(train_loss):
-        raise FloatingPointError(f"train loss is {train_loss} at round {done}; lower client.lr "
-                                 f"(now {config.client.lr}) or server.lr (now {config.server.lr})")
+      train_loss = _check_state(st.algorithm, state, done, metrics, config)
     if do_eval:
-      rec = {"round": done, "train_loss": train_loss, "splits": evaluator(alg.params_of(state.server))}
+      rec = {"round": done, "train_loss": train_loss, "splits": evaluator(st.algorithm.params_of(state.server))}
+      if len(stages) > 1:
+        rec["stage"] = k + 1
+        if hasattr(state.server, "phi"):
+          rec["phi"] = np.asarray(state.server.phi).tolist()
       records.append(rec)
       with open(metrics_path, "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -229,9 +261,10 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       mngr.save(done, args=ocp.args.StandardSave(state))
   mngr.wait_until_finished()
   mngr.close()
-  if config.algorithm.name == "fedloe":
-    _fedloe_stage2(config, s, state, store, evaluator, k_rounds, records, metrics_path)
 
+  final_stage = len(stages)  # a multi-stage method is selected within its final stage
+  selectable = [r for r in records if r.get("stage", 1) == final_stage]
+  metric = config.data.get("select_metric", "accuracy")
   summary = {
       "config": config.to_dict(),
       "wall_time_s": time.time() - t0,
@@ -239,10 +272,11 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "communication": comm,
+      "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
                   "val": list(fold.val_domains), "test": list(fold.test_domains)},
-      "selection": {rule: select(records, rule, metric=config.data.get("select_metric", "accuracy"))
-                    for rule in SELECTION_RULES},
+      "selection_scope": "all rounds" if len(stages) == 1 else f"rounds of the final stage ({stages[-1].name})",
+      "selection": {rule: select(selectable, rule, metric=metric) for rule in SELECTION_RULES},
       "final": records[-1] if records else None,
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:

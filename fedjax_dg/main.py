@@ -7,7 +7,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.")
+_CONFIG = None  # defined in `run`, after the command line's flat names are translated
 _WORKDIR = flags.DEFINE_string("workdir", None, "Overrides config.workdir.")
 
 
@@ -56,7 +56,8 @@ each). The main ones:
   data.leave_one_domain_out        every domain as the test domain once
   partition.method, partition.lam  heterogeneous (seed 001, lam in [0, 1]), dirichlet, iid
   num_clients, cohort_size, cohort_fraction
-  algorithm.name                   the method (README "Methods"); its hyperparameters under algorithm.*
+  algorithm.name                   the method (README "Methods"); its hyperparameters are
+                                   algorithm.<method>.<field>, e.g. algorithm.fedprox.mu
   client.optimizer, client.lr, client.momentum, client.batch_size, client.local_epochs, client.local_steps
   server.lr, server.momentum       eta_g, FedAvgM momentum (server.b1, b2, eps: FedAdam / FedYogi)
   model.name                       cnn, mlp, resnet18, resnet50
@@ -77,7 +78,32 @@ def print_help(module: str, usage: str) -> None:
   print("  --helpfull: every flag, JAX's and absl's included")
 
 
+def translate_legacy(argv: list[str]) -> list[str]:
+  """Rewrites flat hyperparameter flags of earlier versions (`--config.algorithm.prox_mu=0.1`)
+  to their nested fields (`--config.algorithm.fedprox.mu=0.1`), saying so on stderr."""
+  from fedjax_dg.algorithms import legacy_names
+  legacy, out = legacy_names(), []
+  for arg in argv:
+    head, eq, value = arg.partition("=")
+    old = head[len("--config.algorithm."):] if head.startswith("--config.algorithm.") else None
+    if old in legacy and eq:
+      new = [f"--config.algorithm.{path}" for path in legacy[old]]
+      print(f"note: {head} is now {' and '.join(new)}", file=sys.stderr)
+      out += [f"{n}={value}" for n in new]
+    else:
+      out.append(arg)
+  return out
+
+
+def _define_flags():
+  global _CONFIG
+  if _CONFIG is None:
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file.")
+
+
 def run():
+  sys.argv[:] = translate_legacy(sys.argv)   # before the config flag reads its overrides
+  _define_flags()
   if any(a in HELP_FLAGS for a in sys.argv[1:]):
     print_help(__name__, USAGE)
     sys.exit(0)

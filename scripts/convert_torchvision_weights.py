@@ -27,21 +27,39 @@ def check_against(arch: str, out_path: str):
   resnet.load_pretrained({"featurizer": shapes}, out_path)
 
 
-def main(argv=None):
+def convert_file(src: str, dst: str, arch: str | None = None) -> str:
+  """Converts `src` to `dst` (checked against `arch` if given); returns the summary line."""
+  if not dst.endswith(convert.CONVERTED_SUFFIXES):
+    raise ValueError(f"{dst}: converted weights are written as one of {convert.CONVERTED_SUFFIXES}")
+  state_dict = convert.read_state_dict(src)
+  try:
+    tree = convert.torchvision_to_flax(state_dict)
+  except ValueError as e:  # a key or a shape that is not a torchvision ResNet's
+    raise ValueError(f"{src}: {e}") from None
+  convert.save_converted(tree, dst)
+  if arch:
+    check_against(arch, dst)
+  kept = sum(convert.flax_path(k) is not None for k in state_dict)
+  return (f"{src}: {kept} of {len(state_dict)} tensors converted (fc and num_batches_tracked dropped) "
+          f"-> {dst}" + (f", matches {arch}" if arch else ""))
+
+
+def main(argv=None) -> int:
+  """0 on success; 2 (and one line on stderr naming the file) for a file that cannot be
+  read, converted or written, as for a usage error."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("src", help="torchvision checkpoint: .pth, .pt, .bin or .safetensors")
   parser.add_argument("dst", help=f"output, one of {convert.CONVERTED_SUFFIXES}")
   parser.add_argument("--arch", choices=("resnet18", "resnet50"), help="check keys and shapes against it")
   args = parser.parse_args(argv)
-  state_dict = convert.read_state_dict(args.src)
-  tree = convert.torchvision_to_flax(state_dict)
-  convert.save_converted(tree, args.dst)
-  if args.arch:
-    check_against(args.arch, args.dst)
-  kept = sum(convert.flax_path(k) is not None for k in state_dict)
-  print(f"{args.src}: {kept} of {len(state_dict)} tensors converted (fc and num_batches_tracked dropped) "
-        f"-> {args.dst}" + (f", matches {args.arch}" if args.arch else ""))
+  try:
+    line = convert_file(args.src, args.dst, args.arch)
+  except (ValueError, OSError) as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+  print(line)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

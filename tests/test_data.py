@@ -81,3 +81,27 @@ def test_pack_clients_pads_and_counts():
     np.testing.assert_array_equal(cs.y[c, :n], fold.train.y[p])
     assert len(set(cs.domain[c, :n])) == 1      # lambda = 0, C >= D: single-domain clients
     assert not cs.x[c, n:].any()
+
+
+def test_spurious_correlations_must_be_probabilities():
+  import ml_collections
+  cfg = lambda corr: ml_collections.ConfigDict({"name": "spurious", "correlations": corr, "n_per_domain": 10,
+                                                "seed": 0})
+  with pytest.raises(ValueError) as e:
+    datasets.load_dataset(cfg((0.9, 1.5, -0.2)))
+  assert str(e.value) == "data.correlations must lie in [0, 1] (one per domain), got 1.5 in (0.9, 1.5, -0.2)"
+  with pytest.raises(ValueError) as e:
+    datasets.load_dataset(cfg(()))
+  assert str(e.value) == "data.correlations: give one correlation in [0, 1] per domain, got none"
+  assert datasets.load_dataset(cfg((0.0, 1.0))).names == ("rho=0", "rho=1")
+
+
+def test_domain_dataset_refuses_labels_outside_its_classes():
+  x = np.zeros((3, 2), np.float32)
+  with pytest.raises(ValueError) as e:
+    datasets.DomainDataset("toy", ("a", "b"), (x, x), (np.array([0, 1, 2]), np.array([1, -1, 0])), 3)
+  assert str(e.value) == "toy: domain 'b': label -1 at index 1 lies outside [0, 3) (1 of 3 labels do)"
+  with pytest.raises(ValueError, match=r"toy: domain 'a': label 3 at index 2 lies outside \[0, 3\)"):
+    datasets.DomainDataset("toy", ("a",), (x,), (np.array([0, 1, 3]),), 3)
+  reg = datasets.DomainDataset("reg", ("a",), (x,), (np.array([-4.5, 0.1, 9.0]),), 0)  # regression: any target
+  assert reg.num_classes == 0

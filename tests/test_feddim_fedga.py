@@ -75,20 +75,75 @@ def test_feddim_lambda_zero_is_uniform_fedavg_and_insights_start_at_first_round(
   assert bool(out[0].server.initialized.all()) and float(jnp.abs(out[0].server.i_bar).max()) > 0
 
 
-def test_ga_weights_match_numpy():
+def _refine_weight_dict_by_ga(weight_dict, before, after, step_size):
+  """NumPy transcription of FedDG-GA's `utils/weight_adjust.py: refine_weight_dict_by_GA`
+  with `fair_metric='loss'` and the step scaled by `1 / len(weight_dict)` (Bai et al.'s port;
+  `1/3` for the authors' three training domains), then `weight_clip`."""
+  weight_dict = dict(weight_dict)
+  value_list = np.array([after[k] - before[k] for k in before], np.float64)
+  step_size = 1 / len(weight_dict) * step_size
+  norm_gap_list = value_list / np.max(np.abs(value_list))
+  for i, k in enumerate(before):
+    weight_dict[k] += 1.0 * norm_gap_list[i] * step_size
+  total = 0.0
+  for k in weight_dict:
+    weight_dict[k] = np.clip(weight_dict[k], 0.0, 1.0)
+    total += weight_dict[k]
+  return {k: v / total for k, v in weight_dict.items()}
+
+
+def test_ga_weights_match_the_reference_code():
   a = np.array([0.1, 0.2, 0.3, 0.15, 0.25])
-  ids = np.array([4, 0, 2, 1])
-  gaps = np.array([0.5, -0.1, 0.2, 9.0])
-  valid = np.array([True, True, True, False])
-  step = 0.2
-  g = gaps[valid]
-  dev = g - g.mean()
-  expect = a.copy()
-  expect[ids[valid]] += step * dev / np.abs(dev).max()
-  expect = np.maximum(expect, 0)
-  expect /= expect.sum()
-  got = ga_weights(jnp.asarray(a), jnp.asarray(ids), jnp.asarray(gaps), jnp.asarray(valid), step)
-  np.testing.assert_allclose(np.asarray(got), expect, rtol=1e-6)
+  ids = np.array([4, 0, 2, 1, 3])
+  gaps = np.array([0.5, -0.1, 0.2, -0.9, 0.05])
+  valid = np.array([True, True, True, True, True])
+  step = 0.7
+  before = {int(c): 0.0 for c in ids}
+  after = {int(c): float(g) for c, g in zip(ids, gaps)}
+  want = _refine_weight_dict_by_ga({c: a[c] for c in range(5)}, before, after, step)
+  got = ga_weights(jnp.asarray(a), jnp.asarray(ids), jnp.asarray(gaps), jnp.asarray(valid), step / 5)
+  np.testing.assert_allclose(np.asarray(got), [want[c] for c in range(5)], rtol=1e-6)
+  # a padding member (valid False) changes nothing and is not in the max
+  got_pad = ga_weights(jnp.asarray(a), jnp.asarray(np.append(ids, 0)), jnp.asarray(np.append(gaps, 99.0)),
+                       jnp.asarray(np.append(valid, False)), step / 5)
+  np.testing.assert_allclose(np.asarray(got_pad), np.asarray(got), rtol=1e-6)
+
+
+def test_fedga_round_matches_the_reference_loop():
+  """One FedGA round: aggregation with uniform weights, then the weights from the gaps of the
+  new global model against each trained local model (losses in float64 NumPy)."""
+  from fedjax_dg.algorithms.fedavg import erm, local_update
+  from fedjax_dg.algorithms.base import ClientData
+  st = ragged_store()
+  C = len(st.counts)
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=3, batch_size=4, epochs=1, passes=1, unroll=1)
+  T, d = 10, 0.2
+  alg = fedga(model, sched, optax.sgd(0.5), C, T, step_size=d)
+  state = run_from(alg, params, st, C, C, 1)
+  # the reference: local models from the FedAvg client with the engine's per-client keys
+  update = local_update(erm(model), optax.sgd(0.5), sched)
+  k_clients = jax.random.split(jax.random.PRNGKey(0))[1]
+
+  def np_loss(p, c):
+    n = int(st.counts[c])
+    W, b = (np.asarray(p["classifier"]["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
+    z = np.asarray(st.x[c, :n], np.float64) @ W + b
+    z = z - z.max(1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(n), st.y[c, :n]]))
+
+  locals_ = []
+  for c in range(C):
+    data = ClientData(*(jnp.asarray(a[c]) for a in (st.x, st.y, st.domain, st.counts)), client_id=c)
+    out = update(params, (), data, jax.random.fold_in(k_clients, c))
+    locals_.append(jax.tree.map(lambda p, dl: p + dl, params, out.message))
+  new_global = jax.tree.map(lambda *ps: sum(ps) / C, *locals_)
+  assert tree_max_diff(state.server.params, new_global) < 1e-5
+  before = {c: np_loss(locals_[c], c) for c in range(C)}
+  after = {c: np_loss(new_global, c) for c in range(C)}
+  want = _refine_weight_dict_by_ga({c: 1 / C for c in range(C)}, before, after, d * (1 - 0 / T))
+  np.testing.assert_allclose(np.asarray(state.server.weights), [want[c] for c in range(C)], rtol=1e-4, atol=1e-6)
 
 
 def test_fedga_zero_step_is_uniform_fedavg():

@@ -143,3 +143,68 @@ def test_missing_root_and_registry(tmp_path):
   root = write_folder(tmp_path / "PACS")
   ds = datasets.load_dataset(data_config(root))
   assert ds.name == "image_folder" and ds.num_domains == 3
+
+
+def _truncate(path):
+  path.write_bytes(path.read_bytes()[:100])
+
+
+def _wrong_shape(path):
+  np.save(path, np.zeros((2, 8, 8, 3), np.uint8))
+
+
+@pytest.mark.parametrize("suffix,corrupt,cause", [
+    (".npy", _truncate, None),
+    (".npy", lambda p: p.write_bytes(b"\x93NUMPY garbage"), None),
+    (".npy", _wrong_shape, "uint8 (5, 8, 8, 3) expected, found uint8 (2, 8, 8, 3)"),
+    (".json", lambda p: p.write_text('{"digest": "ab'), "Unterminated string starting at: line 1 column 12 (char 11)"),
+    (".json", lambda p: p.write_text("[1, 2]"), "a JSON list, not an object"),
+    (".json", lambda p: p.write_bytes(b"\xff\xfe\x00"), None)])
+def test_a_corrupt_cache_entry_is_said_in_one_line_and_rebuilt(tmp_path, monkeypatch, suffix, corrupt, cause):
+  root = write_folder(tmp_path / "PACS")
+  first = folders.load(data_config(root))
+  entry = next((root / ".fedjax_dg_cache" / "8").glob("art_painting-*.npy")).with_suffix(suffix)
+  corrupt(entry)
+  with pytest.warns(folders.CacheWarning) as record:
+    again = folders.load(data_config(root))
+  assert len(record) == 1
+  msg = str(record[0].message)
+  what = "corrupt image cache manifest" if suffix == ".json" else "corrupt image cache"
+  assert msg.startswith(f"{entry}: {what} (") and msg.endswith("); decoding the images again"), msg
+  assert "\n" not in msg and (cause is None or msg == f"{entry}: {what} ({cause}); decoding the images again")
+  for a, b in zip(first.xs, again.xs):
+    np.testing.assert_array_equal(a, b)
+  # The entry was written again: a third load reads it without decoding or warning.
+  monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("decoded an image although the cache holds it"))
+  import warnings
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    third = folders.load(data_config(root))
+  np.testing.assert_array_equal(third.xs[0], first.xs[0])
+
+
+def test_directory_links_back_into_the_tree_are_not_followed(tmp_path):
+  """A link loop used to list each image about 40 times (until the path got too long)."""
+  root = write_folder(tmp_path / "PACS")
+  dog = root / "photo" / "dog"
+  os.symlink(dog, dog / "loop")                      # a loop
+  os.symlink(root / "photo" / "cat", dog / "cats")   # another class of the tree
+  outside = tmp_path / "more_dogs"                   # data kept elsewhere is still followed, once
+  outside.mkdir()
+  Image.new("RGB", (9, 9), COLORS["dog"]).save(outside / "extra.png")
+  os.symlink(outside, dog / "extra")
+  os.symlink(outside, dog / "extra_again")
+  with pytest.warns(folders.DataWarning) as record:
+    ds = folders.load(data_config(root))
+  assert len(record) == 3 and sorted(str(r.message) for r in record) == [
+      f"{dog}/cats: not following the directory link to {root}/photo/cat: it leads back into {root}",
+      f"{dog}/extra_again: not following the directory link to {outside}: that folder is already listed",
+      f"{dog}/loop: not following the directory link to {dog}: it leads back into {root}"]
+  with pytest.warns(folders.DataWarning):
+    _, _, files, _ = folders.scan(str(root))
+  assert [os.path.relpath(f, root) for f in files[1]] == [
+      "photo/cat/img0.png", "photo/cat/img1.jpg", "photo/cat/img2.jpeg", "photo/dog/img0.png",
+      "photo/dog/extra/extra.png"]
+  assert [len(y) for y in ds.ys] == [5, 5, 3]
+  with pytest.warns(folders.DataWarning):
+    assert folders.list_images(str(dog), str(root)) == [str(dog / "img0.png"), str(dog / "extra" / "extra.png")]

@@ -70,3 +70,34 @@ def test_local_steps_are_served_from_the_prefetch(strategy):
   source = store.x.source
   assert source.direct == 0
   assert source.prefetched == 2 * 4 * sched.num_steps  # rounds x cohort x steps
+
+
+def test_client_and_row_indexing_gives_the_packed_stores_examples():
+  """`x[c, rows]` (FedDG's amplitude bank reads the inputs this way) used to be an IndexError."""
+  split, parts = _split_and_parts(seed=3)
+  host, packed = pack_clients_host(split, parts), pack_clients(split, parts)
+  for x in (host.x, jax.tree.map(jnp.asarray, host).x):  # as packed, and after the runner's device_put
+    for c, n in enumerate(packed.counts):
+      rows = np.random.default_rng(c).choice(int(n), 4)
+      got = x[c, rows]
+      assert isinstance(got, np.ndarray) and got.dtype == packed.x.dtype
+      np.testing.assert_array_equal(got, packed.x[c, rows])
+    np.testing.assert_array_equal(x[2, 1:4], packed.x[2, 1:4])
+    np.testing.assert_array_equal(x[np.array([0, 3]), np.array([2, 1])], packed.x[np.array([0, 3]), np.array([2, 1])])
+  traced = jax.jit(lambda c, r: host.x[c, r])(2, jnp.asarray([0, 11, 1]))  # inside a trace: from the host
+  np.testing.assert_array_equal(traced, packed.x[2, [0, 11, 1]])
+  with pytest.raises(IndexError, match=r"host-store inputs take two indices \(client, rows\), got 3"):
+    host.x[0, 1, 2]
+
+
+def test_feddg_amplitude_bank_from_the_host_store_equals_the_packed_one():
+  from fedjax_dg.algorithms.feddg import amplitude_bank
+  rng = np.random.default_rng(4)
+  n = 40
+  split = Split(rng.integers(0, 256, (n, 6, 6, 3)).astype(np.uint8), rng.integers(0, 3, n).astype(np.int32),
+                np.zeros(n, np.int32))
+  parts = [np.arange(0, 12), np.arange(12, 15), np.arange(15, 40)]  # one client smaller than the bank
+  want = amplitude_bank(pack_clients(split, parts), 5, seed=7)
+  got = amplitude_bank(pack_clients_host(split, parts), 5, seed=7)
+  assert got.shape == want.shape == (3, 5, 6, 6, 3)
+  np.testing.assert_array_equal(got, want)

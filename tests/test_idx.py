@@ -234,3 +234,32 @@ def test_rotated_fashion_mnist_config_trains_on_the_debian_files(tmp_path):
   assert sum(out["client_sizes"]) == 300 * len(out["domains"]["train"]) - round(0.1 * 300) * len(out["domains"]["train"])
   val = out["final"]["splits"]["in_val"]
   assert val["accuracy"] > 0.1 + 5 * np.sqrt(0.1 * 0.9 / val["n"])  # above chance (ten classes) by 5 sd
+
+
+# ----------------------------------------------------------------------------- label range
+
+def test_label_outside_num_classes_names_the_label_file(tmp_path):
+  """A label 255 used to make a 256-class model; now the label file and the value are named."""
+  images, labels = fake_mnist(12)
+  labels[10] = 255  # the second t10k label
+  root = write_mnist_dir(tmp_path / "m", images, labels, n_train=9)
+  with pytest.raises(ValueError) as e:
+    idx.load_rotated(data_config(path=root, angles=(0, 15)))
+  assert str(e.value) == (f"{root}/t10k-labels-idx1-ubyte: label 255 at index 1 lies outside [0, 10) "
+                          "(1 of 3 labels do); data.num_classes sets the number of classes")
+  with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte: label 255 at index 1 lies outside \[0, 10\)"):
+    idx.load_colored(data_config(path=root))
+
+
+def test_num_classes_sets_the_label_range_and_the_class_count(tmp_path):
+  images, labels = fake_mnist(12)
+  labels[3] = 26  # EMNIST letters: labels 1..26
+  root = write_mnist_dir(tmp_path / "m", images, labels, n_train=9)
+  ds = idx.load_rotated(data_config(path=root, angles=(0, 15), num_classes=27))
+  assert ds.num_classes == 27 and max(int(y.max()) for y in ds.ys) == 26
+  small = write_mnist_dir(tmp_path / "s", *fake_mnist(12, seed=1), n_train=9)
+  assert idx.load_rotated(data_config(path=small, angles=(0,))).num_classes == 10  # not the largest label + 1
+  with pytest.raises(ValueError) as e:
+    idx.load_rotated(data_config(path=root, num_classes=1))
+  assert str(e.value) == ("data.num_classes must be >= 2 (the labels in the IDX files lie in [0, num_classes)), "
+                          "got 1")

@@ -15,7 +15,7 @@ from fedjax_dg.algorithms.fedga import fedga
 from fedjax_dg.algorithms.fedgma import fedgma
 from fedjax_dg.algorithms.fedsam import sam
 from fedjax_dg.algorithms.fedavg import erm
-from fedjax_dg.algorithms.fedloe import init_stage2, make_stage2
+from fedjax_dg.algorithms.fedloe import stage2
 from fedjax_dg.algorithms.dg import dg_fedavg
 from fedjax_dg.algorithms.fish import fish
 from fedjax_dg.algorithms.groupdro import groupdro
@@ -76,9 +76,10 @@ for alg in algs:
   d = tree_max_diff(out[0].server, out[1].server)
   print(alg.name, d, float(m["train_loss"]))
   assert d < 1e-5, (alg.name, d)
-stage2 = make_stage2(model, sched, 0.1, "rex", 1.0, solver_steps=20)
-s2 = stage2(init_stage2(params["classifier"], C), params["featurizer"], store, store, jax.random.PRNGKey(0))
-assert jnp.isfinite(s2.phi).all()
+s2_alg = stage2(model, sched, optax.sgd(0.1), store, "rex", 1.0, C, solver_steps=20)  # FedLOE's stage 2
+s2 = [make_round(s2_alg, C, 7, "vmap", devices=d)(init_round_state(s2_alg, None, params, C), store,
+                                                   jax.random.PRNGKey(0))[0] for d in (jax.devices()[:1], jax.devices())]
+assert jnp.isfinite(s2[1].server.phi).all() and tree_max_diff(s2[0].server, s2[1].server) < 1e-5
 print("METHODS_SHARDED_OK")
 """
 

@@ -263,6 +263,29 @@ def test_cli_converts_and_checks(tmp_path):
   assert "100 of 122 tensors converted" in out.stdout and "matches resnet18" in out.stdout
 
 
+@pytest.mark.parametrize("content,dst,message", [
+    (b"hello", "w.npz", "{src}: cannot read weights (UnpicklingError: Memo value not found at index 101)"),
+    (None, "w.npz", "pretrained weights not found: {src}"),
+    ("strided", "w.npz", "{src}: tensor 'conv1.weight': stride 0 in dimension 0 (size 4096); strides must be positive"),
+    ("foreign", "w.npz", "{src}: not a torchvision ResNet key: 'encoder.weight'"),
+    ("ok", "w.pt", "{dst}: converted weights are written as one of ('.npz', '.msgpack')")])
+def test_cli_on_a_bad_file_prints_one_line_and_exits_2(tmp_path, content, dst, message):
+  src, dst = str(tmp_path / "in.pth"), str(tmp_path / dst)
+  if content == "strided":
+    write_torch_zip(src, {"0": np.ones(1, np.float32)}, {"conv1.weight": ("0", 0, (4096,), (0,))})
+  elif content == "foreign":
+    write_state_dict_pth(src, {"encoder.weight": np.ones((2, 2), np.float32)})
+  elif content == "ok":
+    write_state_dict_pth(src, {"conv1.weight": np.ones((4, 3, 1, 1), np.float32)})
+  elif content is not None:
+    with open(src, "wb") as f:
+      f.write(content)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "convert_torchvision_weights.py"), src, dst],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert (out.returncode, out.stdout, out.stderr) == (2, "", "error: " + message.format(src=src, dst=dst) + "\n")
+  assert not os.path.exists(dst)
+
+
 # ---------------------------------------------------------------- (b) .pth format
 
 @pytest.mark.parametrize("name", ["torch_tiny.pth", "torch_tiny_legacy.pth"])
@@ -285,16 +308,46 @@ def test_reads_strided_views_of_shared_storages(tmp_path, byteorder):
   storages = {"0": base, "1": np.array([5, -(2 ** 40), 7], np.int64), "2": np.array([1.5, 2.5], np.float64)}
   tensors = {"base": ("0", 0, (4, 6), (6, 1)), "t": ("0", 0, (6, 4), (1, 6)), "off": ("0", 8, (2, 3), (6, 1)),
              "col": ("0", 3, (4,), (6,)), "ints": ("1", 1, (2,), (1,)), "scalar": ("2", 1, (), ()),
-             "bcast": ("2", 0, (2, 3), (1, 0))}
+             "unit": ("2", 1, (1, 1), (0, 0))}  # a dimension of size 1 never moves: its stride is free
   path = str(tmp_path / "v.pt")
   write_torch_zip(path, storages, tensors, byteorder=byteorder, prefix="some_stem")
   sd = convert.read_state_dict(path)
   m = base.reshape(4, 6)
   expected = {"base": m, "t": m.T, "off": m[1:3, 2:5], "col": m[:, 3], "ints": np.array([-(2 ** 40), 7]),
-              "scalar": np.float64(2.5), "bcast": np.array([[1.5] * 3, [2.5] * 3])}
+              "scalar": np.float64(2.5), "unit": np.array([[2.5]])}
   for k, v in expected.items():
     assert sd[k].shape == np.shape(v) and sd[k].dtype.isnative, k
     np.testing.assert_array_equal(sd[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("size,stride,offset,storage,message", [
+    ((2 ** 26,), (0,), 0, 1, "stride 0 in dimension 0 (size 67108864); strides must be positive"),
+    ((3, 2 ** 24), (1, 0), 0, 3, "stride 0 in dimension 1 (size 16777216); strides must be positive"),
+    ((4, 2), (-2, 1), 6, 8, "stride -2 in dimension 0 (size 4); strides must be positive"),
+    ((2, 3), (1, 0), 0, 2, "stride 0 in dimension 1 (size 3); strides must be positive"),  # torch's expand()
+    ((100, 100), (1, 1), 0, 100,
+     "a view of 10000 elements (size (100, 100)) on a storage of 100 elements from offset 0; "
+     "a view may not be larger than its storage"),
+    ((4,), (1,), 9, 8, "offset 9 lies outside its storage of 8 elements"),
+    ((2, 3), (3,), 0, 8, "size (2, 3) and stride (3,) do not describe a tensor")])
+def test_views_that_would_allocate_more_than_their_storage_are_refused(tmp_path, size, stride, offset, storage,
+                                                                        message):
+  """A few hundred bytes of `.pth` with stride 0 used to allocate any amount (1 GiB for
+  `(2**28,)`); the file and the key are named and nothing is allocated."""
+  import tracemalloc
+  path = str(tmp_path / "evil.pth")
+  write_torch_zip(path, {"0": np.ones(3, np.float32), "1": np.ones(storage, np.float32)},
+                  {"conv1.weight": ("0", 0, (3,), (1,)), "bn1.bias": ("1", offset, size, stride)}, wrap="state_dict")
+  assert os.path.getsize(path) < 2000
+  tracemalloc.start()
+  try:
+    with pytest.raises(ValueError) as e:
+      convert.read_state_dict(path)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert str(e.value) == f"{path}: tensor 'state_dict.bn1.bias': {message}"
+  assert peak < 1 << 20
 
 
 # ---------------------------------------------------------------- (c) frozen BN

@@ -201,3 +201,51 @@ def test_run_fold_trains_on_a_wilds_fold(tiny_config, tmp_path):
   assert 0.0 <= splits["test"][wilds.KEY_METRIC["camelyon17"]] <= 1.0
   assert summary["domains"] == {"names": [f"hospital_{k}" for k in range(5)], "train": [0, 3, 4], "val": [1],
                                 "test": [2]}
+
+
+def set_cell(path, row, column, value):
+  """Rewrites one cell of a CSV (`row` counts data rows from 0)."""
+  with open(path, newline="") as f:
+    rows = list(csv.reader(f))
+  rows[row + 1][rows[0].index(column)] = value
+  write_csv(path, rows[0], rows[1:])
+
+
+@pytest.mark.parametrize("layout,table,column,value,allowed", [
+    ("iwildcam", "metadata.csv", "y", "-1", "[0, 182)"),
+    ("iwildcam", "metadata.csv", "y", "182", "[0, 182)"),
+    ("camelyon17", "metadata.csv", "tumor", "2", "{0, 1}"),
+    ("celeba", "list_attr_celeba.csv", "Blond_Hair", "0", "{-1, 1}"),
+    ("celeba", "list_attr_celeba.csv", "Male", "2", "{-1, 1}")])
+def test_labels_outside_their_range_are_refused(tmp_path, layout, table, column, value, allowed):
+  """WILDS `y = -1` used to train; now the table, row, column and value are named."""
+  root = {"iwildcam": write_iwildcam, "camelyon17": write_camelyon17, "celeba": write_celeba}[layout](
+      str(tmp_path / layout))
+  set_cell(os.path.join(root, table), 3, column, value)
+  with pytest.raises(wilds.DataError) as e:
+    wilds.load_fold(data_config(root, layout))
+  assert str(e.value) == f"{root}/{table} row 5: column {column!r} holds {value}, outside {allowed} (1 rows do)"
+
+
+@pytest.mark.parametrize("layout", ["iwildcam", "camelyon17", "celeba"])
+def test_tables_saved_with_a_byte_order_mark_read_as_without(tmp_path, layout):
+  """Excel's "CSV UTF-8" starts the file with U+FEFF, which used to become part of the
+  first column's name (CelebA: "no column 'image_id'")."""
+  write = {"iwildcam": write_iwildcam, "camelyon17": write_camelyon17, "celeba": write_celeba}[layout]
+  plain = wilds.read_table(data_config(write(str(tmp_path / "plain")), layout))
+  root = write(str(tmp_path / "bom"))
+  for name in os.listdir(root):
+    if name.endswith(".csv"):
+      path = os.path.join(root, name)
+      with open(path, encoding="utf-8") as f:
+        text = f.read()
+      with open(path, "w", encoding="utf-8-sig", newline="") as f:
+        f.write(text)
+      with open(path, "rb") as f:
+        assert f.read(3) == b"\xef\xbb\xbf"
+  bom = wilds.read_table(data_config(root, layout))
+  assert [os.path.relpath(p, root) for p in bom.paths] == [os.path.relpath(p, str(tmp_path / "plain"))
+                                                          for p in plain.paths]
+  for field in ("y", "domain", "split"):
+    np.testing.assert_array_equal(getattr(bom, field), getattr(plain, field))
+  assert bom.num_classes == plain.num_classes

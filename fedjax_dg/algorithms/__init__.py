@@ -1,93 +1,159 @@
-"""Algorithm registry: one line per method. Each method lives in its own file."""
+"""The method registry: one line per method file. Everything else here is generated from
+the specs (`spec.py`): config defaults, range checks, random search, the README's tables.
+
+`algorithm.name` is a method (`fediir`) or a method and a server rule (`fediir+omg`,
+`irm+omg`, `fedprox+gma`, `fedprox+adam`): the method's clients with that rule.
+"""
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
+from fedjax_dg.algorithms import (afl, dg, fedadg, fedavg, feddg, feddim, fedga, fedgma, fediir, fedloe, fedomg,
+                                  fedprox, fedsam, fedsr, fish, groupdro, scaffold)
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
-from fedjax_dg.algorithms.afl import afl
-from fedjax_dg.algorithms.dg import dg_fedavg
-from fedjax_dg.algorithms.fedadg import fedadg
-from fedjax_dg.algorithms.fedavg import erm, fedavg, minibatch_sgd, optax_rule
-from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
-from fedjax_dg.algorithms.feddim import feddim
-from fedjax_dg.algorithms.fedga import fedga
-from fedjax_dg.algorithms.fedgma import fedgma
-from fedjax_dg.algorithms.fediir import fediir
-from fedjax_dg.algorithms.fedomg import fedomg, omg_direction, omg_rule
-from fedjax_dg.algorithms.fedprox import fedprox, proximal_objective
-from fedjax_dg.algorithms.fedsam import fedsam, sam
-from fedjax_dg.algorithms.fedsr import fedsr, probabilistic_model
-from fedjax_dg.algorithms.fish import fish
-from fedjax_dg.algorithms.groupdro import groupdro
-from fedjax_dg.algorithms.scaffold import scaffold
+from fedjax_dg.algorithms.spec import Context, MethodSpec, RuleSpec, compose, defaults, hparam_fields, read, sample
 
-# name -> server optimizer used by the FedAvg family (None: see build_algorithm).
-# fedloe: its stage 1 is FedAvg with infrequent communication; stage 2 runs in experiment.py.
-_FEDOPT = {"fedavg": "sgd", "erm": "sgd", "fedavgm": "momentum", "fedadam": "adam", "fedyogi": "yogi",
-           "fedloe": "sgd"}
-# Client objectives that pair with any server rule consuming Delta_c; "<objective>+omg"
-# swaps FedAvg's server rule for FedOMG's (seed 002 Table 2), "fedomg" is "fedavg+omg".
-_OBJECTIVES = ("fedavg", "fedprox", "fedsam")
-ALGORITHMS = ("erm", "minibatch_sgd", "fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox", "scaffold",
-              "fedsam", "fedomg", "fedprox+omg", "fedsam+omg", "fediir", "fediir+omg", "feddim", "fedga", "fedloe",
-              "irm", "vrex", "coral", "mmd", "mixup", "fish", "groupdro", "afl", "fedsr", "fedsr+omg", "feddg",
-              "fedadg", "fedgma")
+METHODS: dict[str, MethodSpec] = {}
+RULES: dict[str, RuleSpec] = {}
 
 
-def objective_factory(name: str, config, model):
-  """The local objective of `name` (one of _OBJECTIVES) as `global_params -> objective`."""
-  if name == "fedavg":
-    return erm(model)
-  if name == "fedprox":
-    return proximal_objective(model, config.algorithm.prox_mu)
-  if name == "fedsam":
-    return sam(erm(model), config.algorithm.sam_rho)
-  raise ValueError(f"algorithm.name: {name!r} has no local objective to pair with a server rule")
+def register(spec: MethodSpec) -> MethodSpec:
+  """Adds a method (a new method file needs this one line)."""
+  if "+" in spec.name:
+    raise ValueError(f"method name {spec.name!r}: '+' joins a method and a server rule")
+  METHODS[spec.name] = spec
+  return spec
 
 
-def server_optimizer(kind: str, server_config):
-  c = ml_collections.ConfigDict(server_config.to_dict())
-  if kind == "momentum":
-    c.optimizer = "sgd"
-  elif kind == "sgd":
-    c.optimizer, c.momentum = "sgd", 0.0
-  else:
-    c.optimizer = kind
-  return make_optimizer(c, inject=True)  # eta_g in the state: readable, differentiable
+def register_rule(rule: RuleSpec) -> RuleSpec:
+  RULES[rule.name] = rule
+  return rule
+
+
+for _spec in (*fedavg.SPECS, fedprox.SPEC, scaffold.SPEC, fedsam.SPEC, fedomg.SPEC, fediir.SPEC, feddim.SPEC,
+              fedga.SPEC, fedloe.SPEC, *dg.SPECS, fish.SPEC, groupdro.SPEC, afl.SPEC, fedsr.SPEC, feddg.SPEC,
+              fedadg.SPEC, fedgma.SPEC):
+  register(_spec)
+for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE):
+  register_rule(_rule)
+
+# The methods the README, the tests and the sweeps list: every registered method and the
+# compositions the seed papers report (seed 002 Table 2; FedIIR+OMG and FedSR+OMG).
+COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
+ALGORITHMS = tuple(METHODS) + COMPOSITIONS
+
+
+def resolve(name: str) -> tuple[MethodSpec, RuleSpec]:
+  """`name` -> (method, server rule); a one-line error for an unknown method or rule."""
+  base, _, rule = name.partition("+")
+  if base not in METHODS:
+    raise ValueError(f"algorithm.name: unknown algorithm {name!r}; choose one of {list(METHODS)}, "
+                     f"optionally followed by '+<rule>' with a rule in {list(RULES)}")
+  spec = METHODS[base]
+  if rule and rule not in RULES:
+    raise ValueError(f"algorithm.name: unknown server rule {rule!r} in {name!r}; choose one of {list(RULES)}")
+  if rule and not spec.composable:
+    raise ValueError(f"algorithm.name: {base!r} takes no other server rule")
+  return spec, RULES[rule or spec.rule]
+
+
+def default_hparams() -> ml_collections.ConfigDict:
+  """`config.algorithm`: `name`, and one block of defaults per method and rule with fields."""
+  c = ml_collections.ConfigDict()
+  c.name = "fedavg"
+  for owner in (*METHODS.values(), *RULES.values()):
+    key = owner.key if isinstance(owner, MethodSpec) else owner.name
+    if hparam_fields(owner.hparams) and key not in c:
+      c[key] = ml_collections.ConfigDict(defaults(owner.hparams))
+  return c
+
+
+def legacy_names() -> dict[str, list[str]]:
+  """Flat field names of earlier versions (`prox_mu`) -> their nested paths (`fedprox.mu`)."""
+  out: dict[str, list[str]] = {}
+  for owner in (*METHODS.values(), *RULES.values()):
+    key = owner.key if isinstance(owner, MethodSpec) else owner.name
+    for f in hparam_fields(owner.hparams):
+      for old in f.metadata.get("legacy", ()):
+        out.setdefault(old, []).append(f"{key}.{f.name}")
+  return out
+
+
+def hparams_of(config, owner):
+  """The checked hyperparameter record of a method or rule from `config.algorithm`."""
+  key = owner.key if isinstance(owner, MethodSpec) else owner.name
+  return read(owner.hparams, config.algorithm.get(key, {}), f"algorithm.{key}")
+
+
+def validate(config) -> None:
+  """The method's and its rule's fields, and what the method needs of the config."""
+  spec, rule = resolve(config.algorithm.name)
+  hp = hparams_of(config, spec)
+  hparams_of(config, rule)
+  err = spec.check(config, hp) if spec.check else None
+  if err:
+    raise ValueError(err)
+
+
+def sample_hparams(name: str, rng: np.random.Generator) -> dict:
+  """Random-search values (DomainBed-style) of `name`'s method and rule, as dotted config
+  overrides: `{"algorithm.fedprox.mu": 0.0031, ...}`."""
+  spec, rule = resolve(name)
+  out = {}
+  for owner, key in ((spec, spec.key), (rule, rule.name)):
+    out.update({f"algorithm.{key}.{k}": v for k, v in sample(owner.hparams, rng).items()})
+  return out
+
+
+def spec_of(config) -> MethodSpec:
+  return resolve(config.algorithm.name)[0]
 
 
 def model_for(config, model):
-  """The model an algorithm trains: FedSR's probabilistic version, otherwise `model`."""
-  if config.algorithm.name in ("fedsr", "fedsr+omg"):
-    return probabilistic_model(model, config.algorithm.sr_z_dim, config.algorithm.sr_eval_samples)
-  return model
+  """The model a method trains (FedSR's probabilistic version), otherwise `model`."""
+  spec = spec_of(config)
+  return spec.model(model, hparams_of(config, spec)) if spec.model else model
+
+
+def context(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1, train_domains=None,
+            store=None, tune_store=None) -> Context:
+  return Context(model, sched, make_optimizer(config.client), config, num_clients, cohort_size, num_domains,
+                 tuple(train_domains if train_domains is not None else range(num_domains)), store, tune_store)
+
+
+def build(ctx: Context) -> Algorithm:
+  """The algorithm `ctx.config.algorithm.name`: its client side composed with its rule."""
+  name = ctx.config.algorithm.name
+  spec, rule = resolve(name)
+  hp = hparams_of(ctx.config, spec)
+  alg = compose(name, spec.client(ctx, hp), rule.build(ctx, hparams_of(ctx.config, rule)))
+  return alg._replace(sends=spec.sends + rule.sends, receives=spec.receives + rule.receives,
+                      leaks_data=spec.leaks_data, setup_bytes=spec.setup_bytes(ctx, hp) if spec.setup_bytes else 0)
+
+
+def later_stages(ctx: Context):
+  """`[(stage, algorithm builder)]` after the first stage (FedLOE's stage 2)."""
+  spec = spec_of(ctx.config)
+  if not spec.stages:
+    return []
+  hp = hparams_of(ctx.config, spec)
+  return [(st, st.rounds(ctx.config, hp), lambda c, st=st: st.build(c, hp)) for st in spec.stages(hp)]
 
 
 def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1,
-                    train_domains=None, store=None) -> Algorithm:
-  """The algorithm `config.algorithm.name` names, built from the config's fields (FedSR expects
-  `model_for(config, model)`; FedDG the training `store`, for its amplitude bank)."""
-  alg = _build(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store)
-  return alg._replace(**COMMUNICATION.get(alg.name, {}))
+                    train_domains=None, store=None, tune_store=None) -> Algorithm:
+  """`build` from the runner's pieces (FedSR expects `model_for(config, model)`)."""
+  return build(context(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store,
+                       tune_store))
 
 
-# What each method sends and receives besides the model and the model update.
-COMMUNICATION = {
-    "minibatch_sgd": {"sends": ("gradient (instead of an update)",)},
-    "scaffold": {"sends": ("control-variate update",), "receives": ("server control variate",)},
-    "fediir": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
-    "fediir+omg": {"sends": ("head gradient at the global model (pre-round)",), "receives": ("EMA head gradient",)},
-    "feddim": {"sends": ("per-class mean insight matrices",), "receives": ("global insight matrices",)},
-    "fedga": {"sends": ("generalisation gap (a scalar)",)},
-    "afl": {"sends": ("per-domain loss sums and example counts (pre-round)",), "receives": ("domain weights beta",)},
-    "fedadg": {"sends": ("distribution-generator update",), "receives": ("distribution generator",)},
-    "feddg": {"sends": ("amplitude spectra of its images (once)",),
-              "receives": ("other clients' amplitude spectra (once)",), "leaks_data": True},
-    "fedloe": {"sends": ("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
-               "receives": ("stage 2: every client's head, the combined head",), "leaks_data": True},
-}
+def _communication(name: str) -> dict:
+  spec, rule = resolve(name)
+  return {"sends": spec.sends + rule.sends, "receives": spec.receives + rule.receives, "leaks_data": spec.leaks_data}
+
+
+COMMUNICATION = {name: _communication(name) for name in ALGORITHMS}
 
 
 def communication_table() -> str:
@@ -96,78 +162,48 @@ def communication_table() -> str:
   "free of leakage" is the opposite of the last column)."""
   rows = ["| method | sends beyond the model update | receives beyond the model | per-example data leaves the client |",
           "| --- | --- | --- | --- |"]
+  fmt = lambda items: "; ".join(items) if items else "-"
   for name in ALGORITHMS:
-    c = COMMUNICATION.get(name, {})
-    fmt = lambda items: "; ".join(items) if items else "-"
-    rows.append(f"| `{name}` | {fmt(c.get('sends', ()))} | {fmt(c.get('receives', ()))} | "
-                f"{'yes' if c.get('leaks_data') else 'no'} |")
+    c = COMMUNICATION[name]
+    rows.append(f"| `{name}` | {fmt(c['sends'])} | {fmt(c['receives'])} | {'yes' if c['leaks_data'] else 'no'} |")
   return "\n".join(rows)
 
 
-def _build(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store) -> Algorithm:
-  name = config.algorithm.name
-  client_opt = make_optimizer(config.client)
-  a = config.algorithm
-  fedavg_rule = lambda: optax_rule(server_optimizer("sgd", config.server))
-  if name in ("irm", "vrex", "coral", "mmd", "mixup"):
-    lam = {"irm": a.irm_lambda, "vrex": a.vrex_lambda, "coral": a.coral_gamma, "mmd": a.mmd_gamma,
-           "mixup": a.mixup_alpha}[name]
-    return dg_fedavg(model, sched, client_opt, fedavg_rule(), name, lam, num_domains, a.dg_anneal_steps)
-  if name == "fish":
-    return fish(model, sched, client_opt, fedavg_rule(), a.fish_meta_lr, num_domains)
-  if name == "groupdro":
-    return groupdro(model, sched, client_opt, fedavg_rule(), a.groupdro_eta, num_domains)
-  if name == "afl":
-    return afl(model, sched, client_opt, fedavg_rule(), a.afl_step, num_domains, train_domains)
-  if name in ("fedsr", "fedsr+omg"):
-    omg = name.endswith("+omg")
-    rule = omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if omg else fedavg_rule()
-    return fedsr(model, sched, client_opt, rule, a.sr_z_dim, a.sr_l2, a.sr_cmi, name=name)
-  if name == "fedadg":
-    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    z = jax.eval_shape(model.features, params, jnp.zeros((1,) + model.input_shape))
-    with_lr = lambda lr: make_optimizer(ml_collections.ConfigDict({**config.client.to_dict(), "lr": lr}))
-    return fedadg(model, sched, client_opt, fedavg_rule(), z.shape[-1], model.module.classifier.num_classes,
-                  noise_dim=a.adg_noise_dim, lambda0=a.adg_lambda0, gen_opt=with_lr(a.adg_gen_lr),
-                  disc_opt=with_lr(a.adg_disc_lr), hidden=a.adg_hidden, e0_epochs=a.adg_e0_epochs,
-                  gen_relu=config.model.name != "cnn")  # the CNN's features end in GroupNorm: any sign
-  if name == "feddg":
-    if store is None:
-      raise ValueError("algorithm.name='feddg' needs the training client store for its amplitude bank")
-    if store.x.ndim != 5:
-      raise ValueError(f"algorithm.name='feddg' needs image inputs [H, W, C]; got inputs of shape {store.x.shape[2:]}")
-    bank = amplitude_bank(store, a.fdg_bank_size, config.seed)
-    return feddg(model, sched, client_opt, fedavg_rule(), bank, a.fdg_window)._replace(
-        setup_bytes=(1 + num_clients) * bank.nbytes)  # every client uploads its part, downloads the bank
-  if name in _FEDOPT:
-    return fedavg(model, sched, client_opt, server_optimizer(_FEDOPT[name], config.server), name=name)
-  if name == "fedprox":
-    return fedprox(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.prox_mu)
-  if name == "fedsam":
-    return fedsam(model, sched, client_opt, server_optimizer("sgd", config.server), config.algorithm.sam_rho)
-  if name == "feddim":
-    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    z = jax.eval_shape(model.features, params, jnp.zeros((1,) + model.input_shape))
-    return feddim(model, sched, client_opt, optax_rule(server_optimizer("sgd", config.server)),
-                  config.algorithm.dim_lambda, config.algorithm.dim_momentum,
-                  model.module.classifier.num_classes, z.shape[-1])
-  if name == "fedgma":
-    return fedgma(model, sched, client_opt, config.server.lr, config.algorithm.gma_tau)
-  if name == "fedga":
-    return fedga(model, sched, client_opt, num_clients, config.num_rounds, config.algorithm.ga_step)
-  if name in ("fediir", "fediir+omg"):
-    a = config.algorithm
-    rule = (omg_rule(config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum, a.omg_steps) if name.endswith("+omg")
-            else optax_rule(server_optimizer("sgd", config.server)))
-    return fediir(model, sched, client_opt, rule, a.iir_gamma, a.iir_ema, name=name,
-                  weighting="examples" if name.endswith("+omg") else "uniform")
-  if name == "fedomg" or name.endswith("+omg"):
-    base = "fedavg" if name == "fedomg" else name[:-len("+omg")]
-    a = config.algorithm
-    return fedomg(model, sched, client_opt, config.server.lr, a.omg_kappa, a.omg_lr, a.omg_momentum,
-                  a.omg_steps, objective_factory(base, config, model), name=name)
-  if name == "scaffold":
-    return scaffold(model, sched, config.client.lr, config.server.lr, cohort_size, num_clients)
-  if name == "minibatch_sgd":
-    return minibatch_sgd(model, config.client.batch_size, client_opt)
-  raise ValueError(f"algorithm.name: unknown algorithm {name!r}; choose one of {list(ALGORITHMS)}")
+def hparams_table() -> str:
+  """The README's table of every method's and rule's hyperparameters: config path, default,
+  accepted range, random-search distribution."""
+  from fedjax_dg.algorithms.spec import _range_text
+  rows = ["| config field | default | accepted | random search | meaning |", "| --- | --- | --- | --- | --- |"]
+  seen = set()
+  for owner in (*METHODS.values(), *RULES.values()):
+    key = owner.key if isinstance(owner, MethodSpec) else owner.name
+    if key in seen:
+      continue
+    seen.add(key)
+    for f in hparam_fields(owner.hparams):
+      m = f.metadata
+      search = m.get("search")
+      rows.append(f"| `algorithm.{key}.{f.name}` | {f.default!r} | {_range_text(m)} | "
+                  f"{_search_text(search)} | {m.get('doc', '')} |")
+  return "\n".join(rows)
+
+
+def _search_text(search) -> str:
+  if search is None:
+    return "-"
+  name = type(search).__name__
+  args = ", ".join(map(str, search.values)) if name == "Choice" else f"{search.lo:g}, {search.hi:g}"
+  return f"{name}({args})"
+
+
+def methods_table() -> str:
+  """The README's table of methods: name, paper, benchmark group, default server rule."""
+  rows = ["| name | paper | group | default server rule |", "| --- | --- | --- | --- |"]
+  for name, spec in METHODS.items():
+    rows.append(f"| `{name}` | {spec.paper} | {spec.group} | `{spec.rule}` |")
+  rows.append("")
+  rows.append("| server rule | what it does |")
+  rows.append("| --- | --- |")
+  for name, rule in RULES.items():
+    rows.append(f"| `+{name}` | {rule.doc} |")
+  return "\n".join(rows)

@@ -17,22 +17,21 @@ App. D lists only AFL's learning rates.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks
-from fedjax_dg.algorithms.fedavg import local_update_with
+from fedjax_dg.algorithms.fedavg import objective_client
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam
 from fedjax_dg.objectives import domain_onehot, domain_risks
 
 
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any
+class Side(NamedTuple):
   beta: jax.Array   # [D] domain weights on the simplex
-  round: jax.Array
 
 
 def project_simplex(v):
@@ -59,36 +58,42 @@ def afl_objective(model, num_domains: int):
   return make
 
 
-def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-        gamma: float, num_domains: int, train_domains=None, stat_chunk: int = 256) -> Algorithm:
+def afl_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, gamma: float,
+               num_domains: int, train_domains=None, stat_chunk: int = 256) -> ClientSide:
   """`train_domains`: the domain ids clients hold (default all); `beta` starts uniform on them
   and stays 0 elsewhere (the projection of a vector with sum >= 1 never raises a zero entry)."""
   on = jnp.zeros(num_domains).at[jnp.asarray(train_domains if train_domains is not None else range(num_domains))].set(1.0)
-  beta0 = on / jnp.sum(on)
+  make = afl_objective(model, num_domains)
 
-  def client_stat(bcast, client_state, data, rng):
-    params, _ = bcast
+  def stat(params, beta, client_state, data, rng):
     logits = in_chunks(lambda xb: model.apply(params, xb), data.x, stat_chunk)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y) * data.mask
     onehot = domain_onehot(data.domain, data.mask, num_domains)
     return jnp.sum(onehot * ce[:, None], 0), jnp.sum(onehot, 0)  # per-domain loss sums, counts
 
-  def server_prepare(state: ServerState, mean_stat) -> ServerState:
+  def prepare(side: Side, mean_stat, round_) -> Side:
     loss_sum, count = mean_stat  # cohort means; their ratio is sum loss / sum count
     losses = loss_sum / jnp.maximum(count, 1e-12)
-    beta = jnp.where(state.round > 0, project_simplex(state.beta + gamma * losses), state.beta)
-    return state._replace(beta=beta)
+    return Side(jnp.where(round_ > 0, project_simplex(side.beta + gamma * losses), side.beta))
 
-  def server_update(state: ServerState, aggregate) -> ServerState:
-    params, rule_state = rule.apply(state.opt_state, state.params, aggregate)
-    return state._replace(params=params, opt_state=rule_state, round=state.round + 1)
+  return objective_client(lambda g, beta: make(beta), client_opt, sched,
+                          side_init=lambda rng, params: Side(on / jnp.sum(on)),
+                          broadcast=lambda side, round_: side.beta, stat=stat, prepare=prepare)
 
-  def server_init(rng, params):
-    return ServerState(params, rule.init(params), beta0, jnp.asarray(0))
 
-  return Algorithm(
-      name="afl", server_init=server_init, client_init=lambda params: (),
-      broadcast=lambda s: (s.params, s.beta),
-      client_update=local_update_with(afl_objective(model, num_domains), client_opt, sched),
-      server_update=server_update, params_of=lambda s: s.params, aggregation=rule.aggregation,
-      client_stat=client_stat, server_prepare=server_prepare)
+def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+        gamma: float, num_domains: int, train_domains=None, stat_chunk: int = 256) -> Algorithm:
+  return compose("afl", afl_client(model, sched, client_opt, gamma, num_domains, train_domains, stat_chunk), rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  step: float = hparam(0.1, "gamma_beta, the domain-weight step (ours: seed 001 App. D lists only learning rates)",
+                       ge=0, search=LogUniform(1e-3, 1.0), legacy=("afl_step",))
+
+
+SPEC = MethodSpec(
+    "afl", "Mohri et al. 2019, as seed 001 App. B",
+    lambda ctx, hp: afl_client(ctx.model, ctx.sched, ctx.client_opt, hp.step, ctx.num_domains, ctx.train_domains),
+    HParams, sends=("per-domain loss sums and example counts (pre-round)",), receives=("domain weights beta",),
+    group="FDG")

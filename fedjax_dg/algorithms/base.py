@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.data.augment import to_float
+from fedjax_dg.data.store import minibatch_reader
 
 
 class ClientData(NamedTuple):
@@ -62,6 +63,7 @@ class ClientOutput(NamedTuple):
 class Stacked(NamedTuple):
   messages: Any
   weights: jax.Array
+  extras: Any = None  # per-client side messages a rule may read (FedGA's gaps), when sent
 
 
 class Algorithm(NamedTuple):
@@ -87,6 +89,17 @@ class Algorithm(NamedTuple):
   receives: tuple[str, ...] = ()
   leaks_data: bool = False      # sends something computed per example (e.g. amplitude spectra)
   setup_bytes: int = 0          # a one-off exchange before training (FedDG's amplitude bank)
+  # How the pre-round stats reach `server_prepare`: "mean" (uniform over the real members)
+  # or "stack" (`Stacked(stats, weights)`, weight 1 per real member, 0 for padding).
+  stat_aggregation: str = "mean"
+  # Optional post-round phase (FedLOE's stage 2: logits of every collected head): after
+  # `server_update`, every member computes `client_report(broadcast(new server_state),
+  # its new client_state, data, rng')` (`rng'` = `fold_in(rng, 1)`), aggregated as
+  # `report_aggregation` says ("mean" or "stack", as `stat_aggregation`), and
+  # `server_finish(server_state, aggregate)` ends the round. One more exchange per round.
+  client_report: Callable | None = None
+  server_finish: Callable | None = None
+  report_aggregation: str = "mean"
 
 
 class ServerRule(NamedTuple):
@@ -100,6 +113,9 @@ class ServerRule(NamedTuple):
   init: Callable
   apply: Callable
   aggregation: str = "mean"
+  name: str = ""
+  needs: tuple[str, ...] = ()   # per-client signals the rule reads from `Stacked.extras`
+  weighting: str | None = None  # overrides the client side's weighting (FedOMG: data fractions)
 
 
 class LocalSchedule(NamedTuple):
@@ -161,6 +177,11 @@ def real_steps(count, sched: LocalSchedule):
   return jnp.asarray(sched.num_steps)
 
 
+def tree_sq_dist(a, b):
+  """`||a - b||^2` summed over every leaf of two same-shaped pytrees."""
+  return sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def tree_where(cond, a, b):
   return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
 
@@ -209,12 +230,11 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(jnp.arange(sched.num_steps))
-  host = hasattr(data.x, "prefetch")  # inputs in host memory (data/host_store.py): gather ahead
-  token = data.x.prefetch(idx) if host else None
+  read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here
 
   def step(carry, inp):
     i, m, k, s = inp
-    x = to_float(data.x.rows(i, s, token) if host else data.x[i])  # uint8 -> [0, 1]; floats unchanged
+    x = to_float(read(i, s))  # uint8 -> [0, 1]; floats unchanged
     if sched.augment is not None:
       x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
     new_carry, loss = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)

@@ -20,25 +20,20 @@ penalty switches on. The server is FedAvg's (any optax rule).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import local_update_with
+from fedjax_dg.algorithms.fedavg import objective_client
+from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, compose, hparam
 from fedjax_dg.objectives import (coral_penalty, domain_risks, irm_penalty, mixup_partners, mmd_penalty,
                                   vrex_penalty)
 
 KINDS = ("irm", "vrex", "coral", "mmd", "mixup")
-
-
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any
-  round: jax.Array
 
 
 def mixup_loss(model, params, batch, rng, alpha: float, num_domains: int):
@@ -91,17 +86,60 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: i
   return make
 
 
+def dg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, kind: str, lam: float,
+              num_domains: int, anneal_steps: int = 0) -> ClientSide:
+  """FedAvg's client on the DG objective `kind`; the broadcast carries the round (annealing)."""
+  make = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
+  return objective_client(lambda g, round_: make(round_), client_opt, sched, broadcast=lambda side, round_: round_)
+
+
 def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
               kind: str, lam: float, num_domains: int, anneal_steps: int = 0) -> Algorithm:
-  make_objective = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
+  return compose(kind, dg_client(model, sched, client_opt, kind, lam, num_domains, anneal_steps), rule)
 
-  client_update = local_update_with(make_objective, client_opt, sched)
 
-  def server_update(state: ServerState, mean_delta) -> ServerState:
-    params, rule_state = rule.apply(state.opt_state, state.params, mean_delta)
-    return ServerState(params, rule_state, state.round + 1)
+@dataclasses.dataclass(frozen=True)
+class IRMHParams:
+  lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
+                      legacy=("irm_lambda",))
+  anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
+                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
 
-  return Algorithm(
-      name=kind, server_init=lambda rng, p: ServerState(p, rule.init(p), jnp.asarray(0)),
-      client_init=lambda params: (), broadcast=lambda s: (s.params, s.round), client_update=client_update,
-      server_update=server_update, params_of=lambda s: s.params, aggregation=rule.aggregation)
+
+@dataclasses.dataclass(frozen=True)
+class VRExHParams:
+  lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
+                      legacy=("vrex_lambda",))
+  anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
+                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
+
+
+@dataclasses.dataclass(frozen=True)
+class CORALHParams:
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("coral_gamma",))
+
+
+@dataclasses.dataclass(frozen=True)
+class MMDHParams:
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("mmd_gamma",))
+
+
+@dataclasses.dataclass(frozen=True)
+class MixupHParams:
+  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1),
+                        legacy=("mixup_alpha",))
+
+
+def _spec(kind, paper, hparams, weight_field, anneal=False):
+  build = lambda ctx, hp: dg_client(ctx.model, ctx.sched, ctx.client_opt, kind, getattr(hp, weight_field),
+                                    ctx.num_domains, hp.anneal_steps if anneal else 0)
+  return MethodSpec(kind, paper, build, hparams, group="DG")
+
+
+SPECS = (
+    _spec("irm", "Arjovsky et al. 2019 (IRMv1, DomainBed)", IRMHParams, "lam", anneal=True),
+    _spec("vrex", "Krueger et al. 2021 (DomainBed)", VRExHParams, "lam", anneal=True),
+    _spec("coral", "Sun & Saenko 2016 (DomainBed)", CORALHParams, "gamma"),
+    _spec("mmd", "Li et al. 2018 (DomainBed)", MMDHParams, "gamma"),
+    _spec("mixup", "Zhang et al. 2018, inter-domain (DomainBed)", MixupHParams, "alpha"),
+)

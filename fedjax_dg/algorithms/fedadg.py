@@ -54,16 +54,19 @@ fixed-step schedule (`local_steps > 0`) the E0 phase is `e0_epochs * local_steps
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
+
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, ServerRule, erm_objective,
-                                       gradient_step, local_loop, masked_cross_entropy)
-from fedjax_dg.algorithms.fedavg import ServerState
+from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, erm_objective, gradient_step,
+                                       local_loop, make_optimizer, masked_cross_entropy)
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, compose, hparam, send
 
 LABEL_VALUE = 0.6  # y~ = 0.6 onehot(y) (authors' VLCS code and Bai et al.; 0.7 in the PACS code)
 
@@ -177,12 +180,12 @@ def erm_phase(sched: LocalSchedule, e0_epochs: int) -> LocalSchedule:
   return sched._replace(num_steps=e0_epochs * sched.num_steps, passes=e0_epochs * sched.passes)
 
 
-def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           feature_dim: int, num_classes: int, noise_dim: int = 1024, lambda0: float = 0.55,
-           gen_opt: optax.GradientTransformation | None = None,
-           disc_opt: optax.GradientTransformation | None = None, hidden: int = 1024, e0_epochs: int = 1,
-           gen_relu: bool = True, weighting: str = "examples") -> Algorithm:
-  """FedADG with server rule `rule` on the model and the generator; `D` stays on each client.
+def fedadg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, feature_dim: int,
+                  num_classes: int, noise_dim: int = 1024, lambda0: float = 0.55,
+                  gen_opt: optax.GradientTransformation | None = None,
+                  disc_opt: optax.GradientTransformation | None = None, hidden: int = 1024, e0_epochs: int = 1,
+                  gen_relu: bool = True) -> ClientSide:
+  """FedADG's clients: the rule trains `{"model", "gen"}`; `D` stays on each client.
   `gen_opt` / `disc_opt` default to `client_opt`."""
   gen = Generator(feature_dim, 4 * hidden, gen_relu)
   disc = Discriminator(hidden, hidden)
@@ -191,18 +194,15 @@ def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
   sched0 = erm_phase(sched, e0_epochs) if e0_epochs > 0 else None
   erm_step = gradient_step(erm_objective(model), client_opt)
 
-  def gen_init(rng):
-    return gen.init(rng, jnp.zeros((1, noise_dim)), jnp.zeros((1, num_classes)))["params"]
+  def nets_init(rng, params):
+    rng = jax.random.PRNGKey(0) if rng is None else rng
+    return {"model": params, "gen": gen.init(rng, jnp.zeros((1, noise_dim)), jnp.zeros((1, num_classes)))["params"]}
 
-  def client_init(params):
+  def init(params):
     del params
     return disc.init(jax.random.PRNGKey(0), jnp.zeros((1, num_classes)), jnp.zeros((1, feature_dim)))["params"]
 
-  def server_init(rng, params):
-    nets = {"model": params, "gen": gen_init(jax.random.PRNGKey(0) if rng is None else rng)}
-    return ServerState(nets, rule.init(nets))
-
-  def client_update(nets, d_params, data, rng):
+  def update(nets, extra, d_params, data, rng):
     params, opt_state = nets["model"], client_opt.init(nets["model"])
     metrics = {}
     if sched0 is not None:
@@ -213,13 +213,43 @@ def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
     carry, ce = local_loop(carry, step_fn, data, rng, sched)
     adv, l_d, l_g = carry.sums[:3] / jnp.maximum(carry.sums[3], 1.0)
     metrics.update(train_loss=ce, adv_feature_loss=adv, disc_loss=l_d, gen_loss=l_g)
-    delta = jax.tree.map(lambda a, b: a - b, {"model": carry.params, "gen": carry.gen}, nets)
-    return ClientOutput(message=delta, state=carry.disc, metrics=metrics)
+    return send({"model": carry.params, "gen": carry.gen}, nets, carry.disc, metrics)
 
-  def server_update(state: ServerState, aggregate) -> ServerState:
-    return ServerState(*rule.apply(state.opt_state, state.params, aggregate))
+  return ClientSide(update, init=init, nets_init=nets_init, params_of=lambda nets: nets["model"])
 
-  return Algorithm(
-      name="fedadg", server_init=server_init, client_init=client_init, broadcast=lambda s: s.params,
-      client_update=client_update, server_update=server_update, params_of=lambda s: s.params["model"],
-      aggregation=rule.aggregation, weighting=weighting)
+
+def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+           feature_dim: int, num_classes: int, noise_dim: int = 1024, lambda0: float = 0.55,
+           gen_opt: optax.GradientTransformation | None = None,
+           disc_opt: optax.GradientTransformation | None = None, hidden: int = 1024, e0_epochs: int = 1,
+           gen_relu: bool = True, weighting: str = "examples") -> Algorithm:
+  """FedADG with server rule `rule` on the model and the generator; `D` stays on each client."""
+  client = fedadg_client(model, sched, client_opt, feature_dim, num_classes, noise_dim, lambda0, gen_opt, disc_opt,
+                         hidden, e0_epochs, gen_relu)
+  return compose("fedadg", client, rule)._replace(weighting=weighting)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  lambda0: float = hparam(0.55, "weight of L_advf; 1 - lambda0 on CE (FedCCRL's; authors' code 0.15)", ge=0, le=1,
+                          search=Uniform(0.0, 1.0), legacy=("adg_lambda0",))
+  e0_epochs: int = hparam(1, "E0: ERM epochs before the adversarial epochs (Bai et al.: 1)", ge=0, integer=True,
+                          legacy=("adg_e0_epochs",))
+  gen_lr: float = hparam(7e-4, "generator step (seed 001 Table 7)", ge=0, legacy=("adg_gen_lr",))
+  disc_lr: float = hparam(7e-4, "discriminator step (seed 001 Table 7)", ge=0, legacy=("adg_disc_lr",))
+  noise_dim: int = hparam(1024, "generator noise size (Bai et al.; authors 2048)", ge=1, integer=True,
+                          legacy=("adg_noise_dim",))
+  hidden: int = hparam(1024, "D width and projection size; G's hidden layer is 4x", ge=1, integer=True,
+                       legacy=("adg_hidden",))
+
+
+def _client(ctx, hp):
+  with_lr = lambda lr: make_optimizer(ml_collections.ConfigDict({**ctx.config.client.to_dict(), "lr": lr}))
+  return fedadg_client(ctx.model, ctx.sched, ctx.client_opt, ctx.feature_dim(), ctx.num_classes,
+                       noise_dim=hp.noise_dim, lambda0=hp.lambda0, gen_opt=with_lr(hp.gen_lr),
+                       disc_opt=with_lr(hp.disc_lr), hidden=hp.hidden, e0_epochs=hp.e0_epochs,
+                       gen_relu=ctx.config.model.name != "cnn")  # the CNN's features end in GroupNorm: any sign
+
+
+SPEC = MethodSpec("fedadg", "Zhang et al. 2021 (paper's equations, authors' PACS code)", _client, HParams,
+                  sends=("distribution-generator update",), receives=("distribution generator",), group="FDG")

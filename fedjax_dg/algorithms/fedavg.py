@@ -5,21 +5,21 @@ objective factory, e.g. FedProx's), sending `Delta_c = theta_c - theta`.
 Server: the weighted mean `sum_c p_c Delta_c` is negated into a pseudo-gradient for an
 optax optimizer: `sgd(eta_g)` gives `theta <- theta + eta_g sum_c p_c Delta_c` (plain
 FedAvg at `eta_g = 1`), `sgd(eta_g, momentum)` FedAvgM, `adam` FedAdam, `yogi` FedYogi.
+These four are server rules (`fedavg`, `avgm`, `adam`, `yogi`) that any client side pairs
+with (`fedprox+adam`). Centralised ERM is FedAvg's client alone with all training data, and
+mini-batch SGD sends one minibatch gradient that the server steps with the local optimizer.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
+import ml_collections
 import optax
 
 from fedjax_dg.algorithms.base import (Algorithm, Batch, ClientOutput, LocalSchedule, ServerRule,
-                                       batch_indices, erm_objective, local_train)
-
-
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any  # the server rule's state (an optax state for FedAvg/FedOpt)
+                                       batch_indices, erm_objective, local_train, make_optimizer)
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, ServerState, compose, send
 
 
 def erm(model) -> Callable:
@@ -28,52 +28,66 @@ def erm(model) -> Callable:
   return lambda global_params: objective
 
 
-def optax_rule(server_opt: optax.GradientTransformation) -> ServerRule:
+def optax_rule(server_opt: optax.GradientTransformation, name: str = "fedavg") -> ServerRule:
   """FedAvg/FedOpt: `server_opt` applied to the pseudo-gradient `-mean_delta`."""
   def apply(opt_state, params, mean_delta):
     pseudo_grad = jax.tree.map(lambda d: -d, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
-  return ServerRule(server_opt.init, apply, "mean")
+  return ServerRule(server_opt.init, apply, "mean", name=name)
+
+
+def server_optimizer(kind: str, server_config) -> optax.GradientTransformation:
+  """`server.*` as the optax optimizer of rule `kind`: sgd (momentum 0), momentum, adam, yogi.
+  The step size sits in the state (`inject_hyperparams`): readable and differentiable."""
+  c = ml_collections.ConfigDict(server_config.to_dict())
+  if kind == "momentum":
+    c.optimizer = "sgd"
+  elif kind == "sgd":
+    c.optimizer, c.momentum = "sgd", 0.0
+  else:
+    c.optimizer = kind
+  c.weight_decay = 0.0
+  return make_optimizer(c, inject=True)
+
+
+def objective_client(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule,
+                     **fields) -> ClientSide:
+  """The FedAvg client on the objective `make_objective(global_params, extra)`: local
+  training from the broadcast model, sends `Delta_c`. `fields` complete the ClientSide
+  (a broadcast `extra` and the server state it comes from: FedIIR's `g~`, AFL's `beta`)."""
+  def update(global_params, extra, client_state, data, rng):
+    params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
+    return send(params, global_params, client_state, {"train_loss": loss})
+  return ClientSide(update, **fields)
 
 
 def local_update(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule):
-  """The FedAvg client: local training from the broadcast model; sends `Delta_c`.
-
-  `make_objective(global_params)` builds the local objective (ERM, FedProx, ...), so any
-  objective pairs with any server rule that consumes `Delta_c` (FedAvg, FedOMG, ...).
-  """
-  def client_update(global_params, client_state, data, rng):
-    params, loss = local_train(global_params, make_objective(global_params), client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
-  return client_update
-
-
-def local_update_with(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule):
-  """`local_update` for a broadcast `(params, extra)` whose objective is `make_objective(extra)`
-  (FedIIR's `g~`, the round counter of annealed DG penalties, ...)."""
-  def client_update(bcast, client_state, data, rng):
-    global_params, extra = bcast
-    return local_update(lambda _: make_objective(extra), client_opt, sched)(global_params, client_state, data, rng)
-  return client_update
-
-
-def federated(name: str, client_update: Callable, rule: ServerRule, weighting: str = "examples",
-              client_init: Callable = lambda params: ()) -> Algorithm:
-  """An algorithm from a client update that sends `Delta_c` and a server rule."""
-  def server_update(state: ServerState, aggregate) -> ServerState:
-    return ServerState(*rule.apply(state.opt_state, state.params, aggregate))
-  return Algorithm(
-      name=name, server_init=lambda rng, p: ServerState(p, rule.init(p)), client_init=client_init,
-      broadcast=lambda s: s.params, client_update=client_update, server_update=server_update,
-      params_of=lambda s: s.params, aggregation=rule.aggregation, weighting=weighting)
+  """`client_update(global_params, client_state, data, rng)` of the FedAvg client whose
+  objective is `make_objective(global_params)`."""
+  side = objective_client(lambda g, extra: make_objective(g), client_opt, sched)
+  return lambda g, state, data, rng: side.update(g, (), state, data, rng)
 
 
 def fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
            server_opt: optax.GradientTransformation, objective_factory: Callable | None = None,
            name: str = "fedavg") -> Algorithm:
-  return federated(name, local_update(objective_factory or erm(model), client_opt, sched), optax_rule(server_opt))
+  make = objective_factory or erm(model)
+  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched), optax_rule(server_opt))
+
+
+def minibatch_client(model, batch_size: int) -> ClientSide:
+  """One minibatch gradient at the global model, sent as `Delta_c = -g` (so any rule's
+  pseudo-gradient `-mean Delta` is the averaged gradient)."""
+  objective = erm_objective(model)
+  sched = LocalSchedule(num_steps=1, batch_size=batch_size, epochs=0, passes=1, unroll=1)
+
+  def update(global_params, extra, client_state, data, rng):
+    idx, mask = batch_indices(rng, data.count, data.y.shape[0], sched)
+    batch = Batch(data.x[idx[0]], data.y[idx[0]], data.domain[idx[0]], mask[0])
+    (loss, _), grad = jax.value_and_grad(objective, has_aux=True)(global_params, batch, rng)
+    return ClientOutput(message=jax.tree.map(lambda g: -g, grad), state=client_state, metrics={"train_loss": loss})
+  return ClientSide(update)
 
 
 def minibatch_sgd(model, batch_size: int, optimizer: optax.GradientTransformation) -> Algorithm:
@@ -81,20 +95,35 @@ def minibatch_sgd(model, batch_size: int, optimizer: optax.GradientTransformatio
   global model, the server averages them (weighted by examples) and takes one step of
   `optimizer` (the configured client optimizer, run at the server). A round is one step.
   """
-  objective = erm_objective(model)
-  sched = LocalSchedule(num_steps=1, batch_size=batch_size, epochs=0, passes=1, unroll=1)
+  return compose("minibatch_sgd", minibatch_client(model, batch_size), optax_rule(optimizer, "local_opt"))
 
-  def client_update(global_params, client_state, data, rng):
-    idx, mask = batch_indices(rng, data.count, data.y.shape[0], sched)
-    batch = Batch(data.x[idx[0]], data.y[idx[0]], data.domain[idx[0]], mask[0])
-    (loss, _), grad = jax.value_and_grad(objective, has_aux=True)(global_params, batch, rng)
-    return ClientOutput(message=grad, state=client_state, metrics={"train_loss": loss})
 
-  def server_update(state, mean_grad):
-    updates, opt_state = optimizer.update(mean_grad, state.opt_state, state.params)
-    return ServerState(optax.apply_updates(state.params, updates), opt_state)
+# --- specs -------------------------------------------------------------------------------------
 
-  return Algorithm(
-      name="minibatch_sgd", server_init=lambda rng, p: ServerState(p, optimizer.init(p)),
-      client_init=lambda params: (), broadcast=lambda s: s.params, client_update=client_update,
-      server_update=server_update, params_of=lambda s: s.params)
+def erm_client(ctx, hp) -> ClientSide:
+  objective = erm_objective(ctx.model)
+  return objective_client(lambda g, extra: objective, ctx.client_opt, ctx.sched)
+
+
+def _optax_rule_spec(name: str, kind: str, doc: str) -> RuleSpec:
+  return RuleSpec(name, lambda ctx, hp: optax_rule(server_optimizer(kind, ctx.config.server), name), doc=doc)
+
+
+RULES = (
+    _optax_rule_spec("fedavg", "sgd", "`theta + eta_g sum_c p_c Delta_c` (`server.lr`)"),
+    _optax_rule_spec("avgm", "momentum", "server SGD with momentum `server.momentum` on `-mean Delta`"),
+    _optax_rule_spec("adam", "adam", "Adam (`server.b1`, `b2`, `eps`) on `-mean Delta`"),
+    _optax_rule_spec("yogi", "yogi", "Yogi (`server.b1`, `b2`, `eps`) on `-mean Delta`"),
+    RuleSpec("local_opt", lambda ctx, hp: optax_rule(make_optimizer(ctx.config.client), "local_opt"),
+             doc="the configured client optimizer, stepped at the server on the mean gradient"),
+)
+
+SPECS = (
+    MethodSpec("erm", "centralised ERM (Bai et al. C = 1 column)", erm_client, centralised=True, group="baseline"),
+    MethodSpec("minibatch_sgd", "mini-batch SGD", lambda ctx, hp: minibatch_client(ctx.model, ctx.config.client.batch_size),
+               rule="local_opt", sends=("gradient (instead of an update)",), group="baseline"),
+    MethodSpec("fedavg", "McMahan et al. 2017", erm_client),
+    MethodSpec("fedavgm", "Hsu et al. 2019", erm_client, rule="avgm"),
+    MethodSpec("fedadam", "Reddi et al. 2021", erm_client, rule="adam"),
+    MethodSpec("fedyogi", "Reddi et al. 2021", erm_client, rule="yogi"),
+)

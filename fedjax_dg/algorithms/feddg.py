@@ -17,6 +17,7 @@ Server: FedAvg's rule.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -24,14 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_train, masked_cross_entropy
-from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, compose, hparam, send
 from fedjax_dg.data.augment import to_float
-
-
-def amplitude_spectrum(x):
-  """`|FFT2(x)|` over the image axes of `[..., H, W, C]` images."""
-  return jnp.abs(jnp.fft.fft2(x, axes=(-3, -2)))
 
 
 def low_freq_window(h: int, w: int, ratio: float):
@@ -69,8 +65,8 @@ def amplitude_bank(store, bank_size: int, seed: int = 0) -> np.ndarray:
   return np.asarray(jnp.abs(jnp.fft.fft2(imgs, axes=(-3, -2))))
 
 
-def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-          bank: np.ndarray, window_ratio: float):
+def feddg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, bank: np.ndarray,
+                 window_ratio: float) -> ClientSide:
   """FedDG clients; `bank` from `amplitude_bank` over the training clients."""
   bank = jnp.asarray(bank)
   num_clients, bank_size = bank.shape[:2]
@@ -89,9 +85,37 @@ def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
       return masked_cross_entropy(logits, y, m), {}
     return objective
 
-  def client_update(global_params, client_state, data, rng):
+  def update(global_params, extra, client_state, data, rng):
     params, loss = local_train(global_params, make_objective(data.client_id), client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+    return send(params, global_params, client_state, {"train_loss": loss})
+  return ClientSide(update)
 
-  return federated("feddg", client_update, rule)
+
+def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+          bank: np.ndarray, window_ratio: float):
+  return compose("feddg", feddg_client(model, sched, client_opt, bank, window_ratio), rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  window: float = hparam(0.25, "low-frequency window ratio r: half-width floor(r min(H, W) / 2) (ours)", ge=0, le=1,
+                         search=Uniform(0.0, 0.5), legacy=("fdg_window",))
+  bank_size: int = hparam(16, "amplitude spectra per client in the server's bank (ours)", ge=1, integer=True,
+                          legacy=("fdg_bank_size",))
+
+
+def _bank(ctx, hp):
+  if ctx.store is None:
+    raise ValueError("algorithm.name='feddg' needs the training client store for its amplitude bank")
+  if ctx.store.x.ndim != 5:
+    raise ValueError(f"algorithm.name='feddg' needs image inputs [H, W, C]; got inputs of shape {ctx.store.x.shape[2:]}")
+  return amplitude_bank(ctx.store, hp.bank_size, ctx.config.seed)
+
+
+SPEC = MethodSpec(
+    "feddg", "Liu et al. 2021 (ELCFS)",
+    lambda ctx, hp: feddg_client(ctx.model, ctx.sched, ctx.client_opt, _bank(ctx, hp), hp.window), HParams,
+    sends=("amplitude spectra of its images (once)",), receives=("other clients' amplitude spectra (once)",),
+    leaks_data=True, group="FDG",
+    # every client uploads its part of the bank and downloads the whole bank
+    setup_bytes=lambda ctx, hp: (1 + ctx.num_clients) * _bank(ctx, hp).nbytes)

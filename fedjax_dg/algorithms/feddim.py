@@ -11,25 +11,26 @@ clients; for class `k` over the clients that have class `k`), then
 `I_bar <- (1 - m) I_bar + m I_g` (eq. 6), `I_bar[k]` initialised from the first round in
 which some client has class `k`. A class that no sampled client has keeps its `I_bar`,
 and the regulariser is off for a class whose `I_bar` is not initialised yet.
-The client sends `(Delta_c, has_k I_c^(k), has_k)`, so the uniform mean over the cohort
-gives exactly those per-class means and the aggregate stays a sum (chunkable, shardable).
+The client sends `Delta_c` and `(has_k I_c^(k), has_k)`, so the uniform mean over the cohort
+gives exactly those per-class means and the aggregate stays a sum (chunkable, shardable);
+the insight means stay uniform when a rule weighs the updates otherwise (`feddim+omg`).
 Needs a linear head (`model.head_hidden = ()`).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, ServerRule, in_chunks,
-                                       local_train, masked_cross_entropy)
+from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, in_chunks, local_train,
+                                       masked_cross_entropy)
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
 
 
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any
+class Side(NamedTuple):
   i_bar: jax.Array        # [K, d, K] global mean insight matrix per class
   initialized: jax.Array  # [K] bool
 
@@ -71,12 +72,8 @@ def momentum_update(i_bar, initialized, mean_weighted, mean_has, m: float):
   return jnp.where(present[:, None, None], new, i_bar), initialized | present
 
 
-def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           lam: float, momentum: float, num_classes: int, feature_dim: int, stat_chunk: int = 256,
-           name: str = "feddim") -> Algorithm:
-  if rule.aggregation != "mean":
-    raise ValueError("feddim: the server rule must aggregate by mean")
-
+def feddim_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, lam: float,
+                  momentum: float, num_classes: int, feature_dim: int, stat_chunk: int = 256) -> ClientSide:
   def objective_for(i_bar, initialized):
     def objective(params, batch, rng):
       del rng
@@ -86,27 +83,48 @@ def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
       return ce + lam * reg, {"insight_reg": reg}
     return objective
 
-  def client_update(bcast, client_state, data, rng):
-    global_params, i_bar, initialized = bcast
-    params, loss = local_train(global_params, objective_for(i_bar, initialized), client_opt, data, rng, sched)
+  def update(global_params, extra, client_state, data, rng):
+    params, loss = local_train(global_params, objective_for(*extra), client_opt, data, rng, sched)
     z = in_chunks(lambda xb: model.features(params, xb), data.x, stat_chunk)
     means, has = class_mean_insights(_head_kernel(params), z, data.y, data.mask, num_classes)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    msg = (delta, means * has[:, None, None], has)
-    return ClientOutput(message=msg, state=client_state, metrics={"train_loss": loss})
+    return send(params, global_params, client_state, {"train_loss": loss}, side=(means * has[:, None, None], has))
 
-  def server_update(state: ServerState, mean_msg) -> ServerState:
-    mean_delta, mean_weighted, mean_has = mean_msg
-    params, rule_state = rule.apply(state.opt_state, state.params, mean_delta)
-    i_bar, initialized = momentum_update(state.i_bar, state.initialized, mean_weighted, mean_has, momentum)
-    return ServerState(params, rule_state, i_bar, initialized)
+  def side_update(side: Side, mean_side, round_) -> Side:
+    mean_weighted, mean_has = mean_side
+    return Side(*momentum_update(side.i_bar, side.initialized, mean_weighted, mean_has, momentum))
 
-  def server_init(rng, params):
+  def side_init(rng, params):
     _head_kernel(params)
-    return ServerState(params, rule.init(params), jnp.zeros((num_classes, feature_dim, num_classes)),
-                       jnp.zeros(num_classes, bool))
+    return Side(jnp.zeros((num_classes, feature_dim, num_classes)), jnp.zeros(num_classes, bool))
 
-  return Algorithm(
-      name=name, server_init=server_init, client_init=lambda params: (),
-      broadcast=lambda s: (s.params, s.i_bar, s.initialized), client_update=client_update,
-      server_update=server_update, params_of=lambda s: s.params, aggregation="mean", weighting="uniform")
+  return ClientSide(update, side_init=side_init, side_update=side_update,
+                    broadcast=lambda side, round_: (side.i_bar, side.initialized), weighting="uniform")
+
+
+def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+           lam: float, momentum: float, num_classes: int, feature_dim: int, stat_chunk: int = 256,
+           name: str = "feddim") -> Algorithm:
+  return compose(name, feddim_client(model, sched, client_opt, lam, momentum, num_classes, feature_dim,
+                                     stat_chunk), rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  lam: float = hparam(1e-2, "regulariser weight (seed 004: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1),
+                      legacy=("dim_lambda",))
+  momentum: float = hparam(0.5, "momentum m of the global insight matrices (eq. 6)", gt=0, le=1,
+                           legacy=("dim_momentum",))
+
+
+def _check(config, hp):
+  if tuple(config.model.head_hidden) != ():
+    return "model.head_hidden: FedDIM needs a linear head, set it to ()"
+  return None
+
+
+SPEC = MethodSpec(
+    "feddim", "seed 004 (Alg. 1)",
+    lambda ctx, hp: feddim_client(ctx.model, ctx.sched, ctx.client_opt, hp.lam, hp.momentum, ctx.num_classes,
+                                  ctx.feature_dim()),
+    HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
+    check=_check)

@@ -9,6 +9,7 @@ step size; here they are separate fields. With `tau = 0` every mask entry is 1: 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import erm, federated, local_update
+from fedjax_dg.algorithms.fedavg import erm, erm_client, objective_client
+from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, compose, hparam
 
 
 def gma_mask(deltas, valid, tau: float):
@@ -37,9 +39,21 @@ def gma_rule(server_lr: float, tau: float) -> ServerRule:
     mean_delta = jax.tree.map(lambda d: jnp.tensordot(p, d, axes=1), stacked.messages)
     mask = gma_mask(stacked.messages, valid, tau)
     return jax.tree.map(lambda th, m, d: th + server_lr * m * d, params, mask, mean_delta), rule_state
-  return ServerRule(lambda params: (), apply, "stack")
+  return ServerRule(lambda params: (), apply, "stack", name="gma")
 
 
 def fedgma(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, server_lr: float, tau: float,
            objective_factory: Callable | None = None, name: str = "fedgma") -> Algorithm:
-  return federated(name, local_update(objective_factory or erm(model), client_opt, sched), gma_rule(server_lr, tau))
+  make = objective_factory or erm(model)
+  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched), gma_rule(server_lr, tau))
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  tau: float = hparam(0.4, "mask threshold (seed 001 App. D: 0.1 or 0.4)", ge=0, le=1, search=Uniform(0.0, 1.0),
+                      legacy=("gma_tau",))
+
+
+RULE = RuleSpec("gma", lambda ctx, hp: gma_rule(ctx.config.server.lr, hp.tau), HParams,
+                doc="sign-agreement mask on the weighted mean update, step `server.lr`")
+SPEC = MethodSpec("fedgma", "Tenison et al. 2022", erm_client, rule="gma", group="FDG")

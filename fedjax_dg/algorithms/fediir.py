@@ -18,26 +18,21 @@ mean of Alg. 1 (`fediir`), and FedIIR+OMG pairs the same clients with FedOMG's r
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks, masked_cross_entropy
-from fedjax_dg.algorithms.fedavg import local_update_with
+from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, in_chunks, masked_cross_entropy,
+                                       tree_sq_dist)
+from fedjax_dg.algorithms.fedavg import objective_client
+from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, compose, hparam
 
 
-class ServerState(NamedTuple):
-  params: Any
-  opt_state: Any  # the server rule's state
-  g_tilde: Any    # EMA of the cohort's mean head gradient, shaped like params["classifier"]
-
-
-def head_gradient(model, params, x, y, mask):
-  """`grad_psi` of the masked mean cross-entropy, through the features of `x`."""
-  z = model.features(params, x)
-  return jax.grad(lambda psi: masked_cross_entropy(model.head(psi, z), y, mask))(params["classifier"])
+class Side(NamedTuple):
+  g_tilde: Any  # EMA of the cohort's mean head gradient, shaped like params["classifier"]
 
 
 def iir_penalty(model, params, batch, g_tilde):
@@ -45,8 +40,7 @@ def iir_penalty(model, params, batch, g_tilde):
   z = model.features(params, batch.x)
   head_loss = lambda psi: masked_cross_entropy(model.head(psi, z), batch.y, batch.mask)
   loss, g_psi = jax.value_and_grad(head_loss)(params["classifier"])
-  pen = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(g_psi), jax.tree.leaves(g_tilde)))
-  return pen, loss
+  return tree_sq_dist(g_psi, g_tilde), loss
 
 
 def iir_objective(model, gamma: float, g_tilde):
@@ -57,33 +51,41 @@ def iir_objective(model, gamma: float, g_tilde):
   return objective
 
 
-def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           gamma: float, ema: float = 0.95, stat_chunk: int = 256, name: str = "fediir",
-           weighting: str = "uniform") -> Algorithm:
-  """FedIIR clients with the server rule `rule` (FedAvg's or FedOMG's)."""
+def fediir_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, gamma: float,
+                  ema: float = 0.95, stat_chunk: int = 256):
+  """FedIIR's clients: the pre-round head gradient, the EMA `g~` on the server, the penalised objective."""
 
-  def client_stat(bcast, client_state, data, rng):
-    params, _ = bcast
+  def stat(params, g_tilde, client_state, data, rng):
     # Features in chunks (a head gradient needs no featurizer gradient), then one
     # full-batch head gradient over the real rows.
     z = in_chunks(lambda xb: model.features(params, xb), data.x, stat_chunk)
     return jax.grad(lambda psi: masked_cross_entropy(model.head(psi, z), data.y, data.mask))(params["classifier"])
 
-  def server_prepare(state: ServerState, mean_grad) -> ServerState:
-    g_tilde = jax.tree.map(lambda g, gw: ema * g + (1 - ema) * gw, state.g_tilde, mean_grad)
-    return state._replace(g_tilde=g_tilde)
+  def prepare(side: Side, mean_grad, round_) -> Side:
+    return Side(jax.tree.map(lambda g, gw: ema * g + (1 - ema) * gw, side.g_tilde, mean_grad))
 
-  client_update = local_update_with(lambda g_tilde: iir_objective(model, gamma, g_tilde), client_opt, sched)
+  return objective_client(
+      lambda g, g_tilde: iir_objective(model, gamma, g_tilde), client_opt, sched,
+      side_init=lambda rng, params: Side(jax.tree.map(jnp.zeros_like, params["classifier"])),
+      broadcast=lambda side, round_: side.g_tilde, stat=stat, prepare=prepare, weighting="uniform")
 
-  def server_update(state: ServerState, aggregate) -> ServerState:
-    params, rule_state = rule.apply(state.opt_state, state.params, aggregate)
-    return state._replace(params=params, opt_state=rule_state)
 
-  def server_init(rng, params):
-    return ServerState(params, rule.init(params), jax.tree.map(jnp.zeros_like, params["classifier"]))
+def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+           gamma: float, ema: float = 0.95, stat_chunk: int = 256, name: str = "fediir",
+           weighting: str = "uniform") -> Algorithm:
+  """FedIIR clients with the server rule `rule` (FedAvg's or FedOMG's)."""
+  alg = compose(name, fediir_client(model, sched, client_opt, gamma, ema, stat_chunk), rule)
+  return alg._replace(weighting=weighting)
 
-  return Algorithm(
-      name=name, server_init=server_init, client_init=lambda params: (),
-      broadcast=lambda s: (s.params, s.g_tilde), client_update=client_update,
-      server_update=server_update, params_of=lambda s: s.params, aggregation=rule.aggregation,
-      weighting=weighting, client_stat=client_stat, server_prepare=server_prepare)
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  gamma: float = hparam(1e-2, "penalty coefficient (seed 003 Table 3: RotatedMNIST 1e-2)", ge=0,
+                        search=LogUniform(1e-4, 1.0), legacy=("iir_gamma",))
+  ema: float = hparam(0.95, "EMA of the global head gradient (seed 003 App. C)", ge=0, lt=1, legacy=("iir_ema",))
+
+
+SPEC = MethodSpec(
+    "fediir", "seed 003 (Alg. 1)",
+    lambda ctx, hp: fediir_client(ctx.model, ctx.sched, ctx.client_opt, hp.gamma, hp.ema),
+    HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="seed")

@@ -1,50 +1,64 @@
 """FedLOE (seed 000): Federated DG via Locally Overfit Ensembles.
 
 Stage 1 is FedAvg with infrequent communication: `T1` local Adam steps in total, averaged
-at `|T1_sync|` synchronisation points, i.e. `fedavg` with `local_steps = T1 / |T1_sync|`
+at `|T1_sync|` synchronisation points, i.e. FedAvg with `local_steps = T1 / |T1_sync|`
 for `|T1_sync|` rounds ("Our FedAvg" of Tables 2-4 is this stage alone).
 
-Stage 2 (App. C, Alg. 1), with the featurizer `g_theta` frozen, repeated `|T2_sync|` times:
-  2.1 every client trains only its own linear head `psi_c` (SGD, from its previous head;
-      all heads start from the stage-1 head) on its training split;
-  2.2 every client `c'` computes the logits of every head on its tuning split
-      (10% of its data), `yhat_{c', c} = g(x_{c'}^tune) psi_c`, and sends them with labels;
-      the server solves eq. (11)
+Stage 2 (App. C, Alg. 1, eq. 12), with the featurizer `g_theta` frozen, one engine round per
+synchronisation, `|T2_sync|` rounds (Table 5: 4 syncs of 8 iterations in all, i.e. 2 local
+iterations per sync, SGD lr 0.05, weight decay 5e-4):
+  2.1 (update phase) every client trains only its own linear head `psi_c` (client state,
+      starting from the stage-1 head) for `head_steps` SGD iterations on its training split
+      and sends it;
+  2.2 (post-round report) every client `c'` computes the logits of every head on its tuning
+      split (10% of its data), `yhat_{c', c} = g(x_{c'}^tune) psi_c`, and sends them with
+      labels; the server solves eq. (11)
           phi* = argmin_phi sum_c' p_c' E_c'[CE(sum_c phi_c yhat_{c', c}, y)] + lambda r(phi)
-      with `r` one of (App. C.1, clients as domains, R_c' the client's mean CE):
-          irm:  sum_c' (d/dw R_c'(w * logits) at w = 1)^2
-          fish: -sum_{c' != c''} <grad_phi R_c', grad_phi R_c''>
-          rex:  variance over clients of R_c'
-      and the new head is `psi = sum_c phi*_c psi_c` (exact: the heads are linear, so the
-      combined logits are the logits of the combined head).
-The server's problem is solved by `solver_steps` of Adam from uniform `phi = 1/C`
-(App. C.1 gives the objective, not the solver). Fish is used in the penalty form that
-App. C.1 writes (cheap here: `phi` has C entries), not DomainBed's first-order meta
-update. With `lambda = 0` and no solver steps, stage 2 is plain head averaging.
+      over unconstrained `phi in R^C` (clients as domains, `R_c'` the client's mean CE) with
+          irm:  sum_c' (d/dw R_c'(w * logits) at w = 1)^2          (App. C.1)
+          rex:  Var_c'[R_c']  (the variance across clients, as eq. (3) defines r_REx)
+      by `solver_steps` of Adam from uniform `phi = 1/C` (App. C.1 gives the objective, not
+      the solver); and the new head is `psi = sum_c phi*_c psi_c` (exact: the heads are
+      linear, so the combined logits are the logits of the combined head).
+  Fish: Table 5 gives FedLOE-Fish a meta learning rate (0.05), i.e. Fish's first-order
+      update (Shi et al. 2022), not App. C.1's penalty `-sum <grad R_c, grad R_c'>`, which is
+      unbounded below on unconstrained `phi` (the optimum runs off and inverts the head).
+      Per solver step: `phi~ <- phi`, one SGD step of `phi~` on `R_c'` for every reporting
+      client in turn (step `solver_lr`), then `phi <- phi + meta_lr (phi~ - phi)`.
+With `lambda = 0` and no solver steps, stage 2 is plain head averaging.
+Both stages run through the engine (strategies, host store, checkpoints); model
+selection for FedLOE considers the final stage's evaluations only.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
-from fedjax_dg.algorithms.base import ClientData, LocalSchedule, in_chunks, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, in_chunks, local_train,
+                                       make_optimizer, make_schedule, masked_cross_entropy)
+from fedjax_dg.algorithms.fedavg import erm_client
+from fedjax_dg.algorithms.spec import Choice, LogUniform, MethodSpec, Stage, hparam
 from fedjax_dg.objectives import vrex_penalty
 
 PENALTIES = ("none", "irm", "fish", "rex")
 
 
 class Stage2State(NamedTuple):
-  heads: dict      # every client's head psi_c, stacked [C, ...]
-  head: dict       # the combined head psi
+  params: dict     # the model: the frozen featurizer and the combined head psi
+  heads: dict      # every client's last head psi_c, stacked [C, ...]
   phi: jax.Array   # [C] the last combination weights
+  round: jax.Array
 
 
-def client_logits(model, featurizer_params, heads, x, chunk: int = 256):
-  """`yhat[i, c] = h_{psi_c}(g(x_i))`: logits of every head on one client's rows, `[N, C, K]`."""
-  z = in_chunks(lambda xb: model.module.featurizer.apply({"params": featurizer_params}, xb), x, chunk)
+def client_logits(model, params, heads, x, chunk: int = 256):
+  """`yhat[i, c] = h_{psi_c}(g(x_i))`: logits of every head on one client's rows, `[N, C, K]`
+  (features through `model.features`, i.e. the model's input preprocessing)."""
+  z = in_chunks(lambda xb: model.features(params, xb), x, chunk)
   return jax.vmap(lambda psi: model.head(psi, z), out_axes=1)(heads)
 
 
@@ -55,6 +69,7 @@ def per_client_losses(phi, logits, y, mask):
 
 
 def invariance_penalty(kind: str, phi, logits, y, mask):
+  """`r(phi)` of App. C.1 (`fish`: the penalty as written there; the solver uses Fish's update)."""
   if kind == "none":
     return jnp.asarray(0.0)
   if kind == "irm":
@@ -63,8 +78,7 @@ def invariance_penalty(kind: str, phi, logits, y, mask):
     g = jax.jacfwd(scaled)(jnp.asarray(1.0))           # [C'] d/dw R_c' at w = 1
     return jnp.sum(g ** 2)
   if kind == "rex":
-    r = per_client_losses(phi, logits, y, mask)
-    return r.shape[0] * vrex_penalty(r)                 # sum_c' (R_c' - mean R)^2
+    return vrex_penalty(per_client_losses(phi, logits, y, mask))     # Var_c' R_c' (eq. 3)
   if kind == "fish":
     grads = jax.jacrev(lambda f: per_client_losses(f, logits, y, mask))(phi)   # [C', C]
     gram = grads @ grads.T
@@ -79,8 +93,28 @@ def manager_objective(phi, logits, y, mask, weights, kind: str, lam: float):
   return jnp.sum(p * r) + lam * invariance_penalty(kind, phi, logits, y, mask)
 
 
-def solve_manager(logits, y, mask, weights, kind: str, lam: float, steps: int, lr: float):
-  """`phi*` by Adam from the uniform combination."""
+def fish_manager(logits, y, mask, weights, steps: int, lr: float, meta_lr: float):
+  """FedLOE-Fish's `phi`: Fish's first-order update over the reporting clients (rows with
+  `weights > 0`), from the uniform combination."""
+  C = logits.shape[2]
+  risk = lambda phi, m: per_client_losses(phi, logits[m][None], y[m][None], mask[m][None])[0]
+
+  def inner(phi_t, m):
+    step = phi_t - lr * jax.grad(risk)(phi_t, m)
+    return jnp.where(weights[m] > 0, step, phi_t), None
+
+  def meta(phi, _):
+    phi_t, _ = jax.lax.scan(inner, phi, jnp.arange(logits.shape[0]))
+    return phi + meta_lr * (phi_t - phi), None
+
+  phi, _ = jax.lax.scan(meta, jnp.full((C,), 1.0 / C), None, length=steps)
+  return phi
+
+
+def solve_manager(logits, y, mask, weights, kind: str, lam: float, steps: int, lr: float, meta_lr: float = 0.05):
+  """`phi*` of eq. (11) by Adam from the uniform combination (`fish`: `fish_manager`)."""
+  if kind == "fish":
+    return fish_manager(logits, y, mask, weights, steps, lr, meta_lr)
   C = logits.shape[2]
   opt = optax.adam(lr)
   phi = jnp.full((C,), 1.0 / C)
@@ -99,36 +133,92 @@ def combine_heads(phi, heads):
   return jax.tree.map(lambda h: jnp.tensordot(phi, h, axes=1), heads)
 
 
-def make_stage2(model, sched: LocalSchedule, lr: float, kind: str, lam: float, solver_steps: int = 200,
-                solver_lr: float = 0.05):
-  """Returns `stage2_round(state, featurizer_params, train_store, tune_store, rng) -> state`,
-  one jitted synchronisation (2.1 then 2.2) for all clients, vectorised with `vmap`."""
+def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, tune_store, kind: str, lam: float,
+           num_clients: int, solver_steps: int = 200, solver_lr: float = 0.05, meta_lr: float = 0.05) -> Algorithm:
+  """Stage 2 as an engine algorithm: heads trained in the update phase (client state), the
+  invariant manager fed by the post-round report of tuning-split logits."""
   if kind not in PENALTIES:
-    raise ValueError(f"algorithm.loe_penalty: unknown {kind!r}; choose one of {PENALTIES}")
-  opt = optax.sgd(lr)
+    raise ValueError(f"algorithm.fedloe.penalty: unknown {kind!r}; choose one of {PENALTIES}")
+  tune = jax.tree.map(jnp.asarray, tune_store)
+  n_tune = tune.y.shape[1]
 
-  def train_head(featurizer_params, head, data: ClientData, rng):
-    def objective(psi, batch, rng_):
-      z = model.module.featurizer.apply({"params": featurizer_params}, batch.x)
+  def head_objective(params):
+    def objective(psi, batch, rng):
+      z = jax.lax.stop_gradient(model.features(params, batch.x))
       return masked_cross_entropy(model.head(psi, z), batch.y, batch.mask), {}
-    head, _ = local_train(head, objective, opt, data, rng, sched)
-    return head
+    return objective
 
-  @jax.jit
-  def stage2_round(state: Stage2State, featurizer_params, train_store, tune_store, rng):
-    C = train_store.counts.shape[0]
-    rngs = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(C))
-    data = ClientData(train_store.x, train_store.y, train_store.domain, train_store.counts, jnp.arange(C))
-    heads = jax.vmap(train_head, in_axes=(None, 0, 0, 0))(featurizer_params, state.heads, data, rngs)   # 2.1
-    logits = jax.vmap(lambda x: client_logits(model, featurizer_params, heads, x))(tune_store.x)         # 2.2
-    mask = (jnp.arange(tune_store.y.shape[1])[None] < tune_store.counts[:, None]).astype(jnp.float32)
-    phi = solve_manager(logits, tune_store.y, mask, tune_store.counts.astype(jnp.float32), kind, lam,
-                        solver_steps, solver_lr)
-    return Stage2State(heads, combine_heads(phi, heads), phi)
+  def server_init(rng, params):
+    heads = jax.tree.map(lambda h: jnp.broadcast_to(h, (num_clients,) + h.shape).copy(), params["classifier"])
+    return Stage2State(params, heads, jnp.full((num_clients,), 1.0 / num_clients), jnp.asarray(0, jnp.int32))
 
-  return stage2_round
+  def client_update(b, psi, data, rng):                                          # 2.1
+    params, _ = b
+    psi, loss = local_train(psi, head_objective(params), head_opt, data, rng, sched)
+    return ClientOutput((psi, data.client_id), psi, {"train_loss": loss})
+
+  def server_update(s: Stage2State, stacked) -> Stage2State:
+    new, ids = stacked.messages
+    ids = jnp.where(stacked.weights > 0, ids, num_clients)
+    heads = jax.tree.map(lambda H, h: H.at[ids].set(h, mode="drop"), s.heads, new)
+    return s._replace(heads=heads, round=s.round + 1)
+
+  def client_report(b, psi, data, rng):                                          # 2.2, clients
+    params, heads = b
+    c = data.client_id
+    logits = client_logits(model, params, heads, tune.x[c])
+    return logits, tune.y[c], (jnp.arange(n_tune) < tune.counts[c]).astype(jnp.float32)
+
+  def server_finish(s: Stage2State, stacked) -> Stage2State:                     # 2.2, server
+    logits, y, mask = stacked.messages
+    weights = jnp.sum(mask, 1) * (stacked.weights > 0)
+    phi = solve_manager(logits, y, mask, weights, kind, lam, solver_steps, solver_lr, meta_lr)
+    return s._replace(params={**s.params, "classifier": combine_heads(phi, s.heads)}, phi=phi)
+
+  return Algorithm(
+      name="fedloe_stage2", server_init=server_init, client_init=lambda params: params["classifier"],
+      broadcast=lambda s: (s.params, s.heads), client_update=client_update, server_update=server_update,
+      params_of=lambda s: s.params, aggregation="stack", weighting="uniform", client_report=client_report,
+      server_finish=server_finish, report_aggregation="stack")
 
 
-def init_stage2(head, num_clients: int) -> Stage2State:
-  heads = jax.tree.map(lambda h: jnp.broadcast_to(h, (num_clients,) + h.shape).copy(), head)
-  return Stage2State(heads, head, jnp.full((num_clients,), 1.0 / num_clients))
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1,
+                                legacy=("loe_tune_fraction",))
+  stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True,
+                              legacy=("loe_stage2_rounds",))
+  head_steps: int = hparam(2, "stage-2 local SGD iterations per sync (Table 5: 8 iterations / 4 syncs)", ge=1,
+                           integer=True)
+  head_lr: float = hparam(0.05, "stage-2 SGD step (Table 5)", gt=0, legacy=("loe_head_lr",))
+  head_weight_decay: float = hparam(5e-4, "stage-2 weight decay (Table 5)", ge=0)
+  penalty: str = hparam("irm", "the invariant manager's DG method", choices=PENALTIES, legacy=("loe_penalty",))
+  lam: float = hparam(100.0, "IRM / REx lambda (Table 5)", ge=0, search=LogUniform(1.0, 1e3), legacy=("loe_lambda",))
+  meta_lr: float = hparam(0.05, "Fish meta step (Table 5: 0.05 PACS/OfficeHome, 0.01 IWildCam)", gt=0, le=1,
+                          search=Choice((0.01, 0.05, 0.1)))
+  solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True, legacy=("loe_solver_steps",))
+  solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0, legacy=("loe_solver_lr",))
+
+
+def _stage2(ctx, hp: HParams) -> Algorithm:
+  counts = ctx.store.counts
+  sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, int(counts.max()), int(counts.min()),
+                        ctx.sched.unroll)
+  head_opt = make_optimizer(ml_collections.ConfigDict(
+      {"optimizer": "sgd", "lr": hp.head_lr, "momentum": 0.0, "weight_decay": hp.head_weight_decay}))
+  return stage2(ctx.model, sched, head_opt, ctx.tune_store, hp.penalty, hp.lam, ctx.num_clients, hp.solver_steps,
+                hp.solver_lr, hp.meta_lr)
+
+
+def _check(config, hp):
+  if tuple(config.model.head_hidden) != ():
+    return "model.head_hidden: FedLOE combines linear heads, set it to ()"
+  return None
+
+
+SPEC = MethodSpec(
+    "fedloe", "seed 000 (App. C, Alg. 1)", erm_client, HParams,
+    sends=("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
+    receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
+    tune_fraction=lambda hp: hp.tune_fraction,
+    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds),))

@@ -21,6 +21,7 @@ method as published, and the solver settings are exposed.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -29,7 +30,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import erm, federated, local_update
+from fedjax_dg.algorithms.fedavg import erm_client, erm, objective_client
+from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, compose, hparam
 
 
 def omg_direction(updates, kappa: float, lr: float = 25.0, momentum: float = 0.5, steps: int = 20,
@@ -77,19 +79,34 @@ def omg_direction(updates, kappa: float, lr: float = 25.0, momentum: float = 0.5
 
 def omg_rule(server_lr: float, kappa: float, lr: float = 25.0, momentum: float = 0.5,
              steps: int = 20) -> ServerRule:
-  """Server rule on `Stacked(deltas, weights)`: `theta <- theta + eta_g d`, `G_i = p_i Delta_i`."""
+  """Server rule on `Stacked(deltas, weights)`: `theta <- theta + eta_g d`, `G_i = p_i Delta_i`
+  with `p_i` the clients' data fractions (seed 002), whatever the client side's weighting."""
   def apply(rule_state, params, stacked):
     p = stacked.weights / jnp.sum(stacked.weights)
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])(stacked.messages)       # [N, P]
     d = omg_direction(p[:, None] * flat, kappa, lr, momentum, steps, mask=stacked.weights > 0)
     _, unravel = ravel_pytree(params)
     return jax.tree.map(lambda a, b: a + server_lr * b, params, unravel(d)), rule_state
-  return ServerRule(lambda params: (), apply, "stack")
+  return ServerRule(lambda params: (), apply, "stack", name="omg", weighting="examples")
 
 
 def fedomg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, server_lr: float,
            kappa: float, solver_lr: float = 25.0, solver_momentum: float = 0.5, solver_steps: int = 20,
            objective_factory: Callable | None = None, name: str = "fedomg") -> Algorithm:
   """FedOMG paired with any local objective factory (ERM by default; FedProx, FedSAM, ...)."""
-  return federated(name, local_update(objective_factory or erm(model), client_opt, sched),
-                   omg_rule(server_lr, kappa, solver_lr, solver_momentum, solver_steps))
+  make = objective_factory or erm(model)
+  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched),
+                 omg_rule(server_lr, kappa, solver_lr, solver_momentum, solver_steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0), legacy=("omg_kappa",))
+  lr: float = hparam(25.0, "solver step (authors' code)", gt=0, legacy=("omg_lr",))
+  momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1, legacy=("omg_momentum",))
+  steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True, legacy=("omg_steps",))
+
+
+RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.config.server.lr, hp.kappa, hp.lr, hp.momentum, hp.steps),
+                HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`")
+SPEC = MethodSpec("fedomg", "seed 002", erm_client, rule="omg", group="seed")

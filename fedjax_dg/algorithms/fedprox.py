@@ -6,11 +6,11 @@ squared form of the paper, which we follow.
 """
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import dataclasses
 
-from fedjax_dg.algorithms.base import erm_objective
-from fedjax_dg.algorithms.fedavg import fedavg
+from fedjax_dg.algorithms.base import erm_objective, tree_sq_dist
+from fedjax_dg.algorithms.fedavg import fedavg, objective_client
+from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
 
 def proximal_objective(model, mu: float):
@@ -20,11 +20,24 @@ def proximal_objective(model, mu: float):
   def make(global_params):
     def objective(params, batch, rng):
       loss, aux = base(params, batch, rng)
-      sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(global_params)))
-      return loss + 0.5 * mu * sq, aux
+      return loss + 0.5 * mu * tree_sq_dist(params, global_params), aux
     return objective
   return make
 
 
 def fedprox(model, sched, client_opt, server_opt, mu: float):
   return fedavg(model, sched, client_opt, server_opt, proximal_objective(model, mu), name="fedprox")
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  mu: float = hparam(0.01, "proximal weight (Li et al. 2020; seed 001 App. D)", ge=0,
+                     search=LogUniform(1e-4, 1.0), legacy=("prox_mu",))
+
+
+def prox_client(ctx, hp: HParams):
+  make = proximal_objective(ctx.model, hp.mu)
+  return objective_client(lambda g, extra: make(g), ctx.client_opt, ctx.sched)
+
+
+SPEC = MethodSpec("fedprox", "Li et al. 2020", prox_client, HParams)

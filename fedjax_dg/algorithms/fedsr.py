@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_train
-from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_train
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
 from fedjax_dg.models import Model, SplitModel
 
 
@@ -75,20 +75,39 @@ def fedsr_loss(model: Model, params, ref, batch, rng, a_l2: float, a_cmi: float)
   return mean(ce) + a_l2 * mean(l2) + a_cmi * mean(cmi), {"l2": mean(l2), "cmi": mean(cmi)}
 
 
-def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-          z_dim: int, a_l2: float = 0.01, a_cmi: float = 0.001, name: str = "fedsr", weighting: str = "examples"):
-  """FedSR clients (on `probabilistic_model(...)`) with the server rule `rule`."""
+def fedsr_client(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, z_dim: int,
+                 a_l2: float = 0.01, a_cmi: float = 0.001) -> ClientSide:
+  """FedSR clients (on `probabilistic_model(...)`): the reference `r` is client state."""
   num_classes = model.module.classifier.num_classes
 
   def objective(pr, batch, rng):
     return fedsr_loss(model, pr["params"], pr["ref"], batch, rng, a_l2, a_cmi)
 
-  def client_update(global_params, ref, data, rng):
+  def update(global_params, extra, ref, data, rng):
     pr, loss = local_train({"params": global_params, "ref": ref}, objective, client_opt, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, pr["params"], global_params)
-    return ClientOutput(message=delta, state=pr["ref"], metrics={"train_loss": loss})
+    return send(pr["params"], global_params, pr["ref"], {"train_loss": loss})
 
-  def client_init(params):
+  def init(params):
     return {"mu": jnp.zeros((num_classes, z_dim)), "s": jnp.ones((num_classes, z_dim))}
+  return ClientSide(update, init=init)
 
-  return federated(name, client_update, rule, weighting=weighting, client_init=client_init)
+
+def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+          z_dim: int, a_l2: float = 0.01, a_cmi: float = 0.001, name: str = "fedsr", weighting: str = "examples"):
+  """FedSR clients (on `probabilistic_model(...)`) with the server rule `rule`."""
+  return compose(name, fedsr_client(model, sched, client_opt, z_dim, a_l2, a_cmi), rule)._replace(weighting=weighting)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True, legacy=("sr_z_dim",))
+  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1), legacy=("sr_l2",))
+  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2), legacy=("sr_cmi",))
+  eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True,
+                             legacy=("sr_eval_samples",))
+
+
+SPEC = MethodSpec(
+    "fedsr", "Nguyen et al. 2022",
+    lambda ctx, hp: fedsr_client(ctx.model, ctx.sched, ctx.client_opt, hp.z_dim, hp.l2, hp.cmi), HParams,
+    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG")

@@ -12,12 +12,14 @@ The server is FedAvg's (any server rule).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Batch, ClientOutput, LocalSchedule, ServerRule, local_loop, tree_where
-from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.algorithms.base import Batch, LocalSchedule, ServerRule, local_loop, tree_where
+from fedjax_dg.algorithms.spec import Choice, ClientSide, MethodSpec, compose, hparam, send
 
 
 def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
@@ -44,13 +46,27 @@ def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, nu
   return step_fn
 
 
-def fish(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, rule: ServerRule,
-         meta_lr: float, num_domains: int):
+def fish_client(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, meta_lr: float,
+                num_domains: int) -> ClientSide:
   step_fn = fish_step(model, inner_opt, meta_lr, num_domains)
 
-  def client_update(global_params, client_state, data, rng):
+  def update(global_params, extra, client_state, data, rng):
     params, loss = local_loop(global_params, step_fn, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=client_state, metrics={"train_loss": loss})
+    return send(params, global_params, client_state, {"train_loss": loss})
+  return ClientSide(update)
 
-  return federated("fish", client_update, rule)
+
+def fish(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, rule: ServerRule,
+         meta_lr: float, num_domains: int):
+  return compose("fish", fish_client(model, sched, inner_opt, meta_lr, num_domains), rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  meta_lr: float = hparam(0.5, "meta step (DomainBed default; seed 001 Table 7: 0.1 on PACS, CelebA, Camelyon17, "
+                          "IWildCam)", gt=0, le=1, search=Choice((0.05, 0.1, 0.5)), legacy=("fish_meta_lr",))
+
+
+SPEC = MethodSpec("fish", "Shi et al. 2022 (DomainBed's form)",
+                  lambda ctx, hp: fish_client(ctx.model, ctx.sched, ctx.client_opt, hp.meta_lr, ctx.num_domains),
+                  HParams, group="DG")

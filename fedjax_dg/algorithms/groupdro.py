@@ -13,12 +13,14 @@ it ERM on a single-domain client. The server is FedAvg's (any server rule).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import ClientOutput, LocalSchedule, ServerRule, local_loop
-from fedjax_dg.algorithms.fedavg import federated
+from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_loop
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
 from fedjax_dg.objectives import domain_risks
 
 
@@ -38,9 +40,9 @@ def groupdro_loss(model, params, batch, q, eta: float, num_domains: int):
   return jnp.sum(w * risks) / jnp.maximum(jnp.sum(w), 1e-30), q_new
 
 
-def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-             eta: float, num_domains: int):
-  def client_update(global_params, q, data, rng):
+def groupdro_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, eta: float,
+                    num_domains: int) -> ClientSide:
+  def update(global_params, extra, q, data, rng):
     def step_fn(carry, batch, key):
       params, opt_state, q_ = carry
       (loss, q_new), g = jax.value_and_grad(
@@ -49,8 +51,22 @@ def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformati
       return (optax.apply_updates(params, updates), opt_state, q_new), loss
 
     (params, _, q), loss = local_loop((global_params, client_opt.init(global_params), q), step_fn, data, rng, sched)
-    delta = jax.tree.map(lambda a, b: a - b, params, global_params)
-    return ClientOutput(message=delta, state=q, metrics={"train_loss": loss})
+    return send(params, global_params, q, {"train_loss": loss})
 
-  return federated("groupdro", client_update, rule,
-                   client_init=lambda params: jnp.full((num_domains,), 1.0 / num_domains))
+  return ClientSide(update, init=lambda params: jnp.full((num_domains,), 1.0 / num_domains))
+
+
+def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
+             eta: float, num_domains: int):
+  return compose("groupdro", groupdro_client(model, sched, client_opt, eta, num_domains), rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+  eta: float = hparam(0.01, "group-weight step (DomainBed default)", ge=0, search=LogUniform(1e-3, 1e-1),
+                      legacy=("groupdro_eta",))
+
+
+SPEC = MethodSpec("groupdro", "Sagawa et al. 2020 (DomainBed's online form)",
+                  lambda ctx, hp: groupdro_client(ctx.model, ctx.sched, ctx.client_opt, hp.eta, ctx.num_domains),
+                  HParams, group="DG")

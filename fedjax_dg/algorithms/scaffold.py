@@ -4,51 +4,60 @@ Server control `c`, client controls `c_i` (persistent client state, zero-initial
 Local step: `theta_c <- theta_c - eta_l (grad R_c - c_i + c)`.
 After the client's `K_c` local steps (the steps that touched data, so a smaller client in
 epoch mode uses its own K): `c_i+ = c_i - c + (theta - theta_c) / (K_c eta_l)`.
-Server: `theta <- theta + eta_g mean_c Delta_c`, `c <- c + (|S| / C) mean_c (c_i+ - c_i)`,
-means uniform over the cohort, as in the paper's Alg. 1.
+Server: `theta <- theta + eta_g mean_c Delta_c` (FedAvg's rule, or any other), and
+`c <- c + (|S| / C) mean_c (c_i+ - c_i)`, means uniform over the cohort, as in the paper's Alg. 1.
 Option II assumes plain SGD locally, so the local optimizer is `sgd(eta_l)` without momentum.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, erm_objective,
-                                       local_train, real_steps)
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, erm_objective, local_train, real_steps
+from fedjax_dg.algorithms.fedavg import optax_rule
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, compose, send
 
 
-class ServerState(NamedTuple):
-  params: Any
-  control: Any  # c
+class Side(NamedTuple):
+  control: object  # c
 
 
-def scaffold(model, sched: LocalSchedule, local_lr: float, server_lr: float,
-             cohort_size: int, num_clients: int) -> Algorithm:
+def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: int, num_clients: int) -> ClientSide:
   objective = erm_objective(model)
   client_opt = optax.sgd(local_lr)
   zeros = lambda p: jax.tree.map(jnp.zeros_like, p)
 
-  def client_update(bcast, c_i, data, rng):
-    params0, c = bcast
+  def update(params0, c, c_i, data, rng):
     correction = lambda g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
     params, loss = local_train(params0, objective, client_opt, data, rng, sched, grad_correction=correction)
     k = jnp.maximum(real_steps(data.count, sched), 1).astype(jnp.float32)
     c_new = jax.tree.map(lambda ci, cc, p0, p: ci - cc + (p0 - p) / (k * local_lr), c_i, c, params0, params)
-    delta = jax.tree.map(lambda a, b: a - b, params, params0)
     dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
-    return ClientOutput(message=(delta, dc), state=c_new, metrics={"train_loss": loss})
+    return send(params, params0, c_new, {"train_loss": loss}, side=dc)
 
-  def server_update(state, mean_msg):
-    mean_delta, mean_dc = mean_msg
-    params = jax.tree.map(lambda p, d: p + server_lr * d, state.params, mean_delta)
-    control = jax.tree.map(lambda c, d: c + (cohort_size / num_clients) * d, state.control, mean_dc)
-    return ServerState(params, control)
+  def side_update(side: Side, mean_dc, round_):
+    return Side(jax.tree.map(lambda c, d: c + (cohort_size / num_clients) * d, side.control, mean_dc))
 
-  return Algorithm(
-      name="scaffold", server_init=lambda rng, p: ServerState(p, zeros(p)), client_init=zeros,
-      broadcast=lambda s: (s.params, s.control), client_update=client_update,
-      server_update=server_update, params_of=lambda s: s.params, aggregation="mean",
-      weighting="uniform")
+  return ClientSide(update, init=zeros, side_init=lambda rng, p: Side(zeros(p)), side_update=side_update,
+                    broadcast=lambda side, round_: side.control, weighting="uniform")
+
+
+def scaffold(model, sched: LocalSchedule, local_lr: float, server_lr: float,
+             cohort_size: int, num_clients: int) -> Algorithm:
+  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients),
+                 optax_rule(optax.sgd(server_lr)))
+
+
+def _check(config, hp):
+  if config.client.optimizer != "sgd" or config.client.momentum != 0.0:
+    return "client.optimizer: SCAFFOLD option II needs plain SGD (client.optimizer='sgd', client.momentum=0)"
+  return None
+
+
+SPEC = MethodSpec(
+    "scaffold", "Karimireddy et al. 2020 (option II)",
+    lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.config.client.lr, ctx.cohort_size, ctx.num_clients),
+    sends=("control-variate update",), receives=("server control variate",), check=_check)

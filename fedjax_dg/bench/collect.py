@@ -60,11 +60,18 @@ def _metric(split_metrics, metric):
   return None if v is None or not math.isfinite(v) else float(v)
 
 
+def selectable(run: dict) -> list[dict]:
+  """The evaluations selection may pick: those of the final stage of a multi-stage method
+  (the runner's `selection_scope`; a record's `stage` counts from 1)."""
+  stages = run["summary"].get("stages") or [None]
+  return [r for r in run["records"] if r.get("stage", 1) == len(stages)]
+
+
 def rule_scores(run: dict, rule: str, metric: str) -> dict | None:
   """{"round", "val", "test", "in_test"} for one selection rule, or None where the run has
   no validation split for it. The oracle takes the round of the best test score (earliest
   on ties) from metrics.jsonl."""
-  records = run["records"]
+  records = selectable(run)
   at = {r["round"]: r for r in records}
   if rule == "oracle":
     best = None

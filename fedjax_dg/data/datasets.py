@@ -28,6 +28,7 @@ class DomainDataset:
     for n, x, y in zip(self.names, self.xs, self.ys):
       if len(x) != len(y):
         raise ValueError(f"{self.name}: domain {n!r} has {len(x)} inputs but {len(y)} labels")
+      check_labels(y, self.num_classes, f"{self.name}: domain {n!r}")
 
   @property
   def num_domains(self) -> int:
@@ -36,6 +37,21 @@ class DomainDataset:
   @property
   def input_shape(self) -> tuple[int, ...]:
     return tuple(self.xs[0].shape[1:])
+
+
+def check_labels(y: np.ndarray, num_classes: int, where: str, hint: str = "") -> None:
+  """Raises a one-line ValueError naming `where`, the first label outside `[0, num_classes)`
+  and its index (then `hint`); nothing for regression (`num_classes` 0)."""
+  y = np.asarray(y)
+  if num_classes <= 0 or not y.size:
+    return
+  bad = (y < 0) | (y >= num_classes)
+  if y.dtype.kind == "f":
+    bad |= ~np.isfinite(y) | (y != np.round(y))
+  bad = np.flatnonzero(bad)
+  if len(bad):
+    raise ValueError(f"{where}: label {y[bad[0]].item()!r} at index {int(bad[0])} lies outside [0, {num_classes}) "
+                     f"({len(bad)} of {y.size} labels do){hint}")
 
 
 def deal_domains(n: int, num_domains: int, seed: int, max_per_domain: int = 0) -> list[np.ndarray]:
@@ -119,7 +135,13 @@ def _builtin(data_config) -> DomainDataset:
   if data_config.name == "rotated_digits":
     return rotated_digits(image_size=data_config.image_size, angles=tuple(data_config.angles),
                           seed=data_config.seed)
-  return spurious_classification(correlations=tuple(data_config.correlations),
+  correlations = tuple(data_config.correlations)
+  if not correlations:
+    raise ValueError("data.correlations: give one correlation in [0, 1] per domain, got none")
+  bad = [r for r in correlations if not 0.0 <= float(r) <= 1.0]
+  if bad:
+    raise ValueError(f"data.correlations must lie in [0, 1] (one per domain), got {bad[0]!r} in {correlations}")
+  return spurious_classification(correlations=correlations,
                                  n_per_domain=data_config.n_per_domain, seed=data_config.seed)
 
 
@@ -134,7 +156,20 @@ DATASETS = {
     "image_folder": "fedjax_dg.data.folders:load",
     "wilds": "fedjax_dg.data.wilds:load",
     "tfds": "fedjax_dg.data.tfds_source:load",
+    "femnist": "fedjax_dg.data.femnist:load",
 }
+# What each dataset's inputs are (config validation refuses image-only methods on text).
+# CivilComments and Py150 are WILDS releases: `data.name="wilds"` with `data.dataset` in
+# `wilds.TEXT_LOADERS` is text; see `modality`.
+TEXT_WILDS = ("civilcomments", "py150")
+
+
+def modality(data_config) -> str:
+  """"text" for the WILDS text releases (CivilComments, Py150), else "image" (the embedded
+  and synthetic vector datasets count as "image": every method applies to them)."""
+  if data_config.name == "wilds" and data_config.get("dataset", "") in TEXT_WILDS:
+    return "text"
+  return "image"
 
 
 def load_dataset(data_config) -> DomainDataset:

@@ -45,6 +45,14 @@ class DataError(ValueError):
   """An on-disk dataset is malformed (an image that cannot be decoded, a bad table)."""
 
 
+class DataWarning(UserWarning):
+  """Something in an on-disk dataset was skipped (a directory link back into the tree)."""
+
+
+class CacheWarning(UserWarning):
+  """The decode cache could not be read or written; the images are decoded again."""
+
+
 def _one_line(text) -> str:
   return " ".join(str(text).split())
 
@@ -54,10 +62,37 @@ def _subdirs(path: str) -> list[str]:
   return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
 
 
-def list_images(folder: str) -> list[str]:
-  """Image files under `folder`, recursively, in torchvision `ImageFolder`'s order."""
+def _inside(path: str, tree: str) -> bool:
+  return path == tree or path.startswith(tree.rstrip(os.sep) + os.sep)
+
+
+def list_images(folder: str, root: str | None = None) -> list[str]:
+  """Image files under `folder`, recursively, in torchvision `ImageFolder`'s order.
+
+  Directory links are followed, except a link that leads back into `root` (default
+  `folder`; its images are listed where they are) or to a folder already listed here: a
+  link loop would otherwise list the same images once per level until the path is too
+  long. Each skipped link is a one-line `DataWarning`."""
+  tree = os.path.realpath(root or folder)
+  seen = {os.path.realpath(folder)}
+  walked = []
+  for dirpath, dirnames, fnames in os.walk(folder, followlinks=True):
+    keep = []
+    for d in sorted(dirnames):
+      full = os.path.join(dirpath, d)
+      target = os.path.realpath(full)
+      if os.path.islink(full) and (_inside(target, tree) or target in seen):
+        why = f"it leads back into {root or folder}" if _inside(target, tree) else "that folder is already listed"
+        warnings.warn(f"{full}: not following the directory link to {target}: {why}", DataWarning)
+        continue
+      if target in seen:  # a plain folder reached twice (through an earlier link)
+        continue
+      seen.add(target)
+      keep.append(d)
+    dirnames[:] = keep
+    walked.append((dirpath, fnames))
   out = []
-  for dirpath, _, fnames in sorted(os.walk(folder, followlinks=True)):
+  for dirpath, fnames in sorted(walked):
     out += [os.path.join(dirpath, f) for f in sorted(fnames) if f.lower().endswith(IMAGE_EXTENSIONS)]
   return out
 
@@ -83,7 +118,7 @@ def scan(root: str):
   for d in domains:
     fs, ls = [], []
     for k, c in enumerate(classes):
-      imgs = list_images(os.path.join(root, d, c))
+      imgs = list_images(os.path.join(root, d, c), root)
       if not imgs:
         raise FileNotFoundError(f"{os.path.join(root, d, c)}: no {'/'.join(IMAGE_EXTENSIONS)} image "
                                 "in this class folder")
@@ -164,13 +199,33 @@ def _save(stem: str, x: np.ndarray, manifest: dict) -> None:
 
 
 def _read_cache(stem: str, digest: str, shape) -> np.ndarray | None:
+  """The cached images of `stem`, or None when there is no entry for `digest`; an entry
+  that cannot be read (a torn or corrupt `.json` or `.npy`) is a one-line warning and
+  None, so that the caller decodes afresh and overwrites it."""
   if not (os.path.exists(stem + ".json") and os.path.exists(stem + ".npy")):
     return None
-  with open(stem + ".json") as f:
-    if json.load(f).get("digest") != digest:
-      return None
-  x = np.load(stem + ".npy")
-  return x if x.shape == tuple(shape) and x.dtype == np.uint8 else None
+  try:
+    with open(stem + ".json", encoding="utf-8") as f:
+      manifest = json.load(f)
+    if not isinstance(manifest, dict):
+      raise ValueError(f"a JSON {type(manifest).__name__}, not an object")
+  except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    warnings.warn(f"{stem}.json: corrupt image cache manifest ({_one_line(e)}); decoding the images again",
+                  CacheWarning)
+    return None
+  if manifest.get("digest") != digest:
+    return None
+  try:
+    x = np.load(stem + ".npy", allow_pickle=False)
+  except (OSError, ValueError, EOFError) as e:
+    warnings.warn(f"{stem}.npy: corrupt image cache ({_one_line(e) or type(e).__name__}); decoding the images "
+                  "again", CacheWarning)
+    return None
+  if x.shape != tuple(shape) or x.dtype != np.uint8:
+    warnings.warn(f"{stem}.npy: corrupt image cache (uint8 {tuple(shape)} expected, found {x.dtype} {x.shape}); "
+                  "decoding the images again", CacheWarning)
+    return None
+  return x
 
 
 def cached_images(paths, size: int, cache_dir: str, name: str, root: str, center_crop: bool = False,
@@ -192,7 +247,7 @@ def cached_images(paths, size: int, cache_dir: str, name: str, root: str, center
     _save(stem, x, manifest)
   except OSError as e:
     warnings.warn(f"could not write the image cache in {cache_dir} ({_one_line(e)}); set data.cache_dir "
-                  "to a writable folder to decode only once")
+                  "to a writable folder to decode only once", CacheWarning)
   return x
 
 

@@ -6,10 +6,11 @@ client ids it stands for, with the examples (one flat host array, which may be a
 `np.memmap`) and a `[C, N_max]` row table as static data. Inside the compiled round,
 `data.x[i]` for a client's row indices `i` (a full-pass chunk, a minibatch) fetches exactly
 those rows from the host with `jax.pure_callback`, batched over the cohort under `vmap`.
-The local loop knows its whole `[steps, B]` index plan before its scan starts: it hands the
-plan to `prefetch`, a background thread gathers the minibatches in the order the scan will
-ask for them, and each step's `rows(...)` takes its prefetched batch (or, if none matches,
-gathers it then). Every strategy and every method that reads `data.x` by row indices runs
+The local loop knows its whole `[steps, B]` index plan before its scan starts: it asks
+`store.minibatch_reader(x, plan)` for its reader, which for a `HostRows` hands the plan to
+`prefetch` (a background thread gathers the minibatches in the order the scan will ask for
+them); each step's `rows(...)` takes its prefetched batch (or, if none matches, gathers it
+then). Every strategy and every method that reads `data.x` by row indices runs
 unchanged and gives the in-memory results (tested).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dg.data.splits import Split
-from fedjax_dg.data.store import ClientStore
+from fedjax_dg.data.store import ClientStore, padded_labels
 
 
 class HostSource:
@@ -105,18 +106,46 @@ class HostRows:
     return jax.pure_callback(self.source.announce, jax.ShapeDtypeStruct((), jnp.int32), self.client,
                              jnp.asarray(plan), vmap_method="broadcast_all")
 
+  def _client_rows(self, idx: tuple):
+    """`x[c, rows]` as on a packed `[C, N_max, ...]` array (NumPy indexing of the client and
+    row axes, e.g. a client id and its row indices). Outside a trace: the NumPy array of
+    those examples (padding rows, never read as data, hold the data's row 0 instead of
+    zeros). Inside one: `x[c][rows]` for one client id `c`, fetched from the host."""
+    if len(idx) != 2:
+      raise IndexError(f"host-store inputs take two indices (client, rows), got {len(idx)}")
+    if _traced(self.client, idx):
+      if np.ndim(idx[0]) != 0:
+        raise IndexError("inside a trace, host-store inputs are indexed as x[c, rows] with one client id c")
+      return HostRows(self.source, jnp.asarray(self.client)[idx[0]])[idx[1]]
+    plain = lambda i: i if i is None or isinstance(i, (int, np.integer, slice, type(Ellipsis))) else np.asarray(i)
+    table = self.source.table[np.asarray(self.client)]  # [clients..., N_max]: rows of the flat data
+    return np.asarray(self.source.x[table[tuple(plain(i) for i in idx)]])
+
   def rows(self, idx, step, token):
     """`self[idx]` for local step `step`, served from the prefetch."""
     out = jax.ShapeDtypeStruct(jnp.shape(idx) + self.source.x.shape[1:], self.source.x.dtype)
     return jax.pure_callback(self.source.step_rows, out, self.client, step, idx, token,
                              vmap_method="broadcast_all")
 
+  def reader(self, plan):
+    """`read(rows, step)` for `data.store.minibatch_reader`: prefetches `plan`, then serves."""
+    token = self.prefetch(plan)
+    return lambda rows, step: self.rows(rows, step, token)
+
   def __getitem__(self, idx):
+    if isinstance(idx, tuple) and len(idx) == 1:
+      idx = idx[0]
+    if isinstance(idx, tuple) and np.ndim(self.client) > 0:  # x[c, rows]: clients and their rows
+      return self._client_rows(idx)
     if np.ndim(self.client) > 0:  # selecting clients
       return HostRows(self.source, self.client[idx])
     idx = jnp.asarray(idx)
     out = jax.ShapeDtypeStruct(idx.shape + self.source.x.shape[1:], self.source.x.dtype)
     return jax.pure_callback(self.source.fetch, out, self.client, idx, vmap_method="broadcast_all")
+
+
+def _traced(*values) -> bool:
+  return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
 
 
 def pack_clients_host(split: Split, client_indices: Sequence[np.ndarray]) -> ClientStore:
@@ -125,7 +154,7 @@ def pack_clients_host(split: Split, client_indices: Sequence[np.ndarray]) -> Cli
     raise ValueError(f"every client needs at least one example; client {int(counts.argmin())} has none")
   n_max, c = int(counts.max()), len(client_indices)
   table = np.zeros((c, n_max), np.int64)
-  y = np.zeros((c, n_max), split.y.dtype)
+  y = padded_labels(split.y, c, n_max)
   dom = np.zeros((c, n_max), np.int32)
   for k, idx in enumerate(client_indices):
     table[k, :len(idx)], y[k, :len(idx)], dom[k, :len(idx)] = idx, split.y[idx], split.domain[idx]

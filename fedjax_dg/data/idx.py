@@ -5,7 +5,9 @@ Any directory holding `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
 Fashion-MNIST (Debian package `dataset-fashion-mnist`, installed to
 `DEBIAN_FASHION_MNIST`), KMNIST, or EMNIST with a file-name prefix. Like DomainBed, the
 recipes pool the training and test files (70000 images for MNIST) before dealing them out
-to domains. Every unreadable file is a one-line ValueError that names it.
+to domains. Labels must lie in `[0, data.num_classes)` (default 10: MNIST, Fashion-MNIST,
+KMNIST, EMNIST digits; set it for other EMNIST splits). Every unreadable file, and a label
+file holding a label outside that range, is a one-line ValueError that names it.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import os
 
 import numpy as np
 
-from fedjax_dg.data.datasets import DomainDataset, deal_domains
+from fedjax_dg.data.datasets import DomainDataset, check_labels, deal_domains
 
 # Where Debian's `dataset-fashion-mnist` puts the four gzipped IDX files.
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -22,6 +24,7 @@ DEBIAN_PACKAGES = {DEBIAN_FASHION_MNIST: "dataset-fashion-mnist"}
 
 # IDX type codes (third magic byte) -> big-endian dtype.
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+DEFAULT_NUM_CLASSES = 10  # `data.num_classes` when unset: the ten digits (or Fashion-MNIST's ten classes)
 _FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
           "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
@@ -69,20 +72,29 @@ def _find(root: str, stem: str) -> str:
   raise ValueError(f"{os.path.join(root, stem)}[.gz]: no such IDX file")
 
 
-def _pair(root: str, prefix: str, split: str):
+def _pair(root: str, prefix: str, split: str, num_classes: int = 0):
   xpath, ypath = _find(root, prefix + _FILES[split + "_x"]), _find(root, prefix + _FILES[split + "_y"])
   x, y = read_idx(xpath), read_idx(ypath)
   if x.ndim != 3 or y.ndim != 1:
     raise ValueError(f"{xpath}: expected images [N, H, W] and labels [N], got {x.shape} and {y.shape}")
   if len(x) != len(y):
     raise ValueError(f"{xpath}: {len(x)} images but {ypath} has {len(y)} labels")
+  check_labels(y, num_classes, ypath, "; data.num_classes sets the number of classes")
   return x, y
 
 
-def load_mnist_dir(root: str, prefix: str = "") -> tuple[np.ndarray, np.ndarray]:
+def _num_classes(data_config) -> int:
+  k = int(data_config.get("num_classes", DEFAULT_NUM_CLASSES))
+  if k < 2:
+    raise ValueError(f"data.num_classes must be >= 2 (the labels in the IDX files lie in [0, num_classes)), got {k}")
+  return k
+
+
+def load_mnist_dir(root: str, prefix: str = "", num_classes: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """`(images uint8 [N, H, W], labels int32 [N])` of `root`'s train and t10k files,
-  concatenated in that order (DomainBed uses all 70000 MNIST images)."""
-  (xtr, ytr), (xte, yte) = _pair(root, prefix, "train"), _pair(root, prefix, "test")
+  concatenated in that order (DomainBed uses all 70000 MNIST images); with
+  `num_classes > 0`, a label outside `[0, num_classes)` is an error naming its file."""
+  (xtr, ytr), (xte, yte) = _pair(root, prefix, "train", num_classes), _pair(root, prefix, "test", num_classes)
   if xtr.shape[1:] != xte.shape[1:]:
     raise ValueError(f"{root}: train images are {xtr.shape[1:]} but t10k images are {xte.shape[1:]}")
   return np.concatenate([xtr, xte]), np.concatenate([ytr, yte]).astype(np.int32)
@@ -127,13 +139,14 @@ def load_rotated(data_config) -> DomainDataset:
   its uint8 rounding) and shuffle with NumPy's seeded generator.
   """
   root = _source_dir(data_config)
-  images, labels = load_mnist_dir(root, data_config.get("prefix", ""))
+  num_classes = _num_classes(data_config)
+  images, labels = load_mnist_dir(root, data_config.get("prefix", ""), num_classes)
   angles = tuple(data_config.get("angles", (0, 15, 30, 45, 60, 75)))
   shares = deal_domains(len(images), len(angles), data_config.get("seed", 0), data_config.get("max_per_domain", 0))
   xs = tuple(rotate(images[s], a) for s, a in zip(shares, angles))
   ys = tuple(labels[s] for s in shares)
   name = data_config.get("name", "rotated_mnist")
-  return DomainDataset(name, tuple(f"{a:g}deg" for a in angles), xs, ys, int(labels.max()) + 1)
+  return DomainDataset(name, tuple(f"{a:g}deg" for a in angles), xs, ys, num_classes)
 
 
 def colored_domain_name(flip: float) -> str:
@@ -165,7 +178,7 @@ def load_colored(data_config) -> DomainDataset:
   DomainBed does now. Deviation: NumPy's seeded generator replaces torch's global RNG.
   """
   root = _source_dir(data_config)
-  images, digits = load_mnist_dir(root, data_config.get("prefix", ""))
+  images, digits = load_mnist_dir(root, data_config.get("prefix", ""), _num_classes(data_config))
   flips = tuple(data_config.get("color_flips", (0.1, 0.2, 0.9)))
   seed = data_config.get("seed", 0)
   shares = deal_domains(len(images), len(flips), seed, data_config.get("max_per_domain", 0))

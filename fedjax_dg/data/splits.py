@@ -7,7 +7,7 @@ dataset's domain list everywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -16,9 +16,14 @@ from fedjax_dg.data.datasets import DomainDataset
 
 @dataclasses.dataclass(frozen=True)
 class Split:
+  """Examples of one split. `y` is `[N]` (one label per example) or `[N, T]` (Py150's
+  per-token labels, `models.text.IGNORE` where unlabelled). `meta`, if set, is what the
+  dataset's own metric reads besides predictions and labels (CivilComments: identity
+  indicators `[N, 8]`; Py150: token types `[N, T]`)."""
   x: np.ndarray
   y: np.ndarray
   domain: np.ndarray
+  meta: np.ndarray | None = None
 
   def __len__(self):
     return len(self.y)
@@ -36,6 +41,9 @@ class Fold:
   test_domains: tuple[int, ...]
   domain_names: tuple[str, ...]
   num_classes: int
+  # The dataset's metric `metrics(pred, split) -> dict` (WILDS's CivilComments worst-group
+  # accuracy, Py150's class/method token accuracy); None: `eval.metrics.classification_metrics`.
+  metrics: Callable | None = None
 
   def eval_splits(self) -> dict[str, Split]:
     return {"in_val": self.in_val, "in_test": self.in_test,
@@ -89,7 +97,15 @@ def make_fold(ds: DomainDataset, test_domains: Sequence[int], val_domains: Seque
 
 
 def _take(s: Split, idx: np.ndarray) -> Split:
-  return Split(s.x[idx], s.y[idx], s.domain[idx])
+  return Split(s.x[idx], s.y[idx], s.domain[idx], None if s.meta is None else s.meta[idx])
+
+
+def _join(a: Split, b: Split) -> Split:
+  if a.x.shape[1:] != b.x.shape[1:] or a.y.shape[1:] != b.y.shape[1:]:
+    raise ValueError(f"data.test_domain_train_fraction: test examples {b.x.shape[1:]} / labels {b.y.shape[1:]} "
+                     f"cannot join training examples {a.x.shape[1:]} / labels {a.y.shape[1:]}")
+  meta = None if a.meta is None or b.meta is None else np.concatenate([a.meta, b.meta])
+  return Split(np.concatenate([a.x, b.x]), np.concatenate([a.y, b.y]), np.concatenate([a.domain, b.domain]), meta)
 
 
 def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: int = 0) -> Fold:
@@ -117,8 +133,7 @@ def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: 
   test, train, train_domains = _take(fold.test, keep), fold.train, fold.train_domains
   if include:
     extra = _take(fold.test, moved)
-    train = Split(np.concatenate([train.x, extra.x]), np.concatenate([train.y, extra.y]),
-                  np.concatenate([train.domain, extra.domain]))
+    train = _join(train, extra)
     train_domains = tuple(sorted(set(train_domains) | set(int(d) for d in np.unique(extra.domain))))
   return dataclasses.replace(fold, train=train, test=test, train_domains=train_domains)
 

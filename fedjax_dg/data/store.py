@@ -6,16 +6,24 @@ is then a gather `x[cohort]`, not a Python loop.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from fedjax_dg.data.splits import Split
 
 
+def padded_labels(y: np.ndarray, num_clients: int, n_max: int) -> np.ndarray:
+  """The `[C, N_max, ...]` label array: zeros for one label per example; for per-token
+  labels `[N, T]` (Py150) `IGNORE` (-100), so padding rows carry no labelled token even
+  without the row mask."""
+  fill = -100 if y.ndim > 1 else 0
+  return np.full((num_clients, n_max) + y.shape[1:], fill, y.dtype)
+
+
 class ClientStore(NamedTuple):
   x: np.ndarray       # [C, N_max, ...]
-  y: np.ndarray       # [C, N_max]
+  y: np.ndarray       # [C, N_max] (or [C, N_max, T]: per-token labels)
   domain: np.ndarray  # [C, N_max]
   counts: np.ndarray  # [C] int32
 
@@ -31,8 +39,18 @@ def pack_clients(split: Split, client_indices: Sequence[np.ndarray]) -> ClientSt
   n_max = int(counts.max())
   c = len(client_indices)
   x = np.zeros((c, n_max) + split.x.shape[1:], split.x.dtype)
-  y = np.zeros((c, n_max), split.y.dtype)
+  y = padded_labels(split.y, c, n_max)
   dom = np.zeros((c, n_max), np.int32)
   for k, idx in enumerate(client_indices):
     x[k, :len(idx)], y[k, :len(idx)], dom[k, :len(idx)] = split.x[idx], split.y[idx], split.domain[idx]
   return ClientStore(x, y, dom, counts)
+
+
+def minibatch_reader(x, plan) -> Callable:
+  """How a local loop reads its minibatches: `read(rows, step) -> x[rows]`, where `plan`
+  `[steps, B]` holds every step's rows and `x` is one client's `[N_max, ...]` inputs.
+  Device arrays are indexed; host-resident inputs (`host_store.HostRows`) start gathering
+  the whole plan in the background here and serve each step from it (`x.reader(plan)`)."""
+  if hasattr(x, "reader"):
+    return x.reader(plan)
+  return lambda rows, step: x[rows]

@@ -21,6 +21,10 @@ picks the layout. Each reader mirrors the `wilds/datasets/*_dataset.py` of the r
   id_val / id_test. WILDS reads the two tables row by row in parallel; we join them on
   `image_id`.
 
+Text releases: `civilcomments` (v1.0, `fedjax_dg.data.civilcomments`) and `py150` (v1.0,
+`fedjax_dg.data.py150`) have their own readers, reached through `load_fold` by
+`data.dataset` (TEXT_LOADERS), and carry their own WILDS metric in `Fold.metrics`.
+
 Fold splits (seed 001 App. C.2, "the Wilds official partitions"): train -> `train`,
 id_val -> `in_val`, id_test -> `in_test`, val (OOD) -> `heldout_val`, test -> `test`.
 Domain ids are the contiguous indices of the sorted domain values over the whole table
@@ -43,6 +47,7 @@ from fedjax_dg.data.folders import DataError, as_dtype, cached_images, options, 
 from fedjax_dg.data.splits import Fold, Split, carve_test_domains
 
 KEY_METRIC = {"iwildcam": "macro_f1_label_classes", "camelyon17": "accuracy", "celeba": "worst_group_accuracy"}
+IWILDCAM_CLASSES = 182  # the release's label ids are 0..181 (`IWildCamDataset._n_classes`)
 SPLITS = ("train", "id_val", "id_test", "val", "test")
 FOLD_SPLITS = (("train", "train"), ("in_val", "id_val"), ("in_test", "id_test"),
                ("heldout_val", "val"), ("test", "test"))
@@ -65,7 +70,7 @@ def read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
   one-line errors for a missing file or column."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked WILDS release folder")
-  with open(path, newline="") as f:
+  with open(path, newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the header
     reader = csv.reader(f)
     header = next(reader, [])
     missing = [c for c in columns if c not in header]
@@ -90,6 +95,15 @@ def _ints(values, column: str, path: str) -> np.ndarray:
     raise DataError(f"{path} row {k + 2}: column {column!r} holds {values[k]!r}, not an integer") from None
 
 
+def _in_range(values: np.ndarray, column: str, path: str, allowed: str, ok) -> np.ndarray:
+  """`values`, or a one-line error naming the first row whose value fails `ok`."""
+  bad = np.flatnonzero(~ok(values))
+  if len(bad):
+    raise DataError(f"{path} row {bad[0] + 2}: column {column!r} holds {int(values[bad[0]])}, outside {allowed} "
+                    f"({len(bad)} rows do)")
+  return values
+
+
 def _is_number(v: str) -> bool:
   try:
     float(v)
@@ -107,7 +121,8 @@ def read_iwildcam(root: str) -> Table:
   bad = [k for k, s in enumerate(cols["split"]) if s not in SPLITS]
   if bad:
     raise DataError(f"{path} row {bad[0] + 2}: split {cols['split'][bad[0]]!r} is not one of {list(SPLITS)}")
-  y = _ints(cols["y"], "y", path).astype(np.int32)
+  in_range = lambda v: (v >= 0) & (v < IWILDCAM_CLASSES)
+  y = _in_range(_ints(cols["y"], "y", path), "y", path, f"[0, {IWILDCAM_CLASSES})", in_range).astype(np.int32)
   return Table([os.path.join(root, "train", f) for f in cols["filename"]], y, _ints(cols[field], field, path),
                np.array(cols["split"]), path, int(y.max()) + 1 if len(y) else 0, "location", False)
 
@@ -133,7 +148,8 @@ def read_camelyon17(root: str) -> Table:
     raise DataError(f"{path} row {bad[0] + 2}: split {flag[bad[0]]} is not 0 (train) or 1 (id_val)")
   paths = [os.path.join(root, camelyon17_patch(*(v.strip() for v in row)))
            for row in zip(cols["patient"], cols["node"], cols["x_coord"], cols["y_coord"])]
-  return Table(paths, _ints(cols["tumor"], "tumor", path).astype(np.int32), center, split,
+  tumor = _in_range(_ints(cols["tumor"], "tumor", path), "tumor", path, "{0, 1}", lambda v: (v == 0) | (v == 1))
+  return Table(paths, tumor.astype(np.int32), center, split,
                path, 2, "hospital", False)
 
 
@@ -151,19 +167,24 @@ def read_celeba(root: str) -> Table:
   if missing:
     raise DataError(f"{attr_path} row {missing[0] + 2}: image_id {attrs['image_id'][missing[0]]!r} has no row in "
                     f"{part_path}")
-  y = (_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path) == 1).astype(np.int32)
-  male = (_ints(attrs["Male"], "Male", attr_path) == 1).astype(np.int64)
+  pm1 = lambda v: (v == -1) | (v == 1)
+  y = (_in_range(_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path), "Blond_Hair", attr_path, "{-1, 1}", pm1)
+       == 1).astype(np.int32)
+  male = (_in_range(_ints(attrs["Male"], "Male", attr_path), "Male", attr_path, "{-1, 1}", pm1) == 1).astype(np.int64)
   return Table([os.path.join(root, "img_align_celeba", i) for i in attrs["image_id"]], y, male,
                np.array([part[i] for i in attrs["image_id"]]), attr_path, 2, "male", True)
 
 
 READERS = {"iwildcam": read_iwildcam, "camelyon17": read_camelyon17, "celeba": read_celeba}
+# Text releases: `data.dataset` -> "module:function" returning the official-split Fold.
+TEXT_LOADERS = {"civilcomments": "fedjax_dg.data.civilcomments:load_fold", "py150": "fedjax_dg.data.py150:load_fold"}
+KEY_METRIC.update({"civilcomments": "worst_group_accuracy", "py150": "accuracy"})
 
 
 def read_table(data_config) -> Table:
   name = data_config.get("dataset", "")
   if name not in READERS:
-    raise ValueError(f"data.dataset: unknown WILDS dataset {name!r}; choose one of {sorted(READERS)}")
+    raise ValueError(f"data.dataset: unknown WILDS dataset {name!r}; choose one of {sorted(READERS) + sorted(TEXT_LOADERS)}")
   root, *_ = options(data_config)
   if not os.path.isdir(root):
     raise FileNotFoundError(f"data.root: no folder {root!r} (the unpacked WILDS {name} release)")
@@ -198,9 +219,19 @@ def _images(data_config, table: Table, idx, split: str) -> np.ndarray:
   return as_dtype(x, dtype)
 
 
+def _text_fold(data_config) -> Fold:
+  import importlib  # pylint: disable=g-import-not-at-top
+  module, fn = TEXT_LOADERS[data_config.dataset].split(":")
+  return getattr(importlib.import_module(module), fn)(data_config)
+
+
 def load_fold(data_config) -> Fold:
   """The official split scheme as a `Fold` (see the module docstring), images decoded
   once and cached; `data.max_per_split > 0` keeps that many random rows per split."""
+  carve = lambda fold, seed: carve_test_domains(fold, data_config.get("test_domain_train_fraction", 0.0),
+                                                 data_config.get("test_domain_train_include", True), seed)
+  if data_config.get("dataset", "") in TEXT_LOADERS:
+    return carve(_text_fold(data_config), int(data_config.get("seed", 0)))
   table = read_table(data_config)
   ids, names = domain_index(table)
   max_per_split, seed = int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0))
@@ -211,14 +242,19 @@ def load_fold(data_config) -> Fold:
   doms = lambda s: tuple(int(d) for d in np.unique(s.domain))
   fold = Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
               test_domains=doms(parts["test"]), domain_names=names, num_classes=table.num_classes)
-  return carve_test_domains(fold, data_config.get("test_domain_train_fraction", 0.0),
-                            data_config.get("test_domain_train_include", True), seed)
+  return carve(fold, seed)
 
 
 def load(data_config) -> DomainDataset:
   """The official training split only, one entry per training domain (names as in
   `load_fold`). For experiments on WILDS use `load_fold`, which keeps the official
   validation and test splits."""
+  if data_config.get("dataset", "") in TEXT_LOADERS:
+    fold = _text_fold(data_config)
+    tr, doms = fold.train, fold.train_domains
+    return DomainDataset(f"wilds_{data_config.dataset}", tuple(fold.domain_names[k] for k in doms),
+                         tuple(tr.x[tr.domain == k] for k in doms), tuple(tr.y[tr.domain == k] for k in doms),
+                         fold.num_classes)
   table = read_table(data_config)
   ids, names = domain_index(table)
   idx = _rows(table, "train", int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0)))

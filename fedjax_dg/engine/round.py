@@ -1,38 +1,45 @@
-"""One federated round as a pure, jitted function.
+"""One federated round: one skeleton, run by an executor.
 
     cohort   = sample(rng)                         # all, a fraction, or a count; sorted ids
     data     = store[cohort]; state_i = clients[cohort]
+    [pre-round]  server = server_prepare(server, reduce(client_stat(broadcast, state_i, data_i, rng_i)))
     outputs  = client_update(broadcast, state_i, data_i, rng_i) for every member
     server   = server_update(server, reduce(outputs))
+    [post-round] server = server_finish(server, reduce(client_report(broadcast', state_i', data_i, rng_i')))
     clients  = clients.at[cohort].set(new states)  # clients not sampled keep theirs
 
-How the members run is a strategy, all with the same result up to float summation order:
+`_round` is that skeleton, written once. How the members of each phase run is an executor
+(as fedjax's for-each-client backends), all with the same result up to float summation
+order; `make_round`'s `strategy` picks one:
 
-  "vmap"       `jax.vmap` over the whole cohort (the GPU/TPU default).
-  "chunked"    `vmap` inside chunks of `chunk_size` clients, `lax.scan` across chunks, the
-               partial weighted sum carried (memory O(chunk) instead of O(cohort)).
-  "sequential" "chunked" with chunks of one client.
-  "host_loop"  a Python loop that dispatches one jitted client update per member with
-               the partial sum carried on the device (asynchronous dispatch, no host sync).
-               On XLA:CPU this is the fast way to run convolutions: a convolution's weight
+  "vmap"       `VmapExecutor`: `jax.vmap` over the whole cohort (the GPU/TPU default).
+  "chunked"    `ChunkedExecutor(chunk_size)`: `vmap` inside chunks, `lax.scan` across
+               chunks, the partial weighted sum carried (memory O(chunk), not O(cohort)).
+  "sequential" `ChunkedExecutor(1)`.
+  "host_loop"  `HostLoopExecutor(devices)`: a Python loop that dispatches one jitted client
+               call per member with the partial sum carried on the device (asynchronous
+               dispatch, no host sync); the server-side pieces are jitted once each. On
+               XLA:CPU this is the fast way to run convolutions: a convolution's weight
                gradient inside any XLA while loop (`lax.scan` over clients or rolled local
                steps) runs tens of times slower there (JAX issue 12868).
-With more than one local device, "vmap", "chunked" and "sequential" shard the cohort axis
-over a `Mesh` axis named "clients" through `jax.shard_map`; each device reduces its
-share and a `psum` finishes the aggregate. "host_loop" sends member `i` to device
-`i mod n_devices` and adds the devices' partial sums at the end.
+The first three jit the whole round once. With more than one local device they are
+wrapped in `ShardedExecutor`, which shards the cohort axis over a `Mesh` axis named
+"clients" through `jax.shard_map`; each device reduces its share and a `psum` finishes
+the aggregate. The host loop sends member `i` to device `i mod n_devices` and adds the
+devices' partial sums at the end; `round_fn.place(store)` puts one replica of the store on
+each device once (a store that was not placed is placed on every call).
 
-Each member's randomness is `fold_in(round_key, client_id)`, so a client draws the same
-batches whichever strategy, cohort padding or device count runs it.
+Each member's randomness is `fold_in(round_key, client_id)` (its report's is
+`fold_in(that, 1)`), so a client draws the same batches whichever strategy, cohort padding
+or device count runs it.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dg.algorithms.base import Algorithm, ClientData, ClientOutput, Stacked
@@ -83,42 +90,262 @@ def _take(tree, idx):
 class _CohortResult(NamedTuple):
   partial: _Partial
   states: Any         # new client states [S, ...]
-  messages: Any       # stacked messages [S, ...] when aggregation == "stack", else None
+  messages: Any       # stacked messages [S, ...] when stacking, else None
 
 
-def _run_vmap(client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
-  outs = jax.vmap(client_fn, in_axes=(None, 0, 0, 0))(bcast, states, data, rngs)
-  return _CohortResult(_weighted_sum(outs, w), outs.state, outs.message if stack else None)
+# ------------------------------------------------------------------ executors
+# An executor runs one phase's client function over the (padded) cohort:
+#   pad(n)                      the cohort length it needs for `n` members (padding has weight 0)
+#   place(store)                the store as `data` reads it (the host loop: one replica per device)
+#   data(store, ids)            the members' data, as its `run` reads it
+#   client_pass(client_fn, stack) -> run(bcast, states, data, rngs, w) -> _CohortResult
+#   server_side(fn)             how the skeleton calls a server-side piece
+#   compile(skeleton)           the round function
 
 
-def _run_chunked(client_fn, stack: bool, chunk: int, bcast, states, data, rngs, w) -> _CohortResult:
-  n = w.shape[0]
-  split = lambda t: jax.tree.map(lambda a: a.reshape((n // chunk, chunk) + a.shape[1:]), t)
-  merge = lambda t: jax.tree.map(lambda a: a.reshape((n,) + a.shape[2:]), t)
-  xs = (split(states), split(data), split(rngs), split(w))
-  shape = jax.eval_shape(lambda *a: _run_vmap(client_fn, stack, bcast, *a), *jax.tree.map(lambda a: a[0], xs))
-  zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape.partial)
+class _JittedExecutor:
+  """The executors that run the whole round as one `jax.jit`: the members' data is gathered
+  inside it and server-side pieces are plain calls."""
 
-  def body(acc, x):
-    res = _run_vmap(client_fn, stack, bcast, *x)
-    return _add(acc, res.partial), (res.states, res.messages)
+  def pad(self, n: int) -> int:
+    return n
 
-  partial, (new_states, msgs) = jax.lax.scan(body, zero, xs)
-  return _CohortResult(partial, merge(new_states), merge(msgs) if stack else None)
+  def place(self, store):
+    return store
+
+  def data(self, store, ids):
+    return ClientData(*_take((store.x, store.y, store.domain, store.counts), ids),
+                      client_id=jnp.minimum(ids, store.counts.shape[0] - 1))
+
+  def client_pass(self, client_fn, stack: bool):
+    return functools.partial(self.run, client_fn, stack)
+
+  def server_side(self, fn):
+    return fn
+
+  compile = staticmethod(jax.jit)
 
 
-def _finish(algorithm: Algorithm, server, res: _CohortResult, w):
-  tot = jnp.maximum(res.partial.weight, 1e-12)
-  metrics = jax.tree.map(lambda m: m / tot, res.partial.metrics)
-  if algorithm.aggregation == "stack":
-    agg = Stacked(res.messages, w)
-  else:
-    agg = jax.tree.map(lambda m: m / tot, res.partial.message)
-  return algorithm.server_update(server, agg), metrics
+class VmapExecutor(_JittedExecutor):
+  """`jax.vmap` over the whole cohort."""
+
+  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
+    outs = jax.vmap(client_fn, in_axes=(None, 0, 0, 0))(bcast, states, data, rngs)
+    return _CohortResult(_weighted_sum(outs, w), outs.state, outs.message if stack else None)
+
+
+class ChunkedExecutor(_JittedExecutor):
+  """`vmap` inside chunks of `chunk` members, `lax.scan` across chunks (`chunk=1`: sequential)."""
+
+  def __init__(self, chunk: int = 1):
+    self.chunk = max(1, chunk)
+
+  def pad(self, n: int) -> int:
+    c = min(self.chunk, n)
+    return -(-n // c) * c
+
+  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
+    n = w.shape[0]
+    chunk = min(self.chunk, n)
+    split = lambda t: jax.tree.map(lambda a: a.reshape((n // chunk, chunk) + a.shape[1:]), t)
+    merge = lambda t: jax.tree.map(lambda a: a.reshape((n,) + a.shape[2:]), t)
+    one = functools.partial(VmapExecutor().run, client_fn, stack, bcast)
+    xs = (split(states), split(data), split(rngs), split(w))
+    shape = jax.eval_shape(one, *jax.tree.map(lambda a: a[0], xs))
+    zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape.partial)
+
+    def body(acc, x):
+      res = one(*x)
+      return _add(acc, res.partial), (res.states, res.messages)
+
+    partial, (new_states, msgs) = jax.lax.scan(body, zero, xs)
+    return _CohortResult(partial, merge(new_states), merge(msgs) if stack else None)
+
+
+class ShardedExecutor(_JittedExecutor):
+  """`inner` on each device's share of the cohort (`jax.shard_map` over the mesh axis
+  "clients"); a `psum` adds the devices' partial sums."""
+
+  def __init__(self, inner: _JittedExecutor, mesh):
+    self.inner, self.mesh = inner, mesh
+
+  def pad(self, n: int) -> int:
+    return self.inner.pad(-(-n // self.mesh.size)) * self.mesh.size
+
+  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
+    spec = P("clients")
+
+    def local(bcast, *members):
+      res = self.inner.run(client_fn, stack, bcast, *members)
+      return res._replace(partial=jax.lax.psum(res.partial, "clients"))
+    shard = lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, spec))
+    members = jax.tree.map(shard, (states, data, rngs, w))
+    return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), spec, spec, spec, spec),
+                         out_specs=_CohortResult(P(), spec, spec if stack else None),
+                         check_vma=False)(bcast, *members)
+
+
+class PlacedStore(NamedTuple):
+  """A client store with one replica on each of the host loop's devices."""
+  replicas: tuple
+
+  @property
+  def counts(self):
+    return self.replicas[0].counts
+
+
+class _HostData(NamedTuple):
+  stores: tuple     # the store on each device
+  ids: jax.Array    # [S] member ids (padding: num_clients)
+
+
+class HostLoopExecutor:
+  """A Python loop over the members: member `i` runs as one jitted call on device
+  `i % len(devices)`, each device keeping its own partial sum; calls are dispatched
+  asynchronously, so devices work in parallel and the host never waits inside a round."""
+
+  def __init__(self, devices):
+    self.devices = tuple(devices)
+    self._add = jax.jit(_add)
+    self._stack = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+
+  def pad(self, n: int) -> int:
+    return n
+
+  def place(self, store):
+    if isinstance(store, PlacedStore):
+      return store
+    return PlacedStore(tuple(jax.device_put(store, d) for d in self.devices))
+
+  def data(self, store, ids):
+    return _HostData(store.replicas, ids)
+
+  def server_side(self, fn):
+    return jax.jit(fn)
+
+  def compile(self, skeleton):
+    return skeleton
+
+  def client_pass(self, client_fn, stack: bool):
+    @jax.jit
+    def one_client(bcast, states, store, ids, rngs, w, i):
+      num_clients = store.counts.shape[0]
+      idx = jnp.minimum(ids[i], num_clients - 1)
+      data = ClientData(store.x, store.y, store.domain, store.counts, jnp.arange(num_clients))
+      pick = lambda t, j: jax.tree.map(lambda a: a[j], t)
+      out = client_fn(bcast, pick(states, i), pick(data, idx), rngs[i])
+      part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
+      return part, out.state, (out.message if stack else None)
+
+    def run(bcast, states, data: _HostData, rngs, w) -> _CohortResult:
+      n_dev = len(self.devices)
+      args = [(bcast, states, data.ids, rngs, w)]
+      if n_dev > 1:
+        args = [jax.device_put(args[0], d) for d in self.devices]
+      acc, new_states, msgs = [None] * n_dev, [], []
+      for i in range(w.shape[0]):
+        d = i % n_dev
+        b, st, ids, r, ww = args[d]
+        part, state, msg = one_client(b, st, data.stores[d], ids, r, ww, jnp.int32(i))
+        acc[d] = part if acc[d] is None else self._add(acc[d], part)
+        new_states.append(state)
+        msgs.append(msg)
+      acc = [a for a in acc if a is not None]
+      if n_dev > 1:
+        acc, new_states, msgs = jax.device_put((acc, new_states, msgs), self.devices[0])
+      total = functools.reduce(self._add, acc)
+      return _CohortResult(total, self._stack(new_states), self._stack(msgs) if stack else None)
+    return run
+
+
+def executor(strategy: str, chunk_size: int = 1, devices=None):
+  """The executor that `strategy` names, on `devices` (default: every local device)."""
+  if strategy not in STRATEGIES:
+    raise ValueError(f"engine.strategy: unknown {strategy!r}; choose one of {STRATEGIES} or 'auto'")
+  devices = list(devices if devices is not None else jax.local_devices())
+  if strategy == "host_loop":
+    return HostLoopExecutor(devices)
+  inner = VmapExecutor() if strategy == "vmap" else ChunkedExecutor(1 if strategy == "sequential" else chunk_size)
+  if len(devices) == 1:
+    return inner
+  mesh = jax.make_mesh((len(devices),), ("clients",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+  return ShardedExecutor(inner, mesh)
+
+
+# ------------------------------------------------------------------ the round
+
+
+class _Cohort(NamedTuple):
+  ids: jax.Array          # [S] sorted client ids, padded with num_clients
+  valid: jax.Array        # [S] 1 for real members
+  weights: jax.Array      # [S] aggregation weights (0 for padding)
+  rngs: jax.Array         # [S] each member's key
+  report_rngs: jax.Array  # [S] each member's key for the post-round report
+
+
+def _aggregate(res: _CohortResult, w, how: str):
+  """What a server-side piece receives: the weighted mean (`"mean"`) or `Stacked`."""
+  if how == "stack":
+    return Stacked(res.messages, w)
+  return jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.message)
+
+
+def _as_update(client_fn):
+  """A stat or report function as a client update that sends its value and keeps the state."""
+  def fn(bcast, client_state, data, rng):
+    return ClientOutput(client_fn(bcast, client_state, data, rng), client_state, {})
+  return fn
+
+
+class _Phase(NamedTuple):
+  """One exchange: every member runs `run`, then the server applies `serve`."""
+  run: Callable     # (bcast, states, data, rngs, w) -> _CohortResult
+  serve: Callable   # (server, result, w) -> server (the update phase: (server, metrics))
+
+
+class _Round(NamedTuple):
+  """Everything the skeleton calls, as the executor runs it."""
+  ex: Any
+  sample: Callable      # (counts, rng, client_weights) -> _Cohort
+  broadcast: Callable
+  take: Callable        # (clients, ids) -> states [S, ...]
+  scatter: Callable     # (clients, ids, states) -> clients
+  stat: _Phase | None
+  update: _Phase
+  report: _Phase | None
+
+
+def _round(r: _Round, state: RoundState, store, rng, client_weights=None):
+  """The round skeleton, shared by every executor."""
+  store = r.ex.place(store)
+  cohort = r.sample(store.counts, rng, client_weights)
+  data = r.ex.data(store, cohort.ids)
+  states = r.take(state.clients, cohort.ids)
+  server = state.server
+  if r.stat is not None:  # pre-round: a statistic at the global model
+    res = r.stat.run(r.broadcast(server), states, data, cohort.rngs, cohort.valid)
+    server = r.stat.serve(server, res, cohort.valid)
+  res = r.update.run(r.broadcast(server), states, data, cohort.rngs, cohort.weights)
+  server, metrics = r.update.serve(server, res, cohort.weights)
+  if r.report is not None:  # post-round: a report at the updated model and states
+    rep = r.report.run(r.broadcast(server), res.states, data, cohort.report_rngs, cohort.valid)
+    server = r.report.serve(server, rep, cohort.valid)
+  return RoundState(server, r.scatter(state.clients, cohort.ids, res.states)), metrics
+
+
+class RoundFn:
+  """`round_fn(state, store, rng, client_weights=None) -> (state, metrics)`; `place(store)`
+  returns the store to pass on every round (computed once; the host loop's replicas)."""
+
+  def __init__(self, fn, place):
+    self._fn, self.place = fn, place
+
+  def __call__(self, state, store, rng, client_weights=None):
+    return self._fn(state, store, rng, client_weights)
 
 
 def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
-               chunk_size: int = 1, devices=None):
+               chunk_size: int = 1, devices=None) -> RoundFn:
   """Returns `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
 
   `client_weights` ([C], optional) replaces the algorithm's aggregation weights (examples
@@ -126,163 +353,42 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   any array in `state`, such as an injected server step size) for the jitted strategies.
 
   `store` is a `ClientStore` of device arrays (passed as an argument, never baked into the
-  compiled program). For every strategy but "host_loop" the returned function is one
-  `jax.jit`; "host_loop" is a Python function around three jitted pieces.
+  compiled program), or `round_fn.place(store)`. For every strategy but "host_loop" the
+  round is one `jax.jit`; "host_loop" is a Python function around jitted pieces.
   """
-  if strategy not in STRATEGIES:
-    raise ValueError(f"engine.strategy: unknown {strategy!r}; choose one of {STRATEGIES} or 'auto'")
+  ex = executor(strategy, chunk_size, devices)
   if not 1 <= cohort_size <= num_clients:
     raise ValueError(f"cohort size must be in [1, {num_clients}], got {cohort_size}")
-  devices = list(devices if devices is not None else jax.local_devices())
-  n_dev = len(devices) if strategy != "host_loop" else 1  # the host loop spreads clients itself
-  chunk = 1 if strategy == "sequential" else max(1, chunk_size)
-  per_dev = -(-cohort_size // n_dev)
-  if strategy in ("chunked", "sequential"):
-    chunk = min(chunk, per_dev)
-    per_dev = -(-per_dev // chunk) * chunk
-  padded = per_dev * n_dev
-  stack = algorithm.aggregation == "stack"
-  mesh = jax.make_mesh((n_dev,), ("clients",), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=devices) if n_dev > 1 else None
+  padded = ex.pad(cohort_size)
+  alg = algorithm
 
-  def prologue(state, store, rng, client_weights=None):
+  def sample(counts, rng, client_weights):
     k_cohort, k_clients = jax.random.split(rng)
     if cohort_size == num_clients:
-      cohort = jnp.arange(num_clients)
+      ids = jnp.arange(num_clients)
     else:
-      cohort = jnp.sort(jax.random.choice(k_cohort, num_clients, (cohort_size,), replace=False))
-    cohort = jnp.concatenate([cohort, jnp.full((padded - cohort_size,), num_clients, cohort.dtype)])
-    valid = (cohort < num_clients).astype(jnp.float32)
-    counts = jnp.take(store.counts, cohort, mode="clip")
+      ids = jnp.sort(jax.random.choice(k_cohort, num_clients, (cohort_size,), replace=False))
+    ids = jnp.concatenate([ids, jnp.full((padded - cohort_size,), num_clients, ids.dtype)])
+    valid = (ids < num_clients).astype(jnp.float32)
     if client_weights is not None:  # e.g. learned aggregation weights (differentiable)
-      w = valid * jnp.take(client_weights, cohort, mode="clip")
+      w = valid * jnp.take(client_weights, ids, mode="clip")
     else:
-      w = valid * (counts.astype(jnp.float32) if algorithm.weighting == "examples" else 1.0)
-    rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(cohort)
-    return cohort, w, rngs, algorithm.broadcast(state.server)
+      w = valid * (jnp.take(counts, ids, mode="clip").astype(jnp.float32) if alg.weighting == "examples" else 1.0)
+    rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(ids)
+    return _Cohort(ids, valid, w, rngs, jax.vmap(lambda k: jax.random.fold_in(k, 1))(rngs))
 
-  def client_data(store, idx):
-    return ClientData(*_take((store.x, store.y, store.domain, store.counts), idx),
-                      client_id=jnp.minimum(idx, num_clients - 1))
+  def update(server, res, w):
+    metrics = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.metrics)
+    return alg.server_update(server, _aggregate(res, w, alg.aggregation)), metrics
 
-  def epilogue(state, cohort, res, w):
-    server, metrics = _finish(algorithm, state.server, res, w)
-    clients = jax.tree.map(lambda a, n: a.at[cohort].set(n, mode="drop"), state.clients, res.states)
-    return RoundState(server, clients), metrics
+  def phase(client_fn, serve, how):
+    return _Phase(ex.client_pass(_as_update(client_fn), how == "stack"),
+                  ex.server_side(lambda server, res, w: serve(server, _aggregate(res, w, how))))
 
-  if strategy == "host_loop":
-    return _host_loop_round(algorithm, num_clients, padded, stack, devices, prologue, epilogue)
-
-  def runner(client_fn, stack_msgs: bool):
-    """`run(bcast, states, data, rngs, w) -> _CohortResult` for one pass over the cohort."""
-    def run_local(bcast, states, data, rngs, w):
-      if strategy == "vmap":
-        return _run_vmap(client_fn, stack_msgs, bcast, states, data, rngs, w)
-      return _run_chunked(client_fn, stack_msgs, chunk, bcast, states, data, rngs, w)
-    if mesh is None:
-      return run_local
-
-    def sharded(bcast, states, data, rngs, w):
-      res = run_local(bcast, states, data, rngs, w)
-      return res._replace(partial=jax.lax.psum(res.partial, "clients"))
-    spec = P("clients")
-    return jax.shard_map(sharded, mesh=mesh, in_specs=(P(), spec, spec, spec, spec),
-                         out_specs=_CohortResult(P(), spec, spec if stack_msgs else None), check_vma=False)
-
-  @jax.jit
-  def round_fn(state, store, rng, client_weights=None):
-    cohort, w, rngs, bcast = prologue(state, store, rng, client_weights)
-    data = client_data(store, cohort)
-    states = _take(state.clients, cohort)
-    valid = (cohort < num_clients).astype(jnp.float32)
-    if mesh is not None:
-      shard = lambda t: jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P("clients"))), t)
-      states, data, rngs, w_in, valid = shard(states), shard(data), shard(rngs), shard(w), shard(valid)
-    else:
-      w_in = w
-    if algorithm.client_stat is not None:  # the pre-round phase: a statistic at the global model
-      res = runner(_stat_as_update(algorithm.client_stat), False)(bcast, states, data, rngs, valid)
-      state = state._replace(server=_prepare(algorithm, state.server, res))
-      bcast = algorithm.broadcast(state.server)
-    res = runner(algorithm.client_update, stack)(bcast, states, data, rngs, w_in)
-    return epilogue(state, cohort, res, w)
-
-  return round_fn
-
-
-def _stat_as_update(client_stat):
-  def fn(bcast, client_state, data, rng):
-    return ClientOutput(client_stat(bcast, client_state, data, rng), client_state, {})
-  return fn
-
-
-def _prepare(algorithm, server, res: _CohortResult):
-  mean_stat = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.message)
-  return algorithm.server_prepare(server, mean_stat)
-
-
-def _host_loop_round(algorithm, num_clients, cohort_len, stack, devices, prologue, epilogue):
-  """The "host_loop" strategy: member `i` runs as one jitted call on device
-  `i % len(devices)`, each device keeping its own partial sum; calls are dispatched
-  asynchronously, so devices work in parallel and the host never waits inside a round."""
-  dev0 = devices[0]
-
-  def make_one(client_fn, stack_msgs):
-    @jax.jit
-    def one_client(bcast, clients, store, cohort, rngs, w, i):
-      idx = jnp.minimum(cohort[i], num_clients - 1)
-      pick = lambda t: jax.tree.map(lambda a: a[idx], t)
-      data = ClientData(store.x, store.y, store.domain, store.counts, jnp.arange(num_clients))
-      out = client_fn(bcast, pick(clients), pick(data), rngs[i])
-      part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
-      return part, out.state, (out.message if stack_msgs else None)
-    return one_client
-
-  update_one = make_one(algorithm.client_update, stack)
-  stat_one = make_one(_stat_as_update(algorithm.client_stat), False) if algorithm.client_stat else None
-  accumulate = jax.jit(_add)
-  jit_prologue, jit_epilogue = jax.jit(prologue), jax.jit(epilogue)
-  jit_prepare = jax.jit(lambda server, res: _prepare(algorithm, server, res))
-  jit_broadcast = jax.jit(algorithm.broadcast)
-  stack_tree = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
-  replicas = {}  # id(store.x) -> (store.x, [store on each device]); the store is constant across rounds
-
-  def on_devices(store):
-    key = id(store.x)
-    if key not in replicas or replicas[key][0] is not store.x:
-      replicas.clear()
-      replicas[key] = (store.x, [jax.device_put(store, d) for d in devices])
-    return replicas[key][1]
-
-  def host_pass(one, stack_msgs, bcast, clients, store, cohort, rngs, w):
-    stores = on_devices(store) if len(devices) > 1 else [store]
-    args = [(bcast, clients, cohort, rngs, w)]
-    if len(devices) > 1:
-      args = [jax.device_put(args[0], d) for d in devices]
-    acc, states, msgs = [None] * len(stores), [], []
-    for i in range(cohort_len):
-      d = i % len(stores)
-      b, cl, co, r, ww = args[d]
-      part, st, msg = one(b, cl, stores[d], co, r, ww, jnp.int32(i))
-      acc[d] = part if acc[d] is None else accumulate(acc[d], part)
-      states.append(st)
-      msgs.append(msg)
-    if len(devices) > 1:
-      to0 = lambda t: jax.device_put(t, dev0)
-      acc = [to0(a) for a in acc if a is not None]
-      states, msgs = to0(states), to0(msgs)
-    total = acc[0]
-    for a in acc[1:]:
-      total = accumulate(total, a)
-    return _CohortResult(total, stack_tree(states), stack_tree(msgs) if stack_msgs else None)
-
-  def round_fn(state, store, rng, client_weights=None):
-    cohort, w, rngs, bcast = jit_prologue(state, store, rng, client_weights)
-    if stat_one is not None:
-      valid = (cohort < num_clients).astype(jnp.float32)
-      res = host_pass(stat_one, False, bcast, state.clients, store, cohort, rngs, valid)
-      state = state._replace(server=jit_prepare(state.server, res))
-      bcast = jit_broadcast(state.server)
-    res = host_pass(update_one, stack, bcast, state.clients, store, cohort, rngs, w)
-    return jit_epilogue(state, cohort, res, w)
-  return round_fn
+  r = _Round(
+      ex, ex.server_side(sample), ex.server_side(alg.broadcast), ex.server_side(_take),
+      ex.server_side(lambda clients, ids, new: jax.tree.map(lambda a, n: a.at[ids].set(n, mode="drop"), clients, new)),
+      stat=phase(alg.client_stat, alg.server_prepare, alg.stat_aggregation) if alg.client_stat else None,
+      update=_Phase(ex.client_pass(alg.client_update, alg.aggregation == "stack"), ex.server_side(update)),
+      report=phase(alg.client_report, alg.server_finish, alg.report_aggregation) if alg.client_report else None)
+  return RoundFn(ex.compile(functools.partial(_round, r)), ex.place)

@@ -38,6 +38,20 @@ class MNISTCNNFeaturizer(nn.Module):
     return x.mean(axis=(1, 2))
 
 
+class LeafCNNFeaturizer(nn.Module):
+  """The FEMNIST CNN of seed 001's code (`src/models.py: CNN`, LEAF's FEMNIST model): two
+  5x5 convs (16, 64 channels, padding 2) each with ReLU and 2x2 max-pooling, then a linear
+  layer to 2048 features (no activation). For 28 x 28 x 1 inputs."""
+  features: int = 2048
+
+  @nn.compact
+  def __call__(self, x):
+    for width in (16, 64):
+      x = nn.Conv(width, (5, 5), padding=2)(x)
+      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+    return nn.Dense(self.features)(x.reshape((x.shape[0], -1)))
+
+
 class Classifier(nn.Module):
   """The head `h_psi`: a linear layer, or an MLP head if `hidden` is given."""
   num_classes: int
@@ -66,38 +80,89 @@ class SplitModel(nn.Module):
 class Model:
   """Pure functions over a parameter pytree. `preprocess` maps stored inputs (uint8 images,
   or floats) to what the network reads (`to_float`, plus ImageNet normalisation for the
-  ResNets), so uint8 stores never need a float copy."""
-  module: SplitModel
+  ResNets), so uint8 stores never need a float copy. `load`, if set, maps freshly
+  initialised params to pretrained ones (the text models' local Hugging Face weights,
+  `model.hf_weights`), so `init` returns the starting point of training. `modality` is
+  `MODALITY[model.name]`."""
+  module: nn.Module  # SplitModel, or models.text.TiedSplitModel (GPT-2's tied head)
   input_shape: tuple[int, ...]
   preprocess: Callable | None = None
+  load: Callable | None = None
+  modality: str = "image"
 
   def _in(self, x):
     return x if self.preprocess is None else self.preprocess(x)
 
   def init(self, rng) -> dict:
-    return self.module.init(rng, self._in(jnp.zeros((1,) + self.input_shape, jnp.float32)))["params"]
+    params = self.module.init(rng, self._in(jnp.zeros((1,) + self.input_shape, jnp.float32)))["params"]
+    return params if self.load is None else self.load(params)
 
   def apply(self, params, x):
     return self.module.apply({"params": params}, self._in(x))
 
   def features(self, params, x):
-    return self.module.apply({"params": params}, self._in(x), method=SplitModel.features)
+    return self.module.apply({"params": params}, self._in(x), method="features")
 
   def head(self, classifier_params, z):
     return self.module.classifier.apply({"params": classifier_params}, z)
 
 
-MODELS = ("mlp", "cnn", "resnet18", "resnet50")
+MODELS = ("mlp", "cnn", "femnist_cnn", "resnet18", "resnet50", "distilbert", "gpt2")
+# What each model reads: config validation can refuse methods that do not apply to a modality.
+MODALITY = {"mlp": "any", "cnn": "image", "femnist_cnn": "image", "resnet18": "image", "resnet50": "image",
+            "distilbert": "text", "gpt2": "text"}
+# Methods seed 001 marks "-" for CivilComments and Py150 (Tables 5, 10, 13), and why.
+NOT_FOR_TEXT = {
+    "feddg": "FedDG interpolates the amplitude spectra of images (2-D Fourier transforms of pixels)",
+    "fedadg": "FedADG is designed for images in seed 001 (Table 5: not applicable to CivilComments and Py150)",
+    "mixup": "Mixup interpolates inputs; token ids cannot be interpolated (seed 001 Table 5 has no Mixup row for text)",
+}
+
+
+def modality(model_name: str) -> str:
+  """"image", "text" or "any" for a `model.name` in MODELS."""
+  if model_name not in MODALITY:
+    raise ValueError(f"model.name: unknown model {model_name!r}; choose one of {list(MODELS)}")
+  return MODALITY[model_name]
+
+
+def _build_text(name: str, model_config, input_shape, num_classes: int) -> Model:
+  """DistilBERT (classifier on the [CLS] vector) or GPT-2 (tied LM head) on token ids
+  `[T]`; weights from `model.hf_weights` when set (models/text.py)."""
+  from fedjax_dg.models import text  # pylint: disable=g-import-not-at-top
+  if len(input_shape) != 1:
+    raise ValueError(f"model.name={name!r} needs token-id inputs [T], got input shape {tuple(input_shape)}")
+  cfg = text.text_config(name, model_config)
+  if input_shape[0] > cfg.max_positions:
+    raise ValueError(f"model.name={name!r}: sequences of {input_shape[0]} tokens exceed the model's "
+                     f"{cfg.max_positions} positions (data.max_tokens)")
+  if name == "distilbert":
+    module = SplitModel(featurizer=text.DistilBertFeaturizer(cfg),
+                        classifier=Classifier(num_classes, tuple(model_config.get("head_hidden", ()))))
+  else:
+    if num_classes > cfg.vocab_size:
+      raise ValueError(f"model.name='gpt2': the data has token ids up to {num_classes - 1}, beyond the "
+                       f"model's vocabulary of {cfg.vocab_size} (model.hf_config)")
+    module = text.TiedSplitModel(featurizer=text.GPT2Featurizer(cfg), classifier=text.TiedLMHead(cfg.vocab_size, cfg.dim))
+  path = model_config.get("hf_weights", "")
+  load = (lambda params: text.load_hf_weights(name, params, path)) if path else None
+  return Model(module, tuple(input_shape), lambda x: jnp.asarray(x).astype(jnp.int32), load, "text")
 
 
 def build_model(model_config, input_shape, num_classes: int) -> Model:
   name = model_config.name
+  if name in ("distilbert", "gpt2"):
+    return _build_text(name, model_config, input_shape, num_classes)
   if name == "mlp":
     feat = MLPFeaturizer(tuple(model_config.hidden))
   elif name == "cnn":
     if len(input_shape) != 3:
       raise ValueError(f"model.name='cnn' needs image inputs [H, W, C], got input shape {input_shape}")
     feat = MNISTCNNFeaturizer()
+  elif name == "femnist_cnn":
+    if len(input_shape) != 3:
+      raise ValueError(f"model.name='femnist_cnn' needs image inputs [H, W, C], got input shape {input_shape}")
+    feat = LeafCNNFeaturizer()
   elif name in ("resnet18", "resnet50"):
     from fedjax_dg.models import resnet  # pylint: disable=g-import-not-at-top
     feat = resnet.featurizer(name, model_config)
@@ -107,7 +172,8 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
   from fedjax_dg.data.augment import normalize, to_float  # pylint: disable=g-import-not-at-top
   # ImageNet statistics for the ResNets (their pretrained weights expect them, as DomainBed's).
   prep = (lambda x: normalize(to_float(x))) if name.startswith("resnet") else to_float
-  return Model(SplitModel(featurizer=feat, classifier=head), tuple(input_shape), prep)
+  return Model(SplitModel(featurizer=feat, classifier=head), tuple(input_shape), prep,
+               modality="any" if name == "mlp" else "image")
 
 
 def count_params(params) -> int:

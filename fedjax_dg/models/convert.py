@@ -45,6 +45,10 @@ _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 CONVERTED_SUFFIXES = (".npz", ".msgpack")
 
 
+class BadTensor(ValueError):
+  """A tensor record whose size, stride or offset does not fit its storage."""
+
+
 class _Storage:
   """`numel` elements of `dtype` starting `start` elements into `root`'s data (a legacy
   view; otherwise `root` is itself). The root's `data` is filled from the file."""
@@ -67,12 +71,26 @@ class _Tensor(NamedTuple):
   def numpy(self) -> np.ndarray:
     flat = self.storage.array()
     native = flat.dtype.newbyteorder("=")
+    if len(self.stride) != len(self.size) or min(self.size, default=0) < 0:
+      raise BadTensor(f"size {self.size} and stride {self.stride} do not describe a tensor")
     if math.prod(self.size) == 0:
       return np.zeros(self.size, native)
+    # A stride that is not positive (a broadcast view) or a view with more elements than
+    # its storage would make a tiny file allocate any amount of memory; torchvision
+    # state_dicts hold neither. A dimension of size 1 never moves, so its stride is free.
+    bad = next((k for k, (n, s) in enumerate(zip(self.size, self.stride)) if n > 1 and s <= 0), None)
+    if bad is not None:
+      raise BadTensor(f"stride {self.stride[bad]} in dimension {bad} (size {self.size[bad]}); strides must be "
+                      "positive")
+    if self.offset < 0 or self.offset > flat.size:
+      raise BadTensor(f"offset {self.offset} lies outside its storage of {flat.size} elements")
+    if math.prod(self.size) > flat.size - self.offset:
+      raise BadTensor(f"a view of {math.prod(self.size)} elements (size {self.size}) on a storage of {flat.size} "
+                      f"elements from offset {self.offset}; a view may not be larger than its storage")
     last = self.offset + sum((n - 1) * s for n, s in zip(self.size, self.stride))
-    if self.offset < 0 or min(self.stride, default=0) < 0 or last >= flat.size:
-      raise ValueError(f"tensor of size {self.size} stride {self.stride} at offset {self.offset} "
-                       f"exceeds its storage of {flat.size} elements")
+    if last >= flat.size:
+      raise BadTensor(f"size {self.size} stride {self.stride} at offset {self.offset} exceeds its storage of "
+                      f"{flat.size} elements")
     view = np.lib.stride_tricks.as_strided(flat[self.offset:], self.size,
                                            [s * flat.itemsize for s in self.stride], writeable=False)
     return np.array(view, dtype=native, order="C")  # a copy; ascontiguousarray would make 0-d 1-d
@@ -167,14 +185,18 @@ def _read_torch_legacy(path: str):
   return obj
 
 
-def _materialize(obj):
-  """`obj` with every `_Tensor` replaced by a numpy array (dicts become plain dicts)."""
+def _materialize(obj, key: str = ""):
+  """`obj` with every `_Tensor` replaced by a numpy array (dicts become plain dicts); a
+  bad tensor is a `BadTensor` whose message starts with its key (`a.b` for nested dicts)."""
   if isinstance(obj, _Tensor):
-    return obj.numpy()
+    try:
+      return obj.numpy()
+    except BadTensor as e:
+      raise BadTensor(f"tensor {key or '<top level>'!r}: {e}") from None
   if isinstance(obj, dict):
-    return {k: _materialize(v) for k, v in obj.items()}
+    return {k: _materialize(v, f"{key}.{k}" if key else str(k)) for k, v in obj.items()}
   if isinstance(obj, (list, tuple)):
-    return type(obj)(_materialize(v) for v in obj)
+    return type(obj)(_materialize(v, f"{key}[{i}]") for i, v in enumerate(obj))
   return obj
 
 
@@ -197,6 +219,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
       from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
       return dict(load_file(path))
     obj = _materialize(_read_torch_zip(path) if zipfile.is_zipfile(path) else _read_torch_legacy(path))
+  except BadTensor as e:
+    raise ValueError(f"{path}: {e}") from None
   except Exception as e:  # pylint: disable=broad-except  # any parse failure is a bad file
     raise _unreadable(path, e) from e
   if isinstance(obj, dict) and "state_dict" in obj:

@@ -1,0 +1,379 @@
+"""Self-describing methods: hyperparameters, client sides, server rules, and `compose`.
+
+A method is two halves that meet in one function:
+
+  ClientSide   what a client does with the broadcast model (its local objective and loop),
+               plus whatever the client side keeps on the server (FedIIR's `g~`, AFL's
+               `beta`, SCAFFOLD's `c`, FedDIM's `I_bar`) and the pre-round statistic it needs.
+  ServerRule   how the server turns the cohort's updates `Delta_c` into new parameters
+               (FedAvg/FedOpt's optax step, FedOMG's gradient matching, FedGMA's mask, ...).
+
+`compose(name, client, rule)` builds the engine's `Algorithm` from any client side and any
+rule whose aggregation it can feed, so `irm+omg`, `fediir+omg`, `fedprox+gma` exist without
+a line written for them; a pairing that cannot work is refused with one line saying why
+(a rule that needs a per-client signal the client side does not send: FedGA's rule needs
+the generalisation gap).
+
+Each method file exports `MethodSpec`s (and server rules export `RuleSpec`s): a name, a
+frozen hyperparameter record whose fields carry the paper's default, the accepted range and
+a random-search distribution (DomainBed's `_hparam(name, default, range)`, one level up),
+a builder for its client side, its default rule, and what it sends and receives beyond the
+model. Config defaults (`config.algorithm.<method>.<field>`), range checks, random search and
+the README's tables are generated from these records (`fedjax_dg/algorithms/__init__.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dg.algorithms.base import Algorithm, ClientOutput, ServerRule, Stacked
+
+
+# ---------------------------------------------------------------------------------------------
+# Hyperparameters
+
+
+@dataclasses.dataclass(frozen=True)
+class LogUniform:
+  """`exp(U(log lo, log hi))`, DomainBed's `10 ** uniform(...)`."""
+  lo: float
+  hi: float
+
+  def __call__(self, rng: np.random.Generator):
+    return float(math.exp(rng.uniform(math.log(self.lo), math.log(self.hi))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Uniform:
+  lo: float
+  hi: float
+
+  def __call__(self, rng: np.random.Generator):
+    return float(rng.uniform(self.lo, self.hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  values: tuple
+
+  def __call__(self, rng: np.random.Generator):
+    return self.values[int(rng.integers(len(self.values)))]
+
+
+def hparam(default, doc: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None, integer: bool = False,
+           search=None, legacy: tuple[str, ...] = ()):
+  """A hyperparameter field: the paper's `default`, the accepted range (`ge`/`gt`/`le`/`lt`
+  bounds or `choices`), an optional random-search distribution `search` and the flat config
+  names it had before (`legacy`, e.g. `prox_mu`), which the command line still accepts."""
+  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, legacy=legacy)
+  return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoHParams:
+  """A method without hyperparameters of its own."""
+
+
+def _range_text(m) -> str:
+  if m["choices"] is not None:
+    return "one of " + ", ".join(map(str, m["choices"]))
+  lo = f"[{m['ge']}" if m["ge"] is not None else f"({m['gt']}" if m["gt"] is not None else None
+  hi = f"{m['le']}]" if m["le"] is not None else f"{m['lt']})" if m["lt"] is not None else None
+  if lo and hi:
+    return f"in {lo}, {hi}"
+  if lo:
+    return (">= " if lo[0] == "[" else "> ") + lo[1:]
+  if hi:
+    return ("<= " if hi[-1] == "]" else "< ") + hi[:-1]
+  return "any value"
+
+
+def hparam_error(field: dataclasses.Field, value, path: str) -> str | None:
+  """The one-line error for `value` of `field` (config path `path`), or None if accepted."""
+  m = field.metadata
+  if m.get("choices") is not None:
+    return None if value in m["choices"] else f"{path} must be {_range_text(m)}; got {value!r}"
+  if isinstance(field.default, bool):
+    return None if isinstance(value, bool) else f"{path} must be True or False, got {value!r}"
+  if isinstance(field.default, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      return f"{path} must be a finite number, got {value!r}"
+    if m.get("integer") and int(value) != value:
+      return f"{path} must be an integer, got {value!r}"
+    ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
+          and (m["le"] is None or value <= m["le"]) and (m["lt"] is None or value < m["lt"]))
+    return None if ok else f"{path} must be {_range_text(m)}, got {value}"
+  return None
+
+
+def hparam_fields(cls) -> tuple[dataclasses.Field, ...]:
+  return dataclasses.fields(cls)
+
+
+def defaults(cls) -> dict:
+  return {f.name: f.default for f in hparam_fields(cls)}
+
+
+def sample(cls, rng: np.random.Generator) -> dict:
+  """Random-search values of every field that declares a `search` distribution."""
+  return {f.name: f.metadata["search"](rng) for f in hparam_fields(cls) if f.metadata.get("search")}
+
+
+def read(cls, values, path: str):
+  """The record `cls(**values)`, every field checked; `values` a mapping (a ConfigDict)."""
+  values = dict(values)
+  names = {f.name for f in hparam_fields(cls)}
+  unknown = sorted(set(values) - names)
+  if unknown:
+    raise ValueError(f"{path}.{unknown[0]}: unknown field; {path} has {sorted(names) or 'no fields'}")
+  for f in hparam_fields(cls):
+    if f.name in values:
+      err = hparam_error(f, values[f.name], f"{path}.{f.name}")
+      if err:
+        raise ValueError(err)
+  kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
+  return cls(**kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a builder gets
+
+
+class Context(NamedTuple):
+  """Everything a client side or rule may need, fixed before anything compiles."""
+  model: Any                 # fedjax_dg.models.Model (after the method's `model` transform)
+  sched: Any                 # LocalSchedule of the local loop
+  client_opt: Any            # the configured local optimizer (optax)
+  config: Any                # the whole experiment config (client.*, server.*, seed, num_rounds, ...)
+  num_clients: int = 1
+  cohort_size: int = 1
+  num_domains: int = 1
+  train_domains: tuple = ()
+  store: Any = None          # the training ClientStore (FedDG's amplitude bank)
+  tune_store: Any = None     # each client's held-out tuning rows, when the method asks for them
+
+  @property
+  def num_classes(self) -> int:
+    return self.model.module.classifier.num_classes
+
+  def feature_dim(self) -> int:
+    params = jax.eval_shape(self.model.init, jax.random.PRNGKey(0))
+    return jax.eval_shape(self.model.features, params, jnp.zeros((1,) + self.model.input_shape)).shape[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The two halves
+
+
+class ClientSide(NamedTuple):
+  """A method's client half.
+
+  update(params, extra, client_state, data, rng) -> ClientOutput(message, state, metrics)
+      `message` is `Delta_c` (a pytree shaped like the trained parameters), or
+      `(Delta_c, side_message)` when the client side has a `side_update` or `provides` a
+      per-client signal to the rule.
+  init(params) -> client_state                  persistent per-client state (default none)
+  side_init(rng, params) -> side_state           what the client side keeps on the server
+  side_update(side_state, mean_side_message, round) -> side_state   after the server rule
+  broadcast(side_state, round) -> extra          sent with the parameters (None: nothing)
+  stat(params, extra, client_state, data, rng)   optional pre-round statistic at the global
+      model; `prepare(side_state, mean_stat, round) -> side_state` consumes its uniform mean
+  report(new_params, extra, client_state, data, rng)  optional post-round report at the
+      aggregated model; `finish(side_state, aggregate, round) -> side_state` consumes it
+      (`report_aggregation` "mean" or "stack"; `stat_aggregation` likewise for `stat`)
+  nets_init(rng, params) -> trained              what the rule trains (FedADG: model and
+      generator); `params_of(trained) -> params` is the model part
+  weighting                                       "examples" or "uniform" aggregation weights
+  provides                                        per-client signals in the side message
+      that a rule may need (FedGA's rule reads "generalisation_gap")
+  """
+  update: Callable
+  init: Callable = lambda params: ()
+  side_init: Callable = lambda rng, params: ()
+  side_update: Callable | None = None
+  broadcast: Callable | None = None
+  stat: Callable | None = None
+  prepare: Callable | None = None
+  nets_init: Callable | None = None
+  params_of: Callable | None = None
+  weighting: str = "examples"
+  provides: tuple[str, ...] = ()
+  report: Callable | None = None
+  finish: Callable | None = None
+  report_aggregation: str = "mean"
+  stat_aggregation: str = "mean"
+
+  @property
+  def sends_side(self) -> bool:
+    return self.side_update is not None or bool(self.provides)
+
+
+class ServerState(NamedTuple):
+  """A composed method's server state. Attributes of the client side's server state read
+  through (`state.g_tilde` is `state.side.g_tilde`)."""
+  params: Any     # what the rule updates: the model (FedADG: model and generator)
+  opt_state: Any  # the server rule's state
+  side: Any = ()  # the client side's server state
+  round: Any = 0  # rounds completed
+
+  def __getattr__(self, name):
+    if name.startswith("_") or name in ServerState._fields:
+      raise AttributeError(name)
+    return getattr(self.side, name)
+
+
+def _weighted_mean(tree, w):
+  tot = jnp.maximum(jnp.sum(w), 1e-12)
+  return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1) / tot, tree)
+
+
+def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
+  """The algorithm `client` + `rule`; refuses a rule needing a signal the client does not send."""
+  for need in rule.needs:
+    if need not in client.provides:
+      raise ValueError(f"algorithm.name={name!r}: server rule {rule.name!r} needs the clients' {need}, "
+                       f"which this method's clients do not send")
+  weighting = rule.weighting or client.weighting
+  has_extra = client.broadcast is not None
+
+  def server_init(rng, params):
+    trained = client.nets_init(rng, params) if client.nets_init else params
+    return ServerState(trained, rule.init(trained), client.side_init(rng, params), jnp.asarray(0, jnp.int32))
+
+  def broadcast(s: ServerState):
+    return (s.params, client.broadcast(s.side, s.round)) if has_extra else s.params
+
+  def split(b):
+    return b if has_extra else (b, ())
+
+  def client_update(b, client_state, data, rng):
+    params, extra = split(b)
+    return client.update(params, extra, client_state, data, rng)
+
+  def server_update(s: ServerState, aggregate) -> ServerState:
+    if rule.aggregation == "stack":
+      msgs, w = aggregate.messages, aggregate.weights
+      if client.sends_side:
+        (deltas, side_msgs) = msgs
+        side_w = w if client.weighting == weighting else (w > 0).astype(w.dtype)
+        mean_side = _weighted_mean(side_msgs, side_w)
+        aggregate = Stacked(deltas, w, side_msgs)
+      else:
+        mean_side = ()
+    else:
+      aggregate, mean_side = aggregate if client.sends_side else (aggregate, ())
+    params, rule_state = rule.apply(s.opt_state, s.params, aggregate)
+    side = client.side_update(s.side, mean_side, s.round) if client.side_update else s.side
+    return ServerState(params, rule_state, side, s.round + 1)
+
+  stat = prepare = None
+  if client.stat is not None:
+    def stat(b, client_state, data, rng):
+      params, extra = split(b)
+      return client.stat(params, extra, client_state, data, rng)
+
+    def prepare(s: ServerState, mean_stat) -> ServerState:
+      return s._replace(side=client.prepare(s.side, mean_stat, s.round))
+
+  report = finish = None
+  if client.report is not None:
+    def report(b, client_state, data, rng):
+      params, extra = split(b)
+      return client.report(params, extra, client_state, data, rng)
+
+    def finish(s: ServerState, aggregate) -> ServerState:
+      return s._replace(side=client.finish(s.side, aggregate, s.round))
+
+  params_of = (lambda s: client.params_of(s.params)) if client.params_of else (lambda s: s.params)
+  return Algorithm(name=name, server_init=server_init, client_init=client.init, broadcast=broadcast,
+                   client_update=client_update, server_update=server_update, params_of=params_of,
+                   aggregation=rule.aggregation, weighting=weighting, client_stat=stat, server_prepare=prepare,
+                   client_report=report, server_finish=finish, report_aggregation=client.report_aggregation,
+                   stat_aggregation=client.stat_aggregation)
+
+
+def delta(new, old):
+  """`Delta_c = theta_c - theta`."""
+  return jax.tree.map(lambda a, b: a - b, new, old)
+
+
+def send(params, global_params, state, metrics, side=None) -> ClientOutput:
+  """The usual client output: `Delta_c`, with `side` appended when given."""
+  d = delta(params, global_params)
+  return ClientOutput(message=d if side is None else (d, side), state=state, metrics=metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleSpec:
+  """A server rule: `build(ctx, hp) -> ServerRule`; its hyperparameters live under
+  `config.algorithm.<name>` (FedOMG's `kappa`, FedGMA's `tau`); `server.*` holds the
+  server optimizer's shared fields (`server.lr` is `eta_g` for every rule)."""
+  name: str
+  build: Callable
+  hparams: type = NoHParams
+  doc: str = ""
+  sends: tuple[str, ...] = ()
+  receives: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One stage of a multi-stage method after the first: `build(ctx, hp) -> Algorithm`, whose
+  `server_init(rng, params)` starts from the previous stage's parameters, and
+  `rounds(config, hp)` rounds of it."""
+  name: str
+  build: Callable
+  rounds: Callable  # (config, hp) -> number of rounds
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """One method.
+
+  name        the `algorithm.name` it answers to
+  paper       the paper (and the section the formulas come from)
+  hparams     a frozen dataclass of `hparam` fields; values come from `config.algorithm.<config_key>`
+  client      `(ctx, hp) -> ClientSide`
+  rule        the default server rule's name (`"fedavg"`, `"omg"`, ...)
+  rule_hparams  fixed rule settings the method implies (FedAvgM: `server.momentum`)
+  sends, receives, leaks_data   what travels besides the model and its update
+  group       the benchmark table's row group (seed 001 Table 3)
+  model       optional `(model, hp) -> model` (FedSR's probabilistic featurizer)
+  check       optional `(config, hp) -> error line or None`, for what the method needs of
+              the rest of the config (a linear head, plain SGD)
+  centralised True for centralised ERM: one client holding all training data
+  tune_fraction  optional `hp -> fraction`: each client holds out that share of its rows
+              as a tuning split (`ctx.tune_store`)
+  stages      optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2)
+  setup_bytes optional `(ctx, hp) -> bytes` of a one-off exchange before training
+  """
+  name: str
+  paper: str
+  client: Callable
+  hparams: type = NoHParams
+  config_key: str | None = None
+  rule: str = "fedavg"
+  sends: tuple[str, ...] = ()
+  receives: tuple[str, ...] = ()
+  leaks_data: bool = False
+  group: str = "FL"
+  model: Callable | None = None
+  check: Callable | None = None
+  centralised: bool = False
+  tune_fraction: Callable | None = None
+  stages: Callable | None = None
+  setup_bytes: Callable | None = None
+  composable: bool = True  # False: a whole algorithm that takes no other rule
+
+  @property
+  def key(self) -> str:
+    return self.config_key or self.name
