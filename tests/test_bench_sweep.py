@@ -212,3 +212,20 @@ def test_help_prints_the_config_flags_and_main_fields():
   out = subprocess.run([sys.executable, "-m", "fedjax_dg.bench", "--help"], cwd=ROOT, capture_output=True,
                        text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
   assert out.returncode == 0 and "--sweep: Path to a sweep config" in out.stdout and "collect" in out.stdout
+
+
+def test_carve_on_a_wilds_fold(tmp_path):
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  from test_wilds import data_config, write_camelyon17
+  from fedjax_dg.data import wilds
+  root = write_camelyon17(str(tmp_path / "camelyon17_v1.0"))
+  plain = wilds.load_fold(data_config(root, "camelyon17"))
+  cut = wilds.load_fold(data_config(root, "camelyon17", test_domain_train_fraction=0.5))
+  rows = lambda s: sorted(x.tobytes() + bytes([int(y)]) for x, y in zip(s.x, s.y))
+  n, k = len(plain.test), round(0.5 * len(plain.test))
+  assert n >= 2 and len(cut.test) == n - k and len(cut.train) == len(plain.train) + k
+  moved = cut.train.x[len(plain.train):]
+  assert np.array_equal(cut.train.x[:len(plain.train)], plain.train.x) and np.all(cut.train.domain[-k:] == 2)
+  # The moved rows and the rows still tested on are, together, the test hospital's rows.
+  assert sorted(rows(splits.Split(moved, cut.train.y[-k:], cut.train.domain[-k:])) + rows(cut.test)) == rows(plain.test)
+  assert cut.train_domains == (0, 2, 3, 4)
