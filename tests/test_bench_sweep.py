@@ -229,3 +229,14 @@ def test_carve_on_a_wilds_fold(tmp_path):
   # The moved rows and the rows still tested on are, together, the test hospital's rows.
   assert sorted(rows(splits.Split(moved, cut.train.y[-k:], cut.train.domain[-k:])) + rows(cut.test)) == rows(plain.test)
   assert cut.train_domains == (0, 2, 3, 4)
+
+
+def test_provenance_versions_and_commit():
+  import subprocess
+  import jax
+  from fedjax_dg.bench import provenance
+  p = provenance.provenance()
+  assert p["versions"]["jax"] == jax.__version__ and p["versions"]["numpy"] == np.__version__
+  head = subprocess.run(["git", "log", "-1", "--format=%H"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  assert p["git"]["commit"] == (head or None)
+  assert provenance.git_state("/")["commit"] is None  # not a checkout

@@ -320,6 +320,7 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
                  wall_time_s=round(sm.get("wall_time_s", 0.0), 2), bytes_per_round=comm.get("bytes_per_round", ""),
                  bytes_total=(comm.get("bytes_per_round", 0) * int(job.config.num_rounds) + (comm.get("setup_bytes") or 0))
                  if comm else "")
+      row["git_commit"] = (sm.get("provenance") or {}).get("git", {}).get("commit") or ""
     else:
       row.update(final_round="", final_test="", wall_time_s="", bytes_per_round="", bytes_total="")
     row["error"] = ""
