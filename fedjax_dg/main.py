@@ -43,6 +43,41 @@ def main(argv):
   return 0
 
 
+USAGE = """fedjax-dg: federated domain generalization runs from an ml_collections config.
+
+  fedjax-dg --config configs/default.py [--config.<field>=<value> ...] [--workdir DIR]
+  python -m fedjax_dg --config configs/default.py --config.algorithm.name=fedprox --config.partition.lam=0.1
+
+Every field of the config file is a flag --config.<field> (configs/default.py documents
+each). The main ones:
+  data.name                        rotated_digits (embedded), spurious, rotated_mnist, colored_mnist,
+                                   image_folder, wilds, tfds
+  data.test_domains, data.val_domains   test and held-out validation domain ids
+  data.leave_one_domain_out        every domain as the test domain once
+  partition.method, partition.lam  heterogeneous (seed 001, lam in [0, 1]), dirichlet, iid
+  num_clients, cohort_size, cohort_fraction
+  algorithm.name                   the method (README "Methods"); its hyperparameters are
+                                   algorithm.<method>.<field>, e.g. algorithm.fedprox.mu
+  client.optimizer, client.lr, client.momentum, client.batch_size, client.local_epochs, client.local_steps
+  server.lr, server.momentum       eta_g, FedAvgM momentum (server.b1, b2, eps: FedAdam / FedYogi)
+  model.name                       cnn, mlp, resnet18, resnet50
+  engine.strategy                  auto, vmap, chunked, sequential, host_loop
+  num_rounds, eval_every, checkpoint_every, resume, workdir, quiet
+Writes metrics.jsonl, summary.json and checkpoints/ in the workdir. Sweeps, tables and
+figures: python -m fedjax_dg.bench --help.
+"""
+
+HELP_FLAGS = ("-h", "--help", "-help", "-?")
+
+
+def print_help(module: str, usage: str) -> None:
+  """The usage text and the flags `module` defines (absl's --help shows only the flags of
+  the script's own module, which a console script has none of)."""
+  print(usage)
+  print("Flags:" + flags.FLAGS.module_help(module).split(":", 1)[1].rstrip())
+  print("  --helpfull: every flag, JAX's and absl's included")
+
+
 def translate_legacy(argv: list[str]) -> list[str]:
   """Rewrites flat hyperparameter flags of earlier versions (`--config.algorithm.prox_mu=0.1`)
   to their nested fields (`--config.algorithm.fedprox.mu=0.1`), saying so on stderr."""
@@ -69,6 +104,9 @@ def _define_flags():
 def run():
   sys.argv[:] = translate_legacy(sys.argv)   # before the config flag reads its overrides
   _define_flags()
+  if any(a in HELP_FLAGS for a in sys.argv[1:]):
+    print_help(__name__, USAGE)
+    sys.exit(0)
   flags.mark_flag_as_required("config")
   app.run(lambda argv: sys.exit(main(argv)))
 

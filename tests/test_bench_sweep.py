@@ -110,6 +110,28 @@ def test_random_search_draws(tmp_path):
   assert min(logs) < -2.8 and max(logs) > -1.2 and abs(np.mean(logs) + 2) < 0.1
 
 
+def test_search_with_the_methods_declared_ranges(tmp_path):
+  from fedjax_dg.algorithms import sample_hparams
+  s = small_sweep(tmp_path, methods=("fedprox", "fediir+omg"), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                  num_trials=3)
+  s.search.method_ranges = True
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-2, 1e-1)}}
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    m, t = e.axes["algorithm"], e.axes["trial"]
+    if t == 0:
+      assert e.axes["overrides"] == {}
+      continue
+    # The method's draws from its declared ranges, then the sweep's, from the same stream.
+    rng = np.random.default_rng([0, t, sweep_lib.stable_int(m)])
+    expected = dict(sample_hparams(m, rng))
+    expected["client.lr"] = float(np.exp(rng.uniform(np.log(1e-2), np.log(1e-1))))
+    assert e.axes["overrides"] == expected and len(expected) >= 2
+    cfg = exp.jobs[e.key].config
+    for path, v in expected.items():
+      assert sweep_lib.get_path(cfg, path) == v
+
+
 def test_bad_sweep_fields_are_one_line_errors(tmp_path):
   s = small_sweep(tmp_path)
   s.method_overrides = {"fedavg": {"client": {"no_such_field": 1}}}
@@ -119,13 +141,6 @@ def test_bad_sweep_fields_are_one_line_errors(tmp_path):
   s.search.distributions = {"client": {"lr": ("gaussian", 0, 1)}}
   with pytest.raises(sweep_lib.SweepError, match=r"sweep.search.distributions.client.lr"):
     sweep_lib.expand(s)
-  s = small_sweep(tmp_path, num_trials=2)
-  s.search.method_ranges = True
-  try:
-    from fedjax_dg.algorithms import sample_hparams  # noqa: F401
-  except ImportError:
-    with pytest.raises(sweep_lib.SweepError, match="sweep.search.method_ranges"):
-      sweep_lib.expand(s)
   s = small_sweep(tmp_path)
   s.grids.table.kind = "other"
   with pytest.raises(sweep_lib.SweepError, match="sweep.grids.table.kind"):
@@ -183,3 +198,45 @@ def test_carved_test_domain_never_tested_on():
   assert np.array_equal(splits.fold_from_config(ds, cfg).test.x, cut.test.x)
   with pytest.raises(ValueError, match=r"data.test_domain_train_fraction must lie in \[0, 1\), got 1.0"):
     splits.make_fold(ds, [2], [0], test_domain_train_fraction=1.0)
+
+
+def test_help_prints_the_config_flags_and_main_fields():
+  import subprocess
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+  assert out.returncode == 0, out.stderr
+  for text in ("--config: Path to an ml_collections config file.", "--workdir", "partition.lam", "algorithm.name",
+               "--config.<field>"):
+    assert text in out.stdout
+  assert "Try --helpfull" not in out.stdout
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg.bench", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+  assert out.returncode == 0 and "--sweep: Path to a sweep config" in out.stdout and "collect" in out.stdout
+
+
+def test_carve_on_a_wilds_fold(tmp_path):
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  from test_wilds import data_config, write_camelyon17
+  from fedjax_dg.data import wilds
+  root = write_camelyon17(str(tmp_path / "camelyon17_v1.0"))
+  plain = wilds.load_fold(data_config(root, "camelyon17"))
+  cut = wilds.load_fold(data_config(root, "camelyon17", test_domain_train_fraction=0.5))
+  rows = lambda s: sorted(x.tobytes() + bytes([int(y)]) for x, y in zip(s.x, s.y))
+  n, k = len(plain.test), round(0.5 * len(plain.test))
+  assert n >= 2 and len(cut.test) == n - k and len(cut.train) == len(plain.train) + k
+  moved = cut.train.x[len(plain.train):]
+  assert np.array_equal(cut.train.x[:len(plain.train)], plain.train.x) and np.all(cut.train.domain[-k:] == 2)
+  # The moved rows and the rows still tested on are, together, the test hospital's rows.
+  assert sorted(rows(splits.Split(moved, cut.train.y[-k:], cut.train.domain[-k:])) + rows(cut.test)) == rows(plain.test)
+  assert cut.train_domains == (0, 2, 3, 4)
+
+
+def test_provenance_versions_and_commit():
+  import subprocess
+  import jax
+  from fedjax_dg.bench import provenance
+  p = provenance.provenance()
+  assert p["versions"]["jax"] == jax.__version__ and p["versions"]["numpy"] == np.__version__
+  head = subprocess.run(["git", "log", "-1", "--format=%H"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  assert p["git"]["commit"] == (head or None)
+  assert provenance.git_state("/")["commit"] is None  # not a checkout

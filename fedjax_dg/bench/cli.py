@@ -94,6 +94,10 @@ def main(argv) -> int:
 
 
 def run():
+  if any(a in ("-h", "--help", "-help", "-?") for a in sys.argv[1:]):
+    from fedjax_dg.main import print_help
+    print_help(__name__, __doc__)
+    sys.exit(0)
   flags.mark_flag_as_required("sweep")
   app.run(lambda argv: sys.exit(main(argv)))
 

@@ -60,11 +60,18 @@ def _metric(split_metrics, metric):
   return None if v is None or not math.isfinite(v) else float(v)
 
 
+def selectable(run: dict) -> list[dict]:
+  """The evaluations selection may pick: those of the final stage of a multi-stage method
+  (the runner's `selection_scope`; a record's `stage` counts from 1)."""
+  stages = run["summary"].get("stages") or [None]
+  return [r for r in run["records"] if r.get("stage", 1) == len(stages)]
+
+
 def rule_scores(run: dict, rule: str, metric: str) -> dict | None:
   """{"round", "val", "test", "in_test"} for one selection rule, or None where the run has
   no validation split for it. The oracle takes the round of the best test score (earliest
   on ties) from metrics.jsonl."""
-  records = run["records"]
+  records = selectable(run)
   at = {r["round"]: r for r in records}
   if rule == "oracle":
     best = None
@@ -313,6 +320,7 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
                  wall_time_s=round(sm.get("wall_time_s", 0.0), 2), bytes_per_round=comm.get("bytes_per_round", ""),
                  bytes_total=(comm.get("bytes_per_round", 0) * int(job.config.num_rounds) + (comm.get("setup_bytes") or 0))
                  if comm else "")
+      row["git_commit"] = (sm.get("provenance") or {}).get("git", {}).get("commit") or ""
     else:
       row.update(final_round="", final_test="", wall_time_s="", bytes_per_round="", bytes_total="")
     row["error"] = ""

@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import socket
-import sys
 import time
 import traceback
 

@@ -135,6 +135,10 @@ def write_report(sweep, out_dir: str, exp=None) -> str:
   if pngs:
     md += ["## Figures", ""] + [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})" for p in pngs
                                 if os.sep + "runs" + os.sep not in p] + [""]
+  failed = [r for r in rows if r["state"] == "failed"]
+  if failed:
+    md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds); `error.txt` in each workdir has the "
+           "traceback.", ""] + [f"- {r['job']}: {r['error']} (`{r['workdir']}`)" for r in failed] + [""]
   table = (collect.build_table(sweep, exp, results, st["table_grid"], "heldout_domain", st["metric"], st["ddof"])
            if st["table_grid"] in sweep.grids else None)
   f = sweep.get("figures", {})

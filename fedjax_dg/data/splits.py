@@ -97,7 +97,15 @@ def make_fold(ds: DomainDataset, test_domains: Sequence[int], val_domains: Seque
 
 
 def _take(s: Split, idx: np.ndarray) -> Split:
-  return Split(s.x[idx], s.y[idx], s.domain[idx])
+  return Split(s.x[idx], s.y[idx], s.domain[idx], None if s.meta is None else s.meta[idx])
+
+
+def _join(a: Split, b: Split) -> Split:
+  if a.x.shape[1:] != b.x.shape[1:] or a.y.shape[1:] != b.y.shape[1:]:
+    raise ValueError(f"data.test_domain_train_fraction: test examples {b.x.shape[1:]} / labels {b.y.shape[1:]} "
+                     f"cannot join training examples {a.x.shape[1:]} / labels {a.y.shape[1:]}")
+  meta = None if a.meta is None or b.meta is None else np.concatenate([a.meta, b.meta])
+  return Split(np.concatenate([a.x, b.x]), np.concatenate([a.y, b.y]), np.concatenate([a.domain, b.domain]), meta)
 
 
 def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: int = 0) -> Fold:
@@ -125,8 +133,7 @@ def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: 
   test, train, train_domains = _take(fold.test, keep), fold.train, fold.train_domains
   if include:
     extra = _take(fold.test, moved)
-    train = Split(np.concatenate([train.x, extra.x]), np.concatenate([train.y, extra.y]),
-                  np.concatenate([train.domain, extra.domain]))
+    train = _join(train, extra)
     train_domains = tuple(sorted(set(train_domains) | set(int(d) for d in np.unique(extra.domain))))
   return dataclasses.replace(fold, train=train, test=test, train_domains=train_domains)
 

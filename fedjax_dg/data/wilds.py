@@ -228,8 +228,10 @@ def _text_fold(data_config) -> Fold:
 def load_fold(data_config) -> Fold:
   """The official split scheme as a `Fold` (see the module docstring), images decoded
   once and cached; `data.max_per_split > 0` keeps that many random rows per split."""
+  carve = lambda fold, seed: carve_test_domains(fold, data_config.get("test_domain_train_fraction", 0.0),
+                                                 data_config.get("test_domain_train_include", True), seed)
   if data_config.get("dataset", "") in TEXT_LOADERS:
-    return _text_fold(data_config)
+    return carve(_text_fold(data_config), int(data_config.get("seed", 0)))
   table = read_table(data_config)
   ids, names = domain_index(table)
   max_per_split, seed = int(data_config.get("max_per_split", 0)), int(data_config.get("seed", 0))
@@ -240,8 +242,7 @@ def load_fold(data_config) -> Fold:
   doms = lambda s: tuple(int(d) for d in np.unique(s.domain))
   fold = Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
               test_domains=doms(parts["test"]), domain_names=names, num_classes=table.num_classes)
-  return carve_test_domains(fold, data_config.get("test_domain_train_fraction", 0.0),
-                            data_config.get("test_domain_train_include", True), seed)
+  return carve(fold, seed)
 
 
 def load(data_config) -> DomainDataset:
