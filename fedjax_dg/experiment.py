@@ -27,6 +27,7 @@ from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
+from fedjax_dg.bench.provenance import provenance
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round, default_strategy
 from fedjax_dg.eval.evaluate import SELECTION_RULES, Evaluator, select
@@ -232,6 +233,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     for r in records:
       f.write(json.dumps(r) + "\n")
 
+  placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
   bar = tqdm(range(start, total), initial=start, total=total, desc="round",
              disable=config.get("quiet", False), dynamic_ncols=True)
   for t in bar:
@@ -239,7 +241,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     st = stages[k]
     if k > 0 and t == st.first:
       state = next_stage_state(k, state)
-    state, metrics = st.round_fn(state, store, jax.random.fold_in(k_rounds, t))
+    state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(k_rounds, t))
     done = t + 1
     last_of_stage = done == st.first + st.rounds
     do_eval = done % config.eval_every == 0 or last_of_stage
@@ -271,6 +273,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "strategy": s["strategy"], "backend": jax.default_backend(), "devices": jax.device_count(),
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
+      "provenance": provenance(),
       "communication": comm,
       "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
@@ -292,10 +295,12 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
     from fedjax_dg.data import wilds
     return run_fold(config, wilds.load_fold(d), workdir)
   ds = datasets.load_dataset(config.data)
-  kw = dict(in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed)
   if not d.leave_one_domain_out:
-    return run_fold(config, splits.make_fold(ds, d.test_domains, d.val_domains, **kw), workdir)
-  folds = splits.leave_one_domain_out(ds, **kw)
+    return run_fold(config, splits.fold_from_config(ds, d), workdir)
+  folds = splits.leave_one_domain_out(
+      ds, in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
+      test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
+      test_domain_train_include=d.get("test_domain_train_include", True))
   summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
   out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
          "selection": {}}
