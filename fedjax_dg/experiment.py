@@ -181,10 +181,15 @@ def _communication(alg, state, store, cohort: int, rng) -> dict:
   return comm
 
 
+@jax.jit
+def _all_finite(tree):
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _check_state(alg, state, done: int, metrics, config):
   """Stops before a diverged state is evaluated or saved: the loss and the parameters."""
   train_loss = float(metrics["train_loss"])
-  params_ok = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(alg.params_of(state.server)))
+  params_ok = bool(_all_finite(alg.params_of(state.server)))  # one transfer, not one per leaf
   if not (math.isfinite(train_loss) and params_ok):
     what = f"train loss is {train_loss}" if not math.isfinite(train_loss) else "the model parameters are not finite"
     raise FloatingPointError(f"{what} at round {done}; lower client.lr (now {config.client.lr}) "

@@ -271,23 +271,21 @@ def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
     side = client.side_update(s.side, mean_side, s.round) if client.side_update else s.side
     return ServerState(params, rule_state, side, s.round + 1)
 
-  stat = prepare = None
-  if client.stat is not None:
-    def stat(b, client_state, data, rng):
+  def phase(on_client, on_server):
+    """An optional exchange (`stat`/`prepare`, `report`/`finish`) in the engine's contract."""
+    if on_client is None:
+      return None, None
+
+    def client_fn(b, client_state, data, rng):
       params, extra = split(b)
-      return client.stat(params, extra, client_state, data, rng)
+      return on_client(params, extra, client_state, data, rng)
 
-    def prepare(s: ServerState, mean_stat) -> ServerState:
-      return s._replace(side=client.prepare(s.side, mean_stat, s.round))
+    def server_fn(s: ServerState, aggregate) -> ServerState:
+      return s._replace(side=on_server(s.side, aggregate, s.round))
+    return client_fn, server_fn
 
-  report = finish = None
-  if client.report is not None:
-    def report(b, client_state, data, rng):
-      params, extra = split(b)
-      return client.report(params, extra, client_state, data, rng)
-
-    def finish(s: ServerState, aggregate) -> ServerState:
-      return s._replace(side=client.finish(s.side, aggregate, s.round))
+  stat, prepare = phase(client.stat, client.prepare)
+  report, finish = phase(client.report, client.finish)
 
   params_of = (lambda s: client.params_of(s.params)) if client.params_of else (lambda s: s.params)
   return Algorithm(name=name, server_init=server_init, client_init=client.init, broadcast=broadcast,
