@@ -142,5 +142,6 @@ print("PHASES_SHARDED_OK")
 """
 
 
+@pytest.mark.slow  # the default suite checks FedGA's and FedLOE stage 2's reports on 4 devices
 def test_three_phases_on_four_host_devices():
   run_on_host_devices(SHARDED_SCRIPT, "PHASES_SHARDED_OK")
