@@ -262,10 +262,20 @@ def gradient_step(objective, optimizer, grad_correction: Callable | None = None)
 
 def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
                 grad_correction: Callable | None = None):
-  """Local training by `optimizer` on `objective`; returns `(params, mean_loss)`."""
-  (params, _), loss = local_loop((params, optimizer.init(params)),
-                                 gradient_step(objective, optimizer, grad_correction), data, rng, sched)
+  """Local training by `optimizer` on `objective` from a fresh optimizer state (FedAvg's
+  client: every round restarts momentum and Adam's moments); returns `(params, mean_loss)`."""
+  params, _, loss = local_train_from(params, optimizer.init(params), objective, optimizer, data, rng, sched,
+                                     grad_correction)
   return params, loss
+
+
+def local_train_from(params, opt_state, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
+                     grad_correction: Callable | None = None):
+  """Local training that continues from `opt_state` (centralised training, where one
+  client's rounds are one run); returns `(params, opt_state, mean_loss)`."""
+  (params, opt_state), loss = local_loop((params, opt_state), gradient_step(objective, optimizer, grad_correction),
+                                         data, rng, sched)
+  return params, opt_state, loss
 
 
 def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransformation:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import objective_client
+from fedjax_dg.algorithms.fedavg import keeps_optimizer, objective_client
 from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, compose, hparam
 from fedjax_dg.objectives import (coral_penalty, domain_risks, irm_penalty, mixup_partners, mmd_penalty,
                                   vrex_penalty)
@@ -87,10 +87,13 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: i
 
 
 def dg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, kind: str, lam: float,
-              num_domains: int, anneal_steps: int = 0) -> ClientSide:
-  """FedAvg's client on the DG objective `kind`; the broadcast carries the round (annealing)."""
+              num_domains: int, anneal_steps: int = 0, keep_optimizer: bool = False) -> ClientSide:
+  """FedAvg's client on the DG objective `kind`; the broadcast carries the round (annealing).
+  `keep_optimizer`: the local optimizer state carries across rounds (the centralised C = 1
+  runs, where the method is DomainBed's single training run)."""
   make = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
-  return objective_client(lambda g, round_: make(round_), client_opt, sched, broadcast=lambda side, round_: round_)
+  return objective_client(lambda g, round_: make(round_), client_opt, sched, keep_optimizer=keep_optimizer,
+                          broadcast=lambda side, round_: round_)
 
 
 def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
@@ -132,7 +135,7 @@ class MixupHParams:
 
 def _spec(kind, paper, hparams, weight_field, anneal=False):
   build = lambda ctx, hp: dg_client(ctx.model, ctx.sched, ctx.client_opt, kind, getattr(hp, weight_field),
-                                    ctx.num_domains, hp.anneal_steps if anneal else 0)
+                                    ctx.num_domains, hp.anneal_steps if anneal else 0, keeps_optimizer(ctx))
   return MethodSpec(kind, paper, build, hparams, group="DG")
 
 

@@ -18,7 +18,8 @@ import ml_collections
 import optax
 
 from fedjax_dg.algorithms.base import (Algorithm, Batch, ClientOutput, LocalSchedule, ServerRule,
-                                       batch_indices, erm_objective, local_train, make_optimizer)
+                                       batch_indices, erm_objective, local_train, local_train_from,
+                                       make_optimizer)
 from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, ServerState, compose, send
 
 
@@ -52,14 +53,36 @@ def server_optimizer(kind: str, server_config) -> optax.GradientTransformation:
 
 
 def objective_client(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule,
-                     **fields) -> ClientSide:
+                     keep_optimizer: bool = False, **fields) -> ClientSide:
   """The FedAvg client on the objective `make_objective(global_params, extra)`: local
   training from the broadcast model, sends `Delta_c`. `fields` complete the ClientSide
-  (a broadcast `extra` and the server state it comes from: FedIIR's `g~`, AFL's `beta`)."""
-  def update(global_params, extra, client_state, data, rng):
-    params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
-    return send(params, global_params, client_state, {"train_loss": loss})
-  return ClientSide(update, **fields)
+  (a broadcast `extra` and the server state it comes from: FedIIR's `g~`, AFL's `beta`).
+
+  `keep_optimizer`: the local optimizer's state (momentum, Adam's moments and step count)
+  is the client's persistent state and carries over from round to round, instead of
+  restarting with each round as FedAvg's does. With one client holding every training
+  domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
+  centralised run: that is centralised ERM (`keeps_optimizer(ctx)`)."""
+  if not keep_optimizer:
+    def update(global_params, extra, client_state, data, rng):
+      params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
+      return send(params, global_params, client_state, {"train_loss": loss})
+    return ClientSide(update, **fields)
+  if "init" in fields:
+    raise ValueError("objective_client: keep_optimizer uses the client state for the optimizer state")
+
+  def update_keep(global_params, extra, opt_state, data, rng):
+    params, opt_state, loss = local_train_from(global_params, opt_state, make_objective(global_params, extra),
+                                               client_opt, data, rng, sched)
+    return send(params, global_params, opt_state, {"train_loss": loss})
+  return ClientSide(update_keep, init=client_opt.init, **fields)
+
+
+def keeps_optimizer(ctx) -> bool:
+  """Whether a client side keeps its local optimizer state across rounds: when the run has
+  one client, the centralised runs of seed 001's C = 1 column (ERM and the DG methods on
+  the pooled training data), whose rounds must be the epochs of one training run."""
+  return ctx.num_clients == 1
 
 
 def local_update(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule):
@@ -102,7 +125,7 @@ def minibatch_sgd(model, batch_size: int, optimizer: optax.GradientTransformatio
 
 def erm_client(ctx, hp) -> ClientSide:
   objective = erm_objective(ctx.model)
-  return objective_client(lambda g, extra: objective, ctx.client_opt, ctx.sched)
+  return objective_client(lambda g, extra: objective, ctx.client_opt, ctx.sched, keep_optimizer=keeps_optimizer(ctx))
 
 
 def _optax_rule_spec(name: str, kind: str, doc: str) -> RuleSpec:

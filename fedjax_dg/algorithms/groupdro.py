@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_loop
+from fedjax_dg.algorithms.fedavg import keeps_optimizer
 from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
 from fedjax_dg.objectives import domain_risks
 
@@ -41,8 +42,12 @@ def groupdro_loss(model, params, batch, q, eta: float, num_domains: int):
 
 
 def groupdro_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, eta: float,
-                    num_domains: int) -> ClientSide:
-  def update(global_params, extra, q, data, rng):
+                    num_domains: int, keep_optimizer: bool = False) -> ClientSide:
+  """The client's persistent state is its group weights `q`, and with `keep_optimizer`
+  (the centralised C = 1 run) also its optimizer state, so rounds are epochs of one run."""
+  def update(global_params, extra, state, data, rng):
+    q, opt_state = state if keep_optimizer else (state, client_opt.init(global_params))
+
     def step_fn(carry, batch, key):
       params, opt_state, q_ = carry
       (loss, q_new), g = jax.value_and_grad(
@@ -50,10 +55,12 @@ def groupdro_client(model, sched: LocalSchedule, client_opt: optax.GradientTrans
       updates, opt_state = client_opt.update(g, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state, q_new), loss
 
-    (params, _, q), loss = local_loop((global_params, client_opt.init(global_params), q), step_fn, data, rng, sched)
-    return send(params, global_params, q, {"train_loss": loss})
+    (params, opt_state, q), loss = local_loop((global_params, opt_state, q), step_fn, data, rng, sched)
+    return send(params, global_params, (q, opt_state) if keep_optimizer else q, {"train_loss": loss})
 
-  return ClientSide(update, init=lambda params: jnp.full((num_domains,), 1.0 / num_domains))
+  q0 = lambda params: jnp.full((num_domains,), 1.0 / num_domains)
+  init = (lambda params: (q0(params), client_opt.init(params))) if keep_optimizer else q0
+  return ClientSide(update, init=init)
 
 
 def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
@@ -68,5 +75,6 @@ class HParams:
 
 
 SPEC = MethodSpec("groupdro", "Sagawa et al. 2020 (DomainBed's online form)",
-                  lambda ctx, hp: groupdro_client(ctx.model, ctx.sched, ctx.client_opt, hp.eta, ctx.num_domains),
+                  lambda ctx, hp: groupdro_client(ctx.model, ctx.sched, ctx.client_opt, hp.eta, ctx.num_domains,
+                                                  keeps_optimizer(ctx)),
                   HParams, group="DG")
