@@ -54,6 +54,22 @@ def test_key_is_stable_and_follows_the_config(tmp_path):
   assert sweep_lib.config_key(c2) != sweep_lib.config_key(c)
   s.base.client.lr = 0.05
   assert not set(sweep_lib.expand(s).jobs) & set(keys)
+  # A field added to the library later (absent from keyed_fields.json) keys only off its default.
+  c3 = ml_collections.ConfigDict(c.to_dict())
+  c3.engine.some_new_field = 0.0
+  defaults = dict(sweep_lib.library_defaults(), **{"engine.some_new_field": 0.0})
+  monkey = sweep_lib.library_defaults
+  sweep_lib.library_defaults = lambda: defaults
+  try:
+    assert sweep_lib.config_key(c3) == sweep_lib.config_key(c)
+    c3.engine.some_new_field = 0.5
+    assert sweep_lib.config_key(c3) != sweep_lib.config_key(c)
+    # A field of the frozen list enters the key even at its default value.
+    c4 = ml_collections.ConfigDict(c.to_dict())
+    del c4["seed"]
+    assert sweep_lib.config_key(c4) != sweep_lib.config_key(c)
+  finally:
+    sweep_lib.library_defaults = monkey
   # A job's config round-trips through job.json's JSON form to the same key.
   import json
   back = sweep_lib.from_json_dict(json.loads(json.dumps(c.to_dict())))

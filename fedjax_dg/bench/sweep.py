@@ -31,7 +31,9 @@ run again; a changed config is a new job.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -84,12 +86,43 @@ def _json_default(x):
   raise TypeError(f"cannot serialise {type(x).__name__} in a config")
 
 
+KEYED_FIELDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keyed_fields.json")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                               "configs", "default.py")
+
+
+@functools.lru_cache(maxsize=None)
+def keyed_fields() -> frozenset:
+  """The config fields that always enter a job's key: those of the config when the key
+  scheme was fixed (`keyed_fields.json`)."""
+  with open(KEYED_FIELDS_FILE) as f:
+    return frozenset(json.load(f))
+
+
+@functools.lru_cache(maxsize=None)
+def library_defaults() -> dict:
+  """`configs/default.py`'s config, flattened ({} when the package runs without its repo)."""
+  if not os.path.isfile(_DEFAULT_CONFIG):
+    return {}
+  spec = importlib.util.spec_from_file_location("_fedjax_dg_default_config", _DEFAULT_CONFIG)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return {k: json.loads(canonical_json(v)) for k, v in flatten(mod.get_config()).items()}
+
+
 def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
-  """sha256 of the config's canonical JSON without the run-control fields."""
-  d = config.to_dict()
-  for f in RUN_CONTROL_FIELDS:
-    d.pop(f, None)
-  return hashlib.sha256(canonical_json(d).encode()).hexdigest()[:length]
+  """sha256 of the config's fields (canonical JSON), without the run-control fields.
+
+  A field added to the library after the key scheme was fixed enters the key only where
+  its value differs from its default in `configs/default.py`, so adding a field (with a
+  default that keeps earlier behaviour) does not orphan a sweep's finished jobs; any value
+  a job sets differently still makes it a new job. A change of a default's value or of
+  the code is not seen by the key: rerun the sweep into a new `root` after one."""
+  flat = {k: json.loads(canonical_json(v)) for k, v in flatten(config).items()
+          if k.split(".")[0] not in RUN_CONTROL_FIELDS}
+  keyed, defaults = keyed_fields(), library_defaults()
+  kept = {k: v for k, v in flat.items() if k in keyed or k not in defaults or v != defaults[k]}
+  return hashlib.sha256(canonical_json(kept).encode()).hexdigest()[:length]
 
 
 def flatten(tree, prefix: str = "") -> dict:
