@@ -98,19 +98,25 @@ def domain_risks(per_example_loss, domain, mask, num_domains: int):
   return risks, (counts > 0).astype(per_example_loss.dtype)
 
 
-def mixup_partners(domain, mask, num_domains: int):
-  """Mixup's pairing of a padded batch by domain (DomainBed pairs minibatch `i` with minibatch
-  `i + 1`, cyclically). Example `k` of domain `e` with rank `r` among `e`'s real rows is paired
-  with the example of rank `r mod n_e'` of the next present domain `e'` (cyclic); if `e` is the
-  only present domain the partner is the example of rank `(r + 1) mod n_e`, so a single-domain
-  client mixes within its domain. Returns partner indices `[B]` (padding rows: themselves)."""
+def mixup_partners(domain, mask, num_domains: int, order=None):
+  """Mixup's pairing of a padded batch by domain. DomainBed's `random_pairs_of_minibatches`
+  draws a random order of the domains' minibatches each step and pairs the `i`-th with the
+  `(i + 1)`-th, cyclically; `order` is that permutation of `range(num_domains)` (None: the
+  identity). Example `k` of domain `e` with rank `r` among `e`'s real rows is paired with
+  the example of rank `r mod n_e'` of the next present domain `e'` in `order` (cyclic); if
+  `e` is the only present domain the partner is the example of rank `(r + 1) mod n_e`, so a
+  single-domain client mixes within its domain. DomainBed truncates both minibatches to the
+  smaller one's length; a federated client's batch holds unequal domain counts, so every
+  row is kept and the smaller domain's rows repeat (`r mod n_e'`). Returns partner
+  indices `[B]` (padding rows: themselves)."""
   d = jnp.arange(num_domains)
+  pos = d if order is None else jnp.argsort(order)  # pos[e]: e's place in the drawn order
   onehot = domain_onehot(domain, mask, num_domains)
   counts = jnp.sum(onehot, 0)
   rank = jnp.sum((jnp.cumsum(onehot, 0) - onehot) * onehot, 1)
-  # next present domain after e, cyclically (e itself when it is the only one)
-  order = jnp.where(counts[None] > 0, (d[None] - d[:, None] - 1) % num_domains, num_domains)
-  nxt = jnp.argmin(order, 1)[domain]
+  # next present domain after e in the drawn order, cyclically (e itself when it is the only one)
+  order_ = jnp.where(counts[None] > 0, (pos[None] - pos[:, None] - 1) % num_domains, num_domains)
+  nxt = jnp.argmin(order_, 1)[domain]
   partner_rank = jnp.where(nxt == domain, rank + 1, rank) % jnp.maximum(counts[nxt], 1.0)
   match = (domain[None, :] == nxt[:, None]) & (rank[None, :] == partner_rank[:, None]) & (mask[None, :] > 0)
   return jnp.where(mask > 0, jnp.argmax(match, 1), jnp.arange(domain.shape[0]))

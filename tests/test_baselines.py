@@ -55,12 +55,15 @@ def test_domain_risks_match_numpy():
     np.testing.assert_allclose(risks[e], loss[sel].mean() if sel.any() else 0.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("domains", [(0, 2, 3), (1,), (0, 4)])
-def test_mixup_partners_match_a_python_loop(domains):
+@pytest.mark.parametrize("domains,order", [((0, 2, 3), None), ((1,), None), ((0, 4), None),
+                                          ((0, 2, 3), (3, 0, 4, 2, 1)), ((0, 1, 2, 3, 4), (4, 2, 0, 1, 3))])
+def test_mixup_partners_match_a_python_loop(domains, order):
+  """DomainBed's random_pairs_of_minibatches: the present domains in the drawn order, each
+  paired with the next one, cyclically."""
   b = _batch(seed=3, n=17, domains=domains)
-  got = np.asarray(mixup_partners(b.domain, b.mask, 5))
+  got = np.asarray(mixup_partners(b.domain, b.mask, 5, None if order is None else jnp.asarray(order)))
   d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
-  present = sorted(set(d[m]))
+  present = [e for e in (order or range(5)) if e in set(d[m])]
   rows = {e: [i for i in range(len(d)) if m[i] and d[i] == e] for e in present}
   for k in range(len(d)):
     if not m[k]:
@@ -82,7 +85,8 @@ def test_mixup_loss_matches_numpy():
   rng, alpha = jax.random.PRNGKey(7), 0.4
   got = mixup_loss(model, params, b, rng, alpha, 5)
   lam_d = np.asarray(jax.random.beta(rng, alpha, alpha, (5,)), np.float64)
-  j = np.asarray(mixup_partners(b.domain, b.mask, 5))
+  order = np.asarray(jax.random.permutation(jax.random.fold_in(rng, 1), 5))
+  j = np.asarray(mixup_partners(b.domain, b.mask, 5, jnp.asarray(order)))
   W, c = _linear(params)
   x, y, d, m = (np.asarray(a, np.float64) for a in (b.x, b.y, b.domain, b.mask))
   y, d = y.astype(int), d.astype(int)
@@ -91,6 +95,19 @@ def test_mixup_loss_matches_numpy():
   per = lam * _ce(z, y) + (1 - lam) * _ce(z, y[j])
   want = np.mean([per[(d == e) & (m > 0)].mean() for e in sorted(set(d[m > 0]))])
   np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_mixup_pairing_order_is_drawn_each_step():
+  """Over many steps every present domain is paired with every other (DomainBed's random
+  order), not always with the same next domain as a fixed cyclic order would."""
+  b = _batch(seed=3, n=40, domains=(0, 1, 2, 3))
+  d = np.asarray(b.domain)
+  seen = set()
+  for s in range(40):
+    order = jax.random.permutation(jax.random.fold_in(jax.random.PRNGKey(s), 1), 5)
+    j = np.asarray(mixup_partners(b.domain, b.mask, 5, order))
+    seen |= {(int(d[k]), int(d[j[k]])) for k in range(len(d)) if b.mask[k] > 0}
+  assert seen == {(a, c) for a in range(4) for c in range(4) if a != c}
 
 
 def test_groupdro_loss_and_weights_match_numpy():

@@ -37,11 +37,13 @@ KINDS = ("irm", "vrex", "coral", "mmd", "mixup")
 
 
 def mixup_loss(model, params, batch, rng, alpha: float, num_domains: int):
-  """Inter-domain Mixup (DomainBed): each present domain `e` is paired with the next present
-  domain (`mixup_partners`), `lam_e ~ Beta(alpha, alpha)`, inputs `lam x_i + (1 - lam) x_j`,
-  loss `lam CE(y_i) + (1 - lam) CE(y_j)`, mean within each domain, then over the present
-  domains. A single-domain client mixes within its domain."""
-  j = mixup_partners(batch.domain, batch.mask, num_domains)
+  """Inter-domain Mixup (DomainBed): the domains are put in a random order each step and
+  each present domain `e` is paired with the next present one in that order
+  (`mixup_partners`, DomainBed's `random_pairs_of_minibatches`), `lam_e ~ Beta(alpha, alpha)`,
+  inputs `lam x_i + (1 - lam) x_j`, loss `lam CE(y_i) + (1 - lam) CE(y_j)`, mean within each
+  domain, then over the present domains. A single-domain client mixes within its domain."""
+  order = jax.random.permutation(jax.random.fold_in(rng, 1), num_domains)
+  j = mixup_partners(batch.domain, batch.mask, num_domains, order)
   lam = jax.random.beta(rng, alpha, alpha, (num_domains,))[batch.domain]
   bx = lam.reshape((-1,) + (1,) * (batch.x.ndim - 1))
   logits = model.apply(params, bx * batch.x + (1 - bx) * batch.x[j])
