@@ -200,3 +200,23 @@ def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
   curves = figures.read_rows(tmp_path / "fig" / "fig4_curves_C4.csv")
   r = next(r for r in curves if (r["lam"], r["method"], r["split"], r["round"]) == ("0.0", "irm", "test", "2"))
   assert float(r["mean"]) == pytest.approx(sum(TEST[("irm", 4, 0.0)]) / 3 + 0.1)
+
+
+def test_report_keeps_the_reading_and_states_remark_facts(tmp_path):
+  """REPORT.md is regenerated whole, except the hand-written reading (`sweep.report.reading`),
+  included verbatim; remark 4.1's facts are the table's ranks (fedprox 0.66 beats fedavg
+  0.65 at C=4, lambda=1: fedavg ranks 2 of 3)."""
+  from fedjax_dg.bench import report
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  out = tmp_path / "out"
+  md = open(report.write_report(s, str(out), exp)).read()
+  assert "(not written yet" in md
+  s.report.reading = str(tmp_path / "READING.md")
+  (tmp_path / "READING.md").write_text("FedAvg is **not** best at C=4, lambda=1 (0.650 vs 0.660).\n")
+  md = open(report.write_report(s, str(out), exp)).read()
+  reading = md.split("## Reading", 1)[1]
+  assert "FedAvg is **not** best at C=4, lambda=1 (0.650 vs 0.660)." in reading
+  assert "C=4, λ=1: fedavg 0.650 ranks 2 of 3; best fedprox 0.660" in md
+  assert "jobs: 24 (24 done)" in md  # 3 methods x (C=4 at two lambdas) x 3 seeds + 2 centralised x 3

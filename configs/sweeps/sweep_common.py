@@ -69,7 +69,8 @@ def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
   s.figures = ml_collections.ConfigDict({"clients_grid": "", "rounds_grid": "", "curves_grid": "",
                                          "per_run_grid": "", "per_run_methods": (), "per_run_seeds": ()})
   s.report = ml_collections.ConfigDict({"metric": "", "std_ddof": 1, "digits": 3, "out": "", "title": name,
-                                        "sweep_file": "", "baseline": "fedavg", "dg_group": "DG adapted"})
+                                        "sweep_file": "", "baseline": "fedavg", "dg_group": "DG adapted",
+                                        "reading": ""})
   # JAX's persistent compilation cache (jobs of one shape compile once); "" = <root>/.jax_cache.
   s.launch = ml_collections.ConfigDict({"workers": 1, "compilation_cache": True, "compilation_cache_dir": "",
                                         "submitit": {"timeout_min": 60}})

@@ -38,5 +38,13 @@ def git_state(path: str | None = None) -> dict:
   return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
 
 
+def machine() -> dict:
+  """The machine a run ran on: OS and processor, and the CPU cores this process may use."""
+  import platform
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "cpu_count": os.cpu_count(), "usable_cores": cores}
+
+
 def provenance() -> dict:
-  return {"versions": versions(), "git": git_state()}
+  return {"versions": versions(), "git": git_state(), "machine": machine()}
