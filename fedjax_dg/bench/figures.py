@@ -159,13 +159,19 @@ def plot_rounds(rows: list[dict], path: str, metric: str) -> None:
     ax.set_xticks(rs, [str(x) for x in rs])
     ax.minorticks_off()
     ax.set_title(f"C = {C}" + ("" if lam is None else f", λ = {lam:g}"))
-    ax.set_xlabel("communication rounds (rounds x local epochs fixed)")
+    ax.set_xlabel("rounds R (R x local epochs E fixed)")
     ax.grid(alpha=0.3)
   axes[0].set_ylabel(f"test {metric} (held-out-domain selection)")
   axes[-1].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def _style(k: int) -> dict:
+  """A distinct colour and line style for the k-th of up to 40 lines (tab20, then dashed)."""
+  import matplotlib
+  return {"color": matplotlib.colormaps["tab20"](k % 20), "linestyle": ("-", "--")[(k // 20) % 2]}
 
 
 def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int) -> None:
@@ -176,9 +182,9 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int) -> N
   for j, lam in enumerate(lams):
     for i, split in enumerate(("heldout_val", "test")):
       ax = axes[i][j]
-      for m in methods:
+      for k, m in enumerate(methods):
         pts = [r for r in rows if r["lam"] == lam and r["method"] == m and r["split"] == split]
-        ax.plot([r["round"] for r in pts], [r["mean"] for r in pts], label=m, lw=1.2)
+        ax.plot([r["round"] for r in pts], [r["mean"] for r in pts], label=m, lw=1.2, **_style(k))
       ax.set_title(f"C = {num_clients}, λ = {lam:g}: {SPLIT_LABELS[split]}", fontsize=9)
       ax.xaxis.set_major_locator(_integer_locator())
       ax.grid(alpha=0.3)

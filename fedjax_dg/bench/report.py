@@ -72,7 +72,7 @@ def _trend(xs, ys) -> str:
     return "never rises"
   if all(d >= 0 for d in diffs):
     return "never falls"
-  return f"not monotone (best at {xs[max(range(len(ys)), key=ys.__getitem__)]})"
+  return f"is not monotone (best at {xs[max(range(len(ys)), key=ys.__getitem__)]})"
 
 
 def remark_4_7(rows: list[dict]) -> list[str]:
