@@ -27,6 +27,10 @@ def get_config():
   c.data.in_val_fraction = 0.1
   c.data.in_test_fraction = 0.1
   c.data.leave_one_domain_out = False
+  # How each leave-one-domain-out fold validates (data/splits.py LODO_VALIDATION): "heldout_domain"
+  # holds out the next domain (seed 001); "in_domain" trains on every non-test domain and selects
+  # on the in-domain validation split (seeds 000, 002, 003, 004).
+  c.data.lodo_validation = "heldout_domain"
   # Seed 001's R_DG (Sec. 4.1): this fraction of each test domain leaves the test split (which
   # keeps the rest); with _include it joins training as a training domain, else it is set aside.
   c.data.test_domain_train_fraction = 0.0

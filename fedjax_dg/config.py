@@ -70,6 +70,11 @@ def validate(config) -> None:
     _check(len(d.test_domains) >= 1, "data.test_domains must name at least one domain (or set data.leave_one_domain_out)")
     both = set(d.test_domains) & set(d.val_domains)
     _check(not both, f"data.val_domains and data.test_domains share domain(s) {sorted(both)}")
+  from fedjax_dg.data.splits import LODO_VALIDATION
+  lodo_val = d.get("lodo_validation", "heldout_domain")
+  _check(lodo_val in LODO_VALIDATION, f"data.lodo_validation must be one of {list(LODO_VALIDATION)}, got {lodo_val!r}")
+  _check(not (d.leave_one_domain_out and lodo_val == "in_domain" and d.in_val_fraction <= 0),
+         "data.lodo_validation='in_domain' selects on the in-domain validation split: set data.in_val_fraction > 0")
   for field in ("test_domains", "val_domains"):
     ids = list(d[field])
     _check(len(set(ids)) == len(ids), f"data.{field} lists a domain twice: {tuple(ids)}")

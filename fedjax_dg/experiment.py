@@ -303,7 +303,7 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   if not d.leave_one_domain_out:
     return run_fold(config, splits.fold_from_config(ds, d), workdir)
   folds = splits.leave_one_domain_out(
-      ds, in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
+      ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
       test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
       test_domain_train_include=d.get("test_domain_train_include", True))
   summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
@@ -311,7 +311,8 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
          "selection": {}}
   for rule in SELECTION_RULES:
     accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
-    out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
+    if accs:  # no held-out domain under data.lodo_validation = "in_domain"
+      out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(out, f, indent=2)
   return out

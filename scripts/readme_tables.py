@@ -15,8 +15,9 @@ TABLES = {"methods": algorithms.methods_table, "hparams": algorithms.hparams_tab
 
 def render(text: str) -> str:
   for name, fn in TABLES.items():
-    text = re.sub(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", lambda m: m.group(1) + fn() + m.group(2),
-                  text, flags=re.S)
+    # an empty block ("BEGIN\nEND") is filled too
+    text = re.sub(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)",
+                  lambda m: m.group(1) + fn() + "\n" + m.group(2), text, flags=re.S)
   return text
 
 

@@ -20,8 +20,9 @@ def ragged_store(sizes=(9, 5, 12, 7, 3, 10), dim=6, classes=3, seed=0) -> Client
   return ClientStore(x, y, dom, np.array(sizes, np.int32))
 
 
-def tiny_mlp(dim=6, classes=3, hidden=(8,)):
-  return build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": hidden}), (dim,), classes)
+def tiny_mlp(dim=6, classes=3, hidden=(8,), head_hidden=()):
+  return build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": hidden, "head_hidden": head_hidden}),
+                     (dim,), classes)
 
 
 def client_arrays(store: ClientStore, c):

@@ -7,28 +7,70 @@ import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule
 from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
-from fedjax_dg.algorithms.feddim import (class_mean_insights, dim_regularizer, feddim, momentum_update)
+from fedjax_dg.algorithms.feddim import (VARIANTS, class_mean_insights, dim_regularizer, feddim, last_input,
+                                         last_kernel, momentum_update, statistic)
+from fedjax_dg.engine import init_round_state
 from fedjax_dg.algorithms.fedga import fedga, ga_weights
 from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
 
 RNG = np.random.default_rng(0)
 
 
-def test_dim_regularizer_matches_numpy():
+def _np_head(cls, z):
+  """float64 NumPy: `(W, z_last, logits)` of a `Dense -> ReLU -> ... -> Dense` head."""
+  layers = [{k: np.asarray(v, np.float64) for k, v in cls[f"Dense_{i}"].items()} for i in range(len(cls))]
+  z = np.asarray(z, np.float64)
+  for l in layers[:-1]:
+    z = np.maximum(z @ l["kernel"] + l["bias"], 0.0)
+  return layers[-1]["kernel"], z, z @ layers[-1]["kernel"] + layers[-1]["bias"]
+
+
+def _np_stat(variant, W, z):
+  """One sample's statistic, written out: `I_jk = W_jk z_j`, `z`, or `o_k = sum_j W_jk z_j`."""
+  if variant == "insight":
+    return np.array([[W[j, k] * z[j] for k in range(W.shape[1])] for j in range(W.shape[0])])
+  if variant == "feature":
+    return z.copy()
+  return np.array([sum(W[j, k] * z[j] for j in range(W.shape[0])) for k in range(W.shape[1])])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dim_regularizer_matches_numpy(variant):
+  """Eq. (7)'s second term (and Table 3's W/Fea, W/Log replacements) on a two-layer head:
+  `W` is the last layer, `z` its input."""
   d, K, B = 4, 3, 7
-  W, z = RNG.normal(size=(d, K)), RNG.normal(size=(B, d))
+  cls = {"Dense_0": {"kernel": RNG.normal(size=(5, d)), "bias": RNG.normal(size=d)},
+         "Dense_1": {"kernel": RNG.normal(size=(d, K)), "bias": RNG.normal(size=K)}}
+  feats = RNG.normal(size=(B, 5))
+  W, z, _ = _np_head(cls, feats)
   y = np.array([0, 1, 2, 1, 0, 2, 1])
   mask = np.array([1, 1, 1, 1, 1, 0, 0], float)
-  i_bar = RNG.normal(size=(K, d, K))
+  bar = RNG.normal(size=(K,) + _np_stat(variant, W, z[0]).shape)
   init = np.array([True, True, False])
   expect = 0.0
   for i in range(B):
     if mask[i] and init[y[i]]:
-      I = W * z[i][:, None]                       # I_jk = W_jk z_j
-      expect += np.sum((I - i_bar[y[i]]) ** 2)
+      expect += np.sum((_np_stat(variant, W, z[i]) - bar[y[i]]) ** 2)
   expect /= mask.sum()
-  got = dim_regularizer(jnp.asarray(W), jnp.asarray(z), jnp.asarray(y), jnp.asarray(mask), jnp.asarray(i_bar), jnp.asarray(init))
+  jcls = jax.tree.map(jnp.asarray, cls)
+  s = statistic(variant, last_kernel(jcls), last_input(jcls, jnp.asarray(feats)))
+  got = dim_regularizer(s, jnp.asarray(y), jnp.asarray(mask), jnp.asarray(bar), jnp.asarray(init))
   np.testing.assert_allclose(float(got), expect, rtol=1e-5)
+
+
+def test_last_layer_reading_reproduces_the_head():
+  """`last_input @ last_kernel + bias` is the model's own head (two-layer head), so `I` sums
+  over `j` to the bias-free logit (eq. 2)."""
+  model = tiny_mlp(hidden=(8,), head_hidden=(5,))
+  params = model.init(jax.random.PRNGKey(1))
+  x = jnp.asarray(RNG.normal(size=(4, 6)), jnp.float32)
+  z = model.features(params, x)
+  cls = params["classifier"]
+  W, z_last, logits = _np_head(cls, z)
+  np.testing.assert_allclose(np.asarray(model.head(cls, z)), logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(last_input(cls, z)), z_last, rtol=1e-5, atol=1e-6)
+  I = np.asarray(statistic("insight", last_kernel(cls), last_input(cls, z)))
+  np.testing.assert_allclose(I.sum(1) + np.asarray(cls["Dense_1"]["bias"]), logits, rtol=1e-5, atol=1e-5)
 
 
 def test_class_means_and_momentum_update_match_numpy():
@@ -62,17 +104,79 @@ def test_class_means_and_momentum_update_match_numpy():
   assert list(np.asarray(new_init)) == [True, True, True, False]
 
 
-def test_feddim_lambda_zero_is_uniform_fedavg_and_insights_start_at_first_round():
+def _np_initial_bar(model, params, st, variant, K):
+  """Alg. 1 line 1 in float64 NumPy: for class k, the mean over the clients that have k of
+  each client's mean statistic over its class-k rows, at the initial model."""
+  cls = params["classifier"]
+  per_client = []
+  for c in range(len(st.counts)):
+    n = int(st.counts[c])
+    W, z, _ = _np_head(cls, model.features(params, jnp.asarray(st.x[c, :n])))
+    per_client.append({k: np.mean([_np_stat(variant, W, z[i]) for i in range(n) if st.y[c, i] == k], 0)
+                       for k in range(K) if (st.y[c, :n] == k).any()})
+  return np.stack([np.mean([pc[k] for pc in per_client if k in pc], 0) for k in range(K)])
+
+
+@pytest.mark.parametrize("variant,head", [("insight", ()), ("feature", (5,)), ("logit", (5,))])
+def test_feddim_initialises_the_class_insight_at_the_initial_model(variant, head):
+  """Before round 1 (Alg. 1 line 1) every class has its `I_bar`, the uniform mean over the
+  clients of their class means at the initial model; with `m = 0` it never moves (Table 3,
+  W/m = 0), while the model trains."""
+  st = ragged_store()
+  C, K = len(st.counts), 3
+  model = tiny_mlp(head_hidden=head)
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
+  want = _np_initial_bar(model, params, st, variant, K)
+  for m in (0.5, 0.0):
+    alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.1, m, K, st, variant)
+    state = init_round_state(alg, None, params, C)
+    assert bool(state.server.initialized.all())
+    np.testing.assert_allclose(np.asarray(state.server.i_bar), want, rtol=1e-4, atol=1e-5)
+  after = run_from(alg, params, st, C, 4, 2)      # m = 0, partial participation
+  np.testing.assert_allclose(np.asarray(after.server.i_bar), want, rtol=1e-4, atol=1e-5)
+  assert tree_max_diff(after.server.params, params) > 1e-3
+
+
+def test_feddim_first_round_is_regularised():
+  """Round 1 already carries the regulariser: with a large `lambda` it moves the model
+  differently from `lambda = 0` (before the fix round 1 was plain uniform FedAvg)."""
   st = ragged_store()
   C = len(st.counts)
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.0, 0.5, 3, 8)
+  out = [run_from(feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), lam, 0.5, 3, st), params, st,
+                  C, C, 1) for lam in (0.0, 1.0)]
+  assert tree_max_diff(out[0].server.params, out[1].server.params) > 1e-4
+
+
+def test_feddim_lambda_zero_is_uniform_fedavg():
+  st = ragged_store()
+  C = len(st.counts)
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
+  alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.0, 0.5, 3, st)
   ref = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")
   out = [run_from(a, params, st, C, C, 2) for a in (alg, ref)]
   assert tree_max_diff(out[0].server.params, out[1].server.params) < 1e-6
-  assert bool(out[0].server.initialized.all()) and float(jnp.abs(out[0].server.i_bar).max()) > 0
+
+
+def test_feddim_config_values():
+  """`momentum = 0` (W/m = 0) is accepted, the variant is one of three, and `setup_bytes`
+  counts every client's per-class statistic once."""
+  from fedjax_dg.algorithms.feddim import SPEC
+  from fedjax_dg.algorithms.spec import Context, read
+  assert read(SPEC.hparams, {"momentum": 0.0, "variant": "logit"}, "algorithm.feddim").momentum == 0.0
+  with pytest.raises(ValueError, match="variant"):
+    read(SPEC.hparams, {"variant": "prototype"}, "algorithm.feddim")
+  with pytest.raises(ValueError, match="momentum"):
+    read(SPEC.hparams, {"momentum": -0.1}, "algorithm.feddim")
+  ctx = Context(tiny_mlp(head_hidden=(5,)), None, None, None, num_clients=6)
+  for variant, size in (("insight", 5 * 3), ("feature", 5), ("logit", 3)):
+    hp = read(SPEC.hparams, {"variant": variant}, "algorithm.feddim")
+    assert SPEC.setup_bytes(ctx, hp) == 6 * 3 * (size + 1) * 4
 
 
 def _refine_weight_dict_by_ga(weight_dict, before, after, step_size):

@@ -41,7 +41,7 @@ algs = [
   fedavg(model, sched, sgd, optax.sgd(1.0), sam(erm(model), 0.05), name="fedsam"),
   fediir(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01),
   fediir(model, sched, sgd, omg_rule(7.0, 0.5), 0.01, name="fediir+omg", weighting="examples"),
-  feddim(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01, 0.5, 3, 8),
+  feddim(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01, 0.5, 3, store),
   fedga(model, sched, sgd, C, 5),
   fedgma(model, sched, sgd, 1.0, 0.4),
   dg_fedavg(model, sched, sgd, optax_rule(optax.sgd(1.0)), "mixup", 0.2, 3),

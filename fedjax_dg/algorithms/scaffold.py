@@ -6,7 +6,18 @@ After the client's `K_c` local steps (the steps that touched data, so a smaller 
 epoch mode uses its own K): `c_i+ = c_i - c + (theta - theta_c) / (K_c eta_l)`.
 Server: `theta <- theta + eta_g mean_c Delta_c` (FedAvg's rule, or any other), and
 `c <- c + (|S| / C) mean_c (c_i+ - c_i)`, means uniform over the cohort, as in the paper's Alg. 1.
-Option II assumes plain SGD locally, so the local optimizer is `sgd(eta_l)` without momentum.
+Option II assumes plain SGD locally; with `client.optimizer = "sgd"` the local optimizer is
+`sgd(eta_l)` without momentum, exactly the paper's.
+
+Deviation, for seed 001's benchmark (App. D: Adam is every method's local optimizer, and
+Table 7 gives SCAFFOLD an Adam learning rate): with `client.optimizer = "adam"` the
+corrected gradient `grad R_c - c_i + c` is what Adam reads at each step, and the control
+update keeps option II's formula `(theta - theta_c) / (K_c eta_l)`. Under Adam that quotient
+is the mean of Adam's normalised steps over the round, not the mean gradient that option II
+estimates, so `c_i` tracks the client's mean update direction (unit-free, of order one per
+coordinate) instead of its gradient, and SCAFFOLD's drift-correction analysis (which needs
+SGD steps) no longer applies. Adam's moments restart every round (as every method's local
+optimizer here). `client.momentum > 0` stays refused.
 """
 from __future__ import annotations
 
@@ -25,9 +36,12 @@ class Side(NamedTuple):
   control: object  # c
 
 
-def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: int, num_clients: int) -> ClientSide:
+def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: int, num_clients: int,
+                    client_opt: optax.GradientTransformation | None = None) -> ClientSide:
+  """`client_opt`: the local optimizer (default `sgd(local_lr)`, option II); `local_lr` is its
+  step size, used in the control update."""
   objective = erm_objective(model)
-  client_opt = optax.sgd(local_lr)
+  client_opt = client_opt if client_opt is not None else optax.sgd(local_lr)
   zeros = lambda p: jax.tree.map(jnp.zeros_like, p)
 
   def update(params0, c, c_i, data, rng):
@@ -46,18 +60,22 @@ def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: i
 
 
 def scaffold(model, sched: LocalSchedule, local_lr: float, server_lr: float,
-             cohort_size: int, num_clients: int) -> Algorithm:
-  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients),
+             cohort_size: int, num_clients: int, client_opt: optax.GradientTransformation | None = None) -> Algorithm:
+  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients, client_opt),
                  optax_rule(optax.sgd(server_lr)))
 
 
 def _check(config, hp):
-  if config.client.optimizer != "sgd" or config.client.momentum != 0.0:
-    return "client.optimizer: SCAFFOLD option II needs plain SGD (client.optimizer='sgd', client.momentum=0)"
+  if config.client.optimizer not in ("sgd", "adam"):
+    return (f"client.optimizer: SCAFFOLD runs with plain SGD (option II) or Adam (seed 001's benchmark), "
+            f"got {config.client.optimizer!r}")
+  if config.client.optimizer == "sgd" and config.client.momentum != 0.0:
+    return "client.momentum: SCAFFOLD option II needs plain SGD (client.momentum=0)"
   return None
 
 
 SPEC = MethodSpec(
     "scaffold", "Karimireddy et al. 2020 (option II)",
-    lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.config.client.lr, ctx.cohort_size, ctx.num_clients),
+    lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.config.client.lr, ctx.cohort_size, ctx.num_clients,
+                                    ctx.client_opt),
     sends=("control-variate update",), receives=("server control variate",), check=_check)

@@ -11,7 +11,7 @@ named grids, each crossing the benchmark's axes:
   one client and no lambda; a method without a counterpart is "not applicable" there
   (seed 001 Tables 3-5, "-").
 * `folds` are (test_domains, val_domains) pairs (`sweep.folds`; empty = the base config's;
-  `sweep.leave_one_domain_out` = every domain once, the next one validating).
+  `sweep.leave_one_domain_out` = every domain once, validated as `data.lodo_validation` says).
 * `seeds` set the fields named in `sweep.seed_fields` (default the training seed).
 * trials: trial 0 runs the defaults; trials 1..n-1 draw hyperparameters at random
   (DomainBed's protocol; seed 001 App. D.4 selects them on the held-out domain), from each
@@ -251,8 +251,9 @@ def _folds(sweep) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     if base.data.name == "wilds":
       raise SweepError("sweep.leave_one_domain_out: WILDS runs on its official split scheme")
     from fedjax_dg.data import datasets
+    from fedjax_dg.data.splits import lodo_domains
     n = datasets.load_dataset(base.data).num_domains
-    return [((t,), ((t + 1) % n,)) for t in range(n)]
+    return lodo_domains(n, base.data.get("lodo_validation", "heldout_domain"))
   folds = sweep.get("folds", ())
   if not folds:
     return [(tuple(base.data.test_domains), tuple(base.data.val_domains))]

@@ -148,8 +148,31 @@ def fold_from_config(ds: DomainDataset, data_config) -> Fold:
                    test_domain_train_include=d.get("test_domain_train_include", True))
 
 
-def leave_one_domain_out(ds: DomainDataset, val_offset: int = 1, **kwargs) -> list[Fold]:
-  """One fold per domain as the test domain; the held-out validation domain is the
-  domain `val_offset` places after it (cyclically)."""
-  return [make_fold(ds, [t], [(t + val_offset) % ds.num_domains], **kwargs)
-          for t in range(ds.num_domains)]
+# How a leave-one-domain-out fold validates (`data.lodo_validation`):
+#   "heldout_domain"  seed 001 (Sec. 4, App. C): the domain after the test domain is held
+#                     out whole for validation; the rest train (with their in-domain splits).
+#   "in_domain"       seeds 000 (App. D.3), 002, 003 (Sec. 5.1) and 004 (Sec. 5.1): every
+#                     non-test domain trains and model selection reads the in-domain
+#                     validation split (`data.in_val_fraction`, 10% there; seed 000 takes
+#                     5% validation and 5% in-domain test). No held-out domain.
+LODO_VALIDATION = ("heldout_domain", "in_domain")
+
+
+def lodo_domains(num_domains: int, validation: str = "heldout_domain",
+                 val_offset: int = 1) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  """`(test_domains, val_domains)` of every leave-one-domain-out fold: domain `t` tests, and
+  under "heldout_domain" the domain `val_offset` places after it (cyclically) validates."""
+  if validation not in LODO_VALIDATION:
+    raise ValueError(f"data.lodo_validation must be one of {LODO_VALIDATION}, got {validation!r}")
+  if validation == "heldout_domain" and num_domains < 3:
+    raise ValueError(f"data.lodo_validation='heldout_domain' needs at least 3 domains (test, validation, "
+                     f"training); the dataset has {num_domains}: use 'in_domain'")
+  return [((t,), ((t + val_offset) % num_domains,) if validation == "heldout_domain" else ())
+          for t in range(num_domains)]
+
+
+def leave_one_domain_out(ds: DomainDataset, val_offset: int = 1, validation: str = "heldout_domain",
+                         **kwargs) -> list[Fold]:
+  """One fold per domain as the test domain, validated as `validation` says
+  (`LODO_VALIDATION`); `kwargs` go to `make_fold`."""
+  return [make_fold(ds, test, val, **kwargs) for test, val in lodo_domains(ds.num_domains, validation, val_offset)]
