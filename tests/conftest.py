@@ -1,7 +1,12 @@
 import os
 import sys
 
+import jax
 import pytest
+
+# The tests compare float32 results with float64 NumPy at float32 tolerances: on GPUs whose
+# default float32 matmul is TF32 (A100, H100) that needs full-precision matmuls.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
