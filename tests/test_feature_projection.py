@@ -181,3 +181,25 @@ def test_bad_feature_projection_is_one_line_naming_the_field(tmp_path, value, na
   with pytest.raises(config_lib.ConfigError, match=message) as e:
     config_lib.validate(c)
   assert "\n" not in str(e.value)
+
+
+def test_freeze_featurizer_freezes_the_projection_too():
+  """`model.freeze_featurizer` (ResNets) stops every gradient into `params["featurizer"]`,
+  the projection included; the head still trains (gradient vs closed form z^T (p - y) / n)."""
+  import flax.linen as nn
+  from fedjax_dg.models import Classifier, ProjectedFeaturizer, SplitModel
+  assert build_model(_cfg("resnet18", 8, freeze_featurizer=True), (32, 32, 3), 3).module.featurizer.freeze
+  module = SplitModel(ProjectedFeaturizer(nn.Dense(5), 4, freeze=True), Classifier(3))
+  x = np.random.default_rng(0).normal(size=(6, 2)).astype(np.float32)
+  y = np.array([0, 1, 2, 0, 1, 2])
+  params = module.init(jax.random.PRNGKey(0), x)["params"]
+  loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(module.apply({"params": p}, x), y).mean()
+  g = jax.grad(loss)(params)
+  assert set(g["featurizer"]) == {"kernel", "bias", "projection"}  # the base shares the scope
+  assert not any(np.any(a) for a in jax.tree.leaves(g["featurizer"]))
+  p = _np(params)
+  z = np.asarray(module.apply({"params": params}, x, method="features"), np.float64)
+  logits = z @ p["classifier"]["Dense_0"]["kernel"] + p["classifier"]["Dense_0"]["bias"]
+  prob = np.exp(logits - logits.max(1, keepdims=True))
+  d = (prob / prob.sum(1, keepdims=True) - np.eye(3)[y]) / len(y)
+  np.testing.assert_allclose(np.asarray(g["classifier"]["Dense_0"]["kernel"]), z.T @ d, rtol=1e-4, atol=1e-6)
