@@ -80,6 +80,7 @@ def get_config():
   c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp | femnist_cnn | resnet18 | resnet50 | distilbert | gpt2
   c.model.hidden = (200, 200)
   c.model.head_hidden = ()
+  c.model.feature_projection = 0    # > 0: a linear layer of that width ends the featurizer (seed 003 Sec. 5.1)
   c.model.pretrained_path = ""      # resnet18/50: torchvision weights (.pth/.safetensors) or converted .npz
   c.model.freeze_bn = True          # resnet: batch-norm statistics frozen (DomainBed)
   c.model.freeze_featurizer = False

@@ -63,6 +63,12 @@ def validate(config) -> None:
   _check(all(h >= 1 for h in config.model.hidden), f"model.hidden: every width must be >= 1, got {tuple(config.model.hidden)}")
   _check(all(h >= 1 for h in config.model.head_hidden),
          f"model.head_hidden: every width must be >= 1, got {tuple(config.model.head_hidden)}")
+  proj = config.model.get("feature_projection", 0)
+  _check(isinstance(proj, int) and not isinstance(proj, bool) and proj >= 0,
+         f"model.feature_projection must be an integer >= 0 (0: none), got {proj!r}")
+  _check(not proj or config.model.name not in ("distilbert", "gpt2"),
+         f"model.feature_projection: not available for model.name={config.model.name!r} "
+         "(image and MLP backbones only); set it to 0")
   _check(config.data.select_metric in SELECT_METRICS,
          f"data.select_metric: unknown {config.data.select_metric!r}; choose one of {list(SELECT_METRICS)}")
   d = config.data

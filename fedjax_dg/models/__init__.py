@@ -64,6 +64,52 @@ class Classifier(nn.Module):
     return nn.Dense(self.num_classes)(z)
 
 
+def torch_linear_init(key, shape, dtype=jnp.float32, fan_in: int | None = None):
+  """PyTorch's `nn.Linear` default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (`kaiming_uniform_`
+  with a = sqrt(5) for the weight, the same bound for the bias). `fan_in` defaults to
+  `shape[0]`, right for a Flax kernel [in, out]; a bias passes it explicitly."""
+  bound = 1.0 / jnp.sqrt(shape[0] if fan_in is None else fan_in)
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class ProjectedFeaturizer(nn.Module):
+  """A featurizer followed by one linear layer to `width` features (`model.feature_projection`).
+
+  Seed 003 (FedIIR) Sec. 5.1: for VLCS and PACS it uses "ResNet-18 as the feature
+  representation Phi, replacing the last fully connected layer with a 512-dimensional
+  linear layer", and for OfficeHome ResNet-50 with "a 2048-dimensional linear layer"; its
+  classifier `w` (two FC layers there) reads that layer's output, so FedIIR's penalty acts
+  on the head over it. A *linear* layer: no activation follows it (the paper names none).
+  Its initialisation is not stated; torchvision's `fc` that it replaces is an `nn.Linear`,
+  so we use `nn.Linear`'s default (`torch_linear_init`, weight and bias
+  U(+-1/sqrt(fan_in))). (The authors' released code, YamingGuo98/FedIIR at 3e7a785, sets
+  `fc = Identity()` with no such layer; width 0, our default, is that code.)
+
+  The base module shares this module's scope (`nn.share_scope`), so the parameters are
+  the base's own, unchanged (torchvision names for a ResNet), plus `projection/{kernel,
+  bias}`; pretrained loading (models/resnet.py `load_pretrained`) fills the base and
+  leaves `projection` at its initialisation. `freeze` stops the gradient at the output,
+  so nothing under `params["featurizer"]` trains (`model.freeze_featurizer`).
+  """
+  base: nn.Module
+  width: int
+  freeze: bool = False
+
+  def setup(self):
+    nn.share_scope(self, self.base)
+
+  @nn.compact
+  def __call__(self, x):
+    z = self.base(x)
+    fan_in = z.shape[-1]
+    z = nn.Dense(self.width, kernel_init=torch_linear_init, name=PROJECTION,
+                 bias_init=lambda k, s, d=jnp.float32: torch_linear_init(k, s, d, fan_in=fan_in))(z)
+    return jax.lax.stop_gradient(z) if self.freeze else z
+
+
+PROJECTION = "projection"  # the key of ProjectedFeaturizer's layer under params["featurizer"]
+
+
 class SplitModel(nn.Module):
   """`f = h_psi o g_phi`; parameters under `featurizer` and `classifier`."""
   featurizer: nn.Module
@@ -132,6 +178,9 @@ def _build_text(name: str, model_config, input_shape, num_classes: int) -> Model
   from fedjax_dg.models import text  # pylint: disable=g-import-not-at-top
   if len(input_shape) != 1:
     raise ValueError(f"model.name={name!r} needs token-id inputs [T], got input shape {tuple(input_shape)}")
+  if model_config.get("feature_projection", 0):
+    raise ValueError(f"model.feature_projection: not available for model.name={name!r} (image and MLP "
+                     f"backbones only); set it to 0")
   cfg = text.text_config(name, model_config)
   if input_shape[0] > cfg.max_positions:
     raise ValueError(f"model.name={name!r}: sequences of {input_shape[0]} tokens exceed the model's "
@@ -168,6 +217,10 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
     feat = resnet.featurizer(name, model_config)
   else:
     raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
+  width = int(model_config.get("feature_projection", 0))
+  if width:  # seed 003 Sec. 5.1's extra linear layer at the end of the featurizer
+    freeze = name.startswith("resnet") and bool(model_config.get("freeze_featurizer", False))
+    feat = ProjectedFeaturizer(feat, width, freeze)
   head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())))
   from fedjax_dg.data.augment import normalize, to_float  # pylint: disable=g-import-not-at-top
   # ImageNet statistics for the ResNets (their pretrained weights expect them, as DomainBed's).

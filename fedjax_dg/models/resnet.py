@@ -2,7 +2,8 @@
 
 The layout follows `torchvision.models.resnet` (v1.5: a Bottleneck block strides on its
 3x3 conv) up to the global average pool; torchvision's `fc` is dropped and replaced by our
-classifier head, as DomainBed does. Parameter names mirror torchvision's `state_dict`
+classifier head, as DomainBed does (or, with `model.feature_projection` > 0, by a fresh
+linear layer ending the featurizer, seed 003 Sec. 5.1: models.ProjectedFeaturizer). Parameter names mirror torchvision's `state_dict`
 (`conv1`, `bn1`, `layer1_0/conv1`, `layer1_0/downsample_conv`, ...) so that
 `fedjax_dg.models.convert` is a renaming plus a kernel transpose.
 
@@ -26,6 +27,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import traverse_util
 
 BN_STATS = ("running_mean", "running_var")
@@ -144,10 +146,20 @@ def load_pretrained(params, path: str):
   `path` is a torchvision checkpoint (`.pth` / `.pt`, `.safetensors`) or the output of
   `scripts/convert_torchvision_weights.py` (`.npz`, `.msgpack`). Every key and shape must
   match the initialised featurizer; arrays take the dtype of the params they replace.
+  The extra linear layer of `model.feature_projection` (`featurizer/projection`, seed 003
+  Sec. 5.1) has no torchvision weights: it keeps its initialisation, and one line in the
+  log says so.
   """
-  from fedjax_dg.models import convert  # pylint: disable=g-import-not-at-top
+  from fedjax_dg.models import PROJECTION, convert  # pylint: disable=g-import-not-at-top
   loaded = traverse_util.flatten_dict(convert.load_featurizer_weights(path), sep="/")
   target = traverse_util.flatten_dict(params["featurizer"], sep="/")
+  kept = {k: v for k, v in target.items() if k.split("/")[0] == PROJECTION}
+  target = {k: v for k, v in target.items() if k not in kept}
+  if kept:
+    kernel = kept.get(f"{PROJECTION}/kernel")
+    shape = "" if kernel is None else f" ({kernel.shape[0]} -> {kernel.shape[1]})"
+    logging.warning("model.feature_projection: the featurizer's extra linear layer%s has no weights in %s; "
+                    "it keeps its initialisation", shape, path)
   for key in list(target) + sorted(set(loaded) - set(target)):
     if key not in loaded:
       raise ValueError(f"{path}: missing featurizer parameter {key!r}")
@@ -156,5 +168,5 @@ def load_pretrained(params, path: str):
     if tuple(loaded[key].shape) != tuple(target[key].shape):
       raise ValueError(f"{path}: shape mismatch at {key!r}: file {tuple(loaded[key].shape)}, "
                        f"model {tuple(target[key].shape)}")
-  new = {k: jnp.asarray(loaded[k], dtype=v.dtype) for k, v in target.items()}
+  new = {**{k: jnp.asarray(loaded[k], dtype=v.dtype) for k, v in target.items()}, **kept}
   return {**params, "featurizer": traverse_util.unflatten_dict(new, sep="/")}
