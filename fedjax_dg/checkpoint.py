@@ -51,11 +51,11 @@ def _plain(v):
   return json.loads(json.dumps(v, default=_json_default))
 
 
-def _flatten(tree, prefix=""):
+def flatten(tree, prefix=""):
   out = {}
   for k, v in tree.items():
     if isinstance(v, dict):
-      out.update(_flatten(v, f"{prefix}{k}."))
+      out.update(flatten(v, f"{prefix}{k}."))
     else:
       out[f"{prefix}{k}"] = v
   return out
@@ -97,7 +97,7 @@ def config_differences(stored: dict, config, multi_stage: bool) -> list[str]:
   'field: <stored> in the run, <new> now'. A field one of them lacks counts only when the
   other holds a value other than its configs/default.py default."""
   from fedjax_dg.bench.sweep import library_defaults
-  old, new = _flatten(_plain(stored)), _flatten(_plain(config.to_dict()))
+  old, new = flatten(_plain(stored)), flatten(_plain(config.to_dict()))
   defaults = {k: _plain(v) for k, v in library_defaults().items()}
   missing = object()
   out = []
@@ -128,8 +128,8 @@ def prepare_workdir(config, workdir: str, multi_stage: bool, fold: dict | None =
       raise ConfigError(f"workdir {workdir!r} already holds results (metrics.jsonl); {again}")
     if has_checkpoints(workdir):
       raise ConfigError(f"workdir {workdir!r} already holds checkpoints (checkpoints/); {again}")
-  else:
-    stored = read_run_config(workdir)
+  elif os.path.exists(os.path.join(workdir, "metrics.jsonl")) or has_checkpoints(workdir):
+    stored = read_run_config(workdir)  # None: a run from before configs were stored
     if stored is not None:
       diff = config_differences(stored["config"], config, multi_stage)
       if diff:
@@ -212,7 +212,11 @@ class Checkpoints:
     return sorted(steps, reverse=True)
 
   def _restore_verified(self, step: int, target):
-    state = self.mngr.restore(step, args=ocp.args.StandardRestore(target))
+    path = os.path.join(self.dir, str(step), "default")  # the manager's item folder, read on its own
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"no {path}")
+    with ocp.StandardCheckpointer() as reader:
+      state = reader.restore(path, target)
     want, got = jax.tree.structure(target), jax.tree.structure(state)
     if want != got:
       raise ValueError(f"the restored state has structure {got}, expected {want}")
@@ -232,30 +236,30 @@ class Checkpoints:
     """(step, state) of the newest checkpoint that restores intact, `target_of(step)` giving
     its expected structure; (None, None) when there is none. Newer corrupt ones are moved to
     `checkpoints_corrupt/` with a one-line warning; when every one is corrupt, one line."""
-    bad = []
-    for step in self._steps_on_disk():
-      try:
-        from absl import logging
-        level = logging.get_verbosity()
-        logging.set_verbosity(logging.FATAL)  # orbax logs a failed restore at length
+    from absl import logging
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.FATAL)  # orbax logs a failed restore at length; the warning says it
+    try:
+      bad, found = [], None
+      for step in self._steps_on_disk():
         try:
-          state = self._restore_verified(step, target_of(step))
-        finally:
-          logging.set_verbosity(level)
-      except Exception as e:  # pylint: disable=broad-except  # any failure means: not this one
-        bad.append((step, _first_line(e)))
-        continue
-      if bad:
-        self._set_aside([s for s, _ in bad])
-        why = "; ".join(f"checkpoint {s}: {r}" for s, r in bad)
-        warnings.warn(f"{self.dir}: skipping corrupt checkpoint(s) ({why}); moved to "
-                      f"{self.workdir}/checkpoints_corrupt/, resuming from checkpoint {step}")
-      return step, state
-    if bad:
-      why = "; ".join(f"checkpoint {s}: {r}" for s, r in bad)
+          found = (step, self._restore_verified(step, target_of(step)))
+          break
+        except Exception as e:  # pylint: disable=broad-except  # any failure means: not this one
+          bad.append((step, _first_line(e)))
+    finally:
+      logging.set_verbosity(level)
+    why = "; ".join(f"checkpoint {s}: {r}" for s, r in bad)
+    if found is None and bad:
       raise CheckpointError(f"{self.dir}: no checkpoint restores intact ({why}); move the folder away "
                             "to rerun from the start")
-    return None, None
+    if found is None:
+      return None, None
+    if bad:
+      self._set_aside([s for s, _ in bad])
+      warnings.warn(f"{self.dir}: skipping corrupt checkpoint(s) ({why}); moved to "
+                    f"{self.workdir}/checkpoints_corrupt/, resuming from checkpoint {found[0]}")
+    return found
 
   def _set_aside(self, steps) -> None:
     self.mngr.close()
@@ -327,5 +331,9 @@ def load_selected(workdir: str, rule: str, target):
   try:
     params = serialization.from_state_dict(target, serialization.msgpack_restore(blob))
   except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{base}.msgpack: does not fit the run's model ({_first_line(e)})") from None
+    raise ValueError(f"{base}.msgpack: does not fit the model ({_first_line(e)})") from None
+  for a, b in zip(jax.tree.leaves(target), jax.tree.leaves(params)):
+    if tuple(a.shape) != tuple(np.shape(b)):
+      raise ValueError(f"{base}.msgpack: does not fit the model (a leaf of shape {list(np.shape(b))}, "
+                       f"the model expects {list(a.shape)}); the data set's input shape or classes differ")
   return params, meta
