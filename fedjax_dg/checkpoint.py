@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -172,10 +173,22 @@ def state_digest(tree) -> str:
 def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   line = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-  return line if len(line) <= 160 else line[:157] + "..."
+  line = re.sub(r"\.?\s*See full TensorStore details.*", "", line)  # then a method's repr, with an address
+  return line
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  from absl import logging
+  level = logging.get_verbosity()
+  logging.set_verbosity(logging.FATAL)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(level)
+
 
 class Checkpoints:
   """The run's orbax checkpoints, each saved with the digest of its state and verified on restore."""
@@ -188,8 +201,9 @@ class Checkpoints:
     self._open()
 
   def _open(self):
-    self.mngr = ocp.CheckpointManager(self.dir, options=ocp.CheckpointManagerOptions(
-        max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True))
+    with _quiet_orbax():  # it logs each unreadable step it lists; restore_latest says it in one line
+      self.mngr = ocp.CheckpointManager(self.dir, options=ocp.CheckpointManagerOptions(
+          max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True))
 
   def _sum_path(self, step: int) -> str:
     return os.path.join(self.sums, f"{step}.json")
@@ -236,19 +250,14 @@ class Checkpoints:
     """(step, state) of the newest checkpoint that restores intact, `target_of(step)` giving
     its expected structure; (None, None) when there is none. Newer corrupt ones are moved to
     `checkpoints_corrupt/` with a one-line warning; when every one is corrupt, one line."""
-    from absl import logging
-    level = logging.get_verbosity()
-    logging.set_verbosity(logging.FATAL)  # orbax logs a failed restore at length; the warning says it
-    try:
-      bad, found = [], None
+    bad, found = [], None
+    with _quiet_orbax():  # orbax logs a failed restore at length; the warning says it in one line
       for step in self._steps_on_disk():
         try:
           found = (step, self._restore_verified(step, target_of(step)))
           break
         except Exception as e:  # pylint: disable=broad-except  # any failure means: not this one
           bad.append((step, _first_line(e)))
-    finally:
-      logging.set_verbosity(level)
     why = "; ".join(f"checkpoint {s}: {r}" for s, r in bad)
     if found is None and bad:
       raise CheckpointError(f"{self.dir}: no checkpoint restores intact ({why}); move the folder away "
