@@ -5,9 +5,12 @@
   summary.json    config, wall time, communication, and per selection rule the selected
                   round and the test metrics there
   checkpoints/    orbax checkpoints of the round state every `checkpoint_every` rounds
-With `config.resume`, a run restarts from the latest checkpoint; because round `t` uses
-the key `fold_in(key, t)`, a killed and resumed run ends with the same metrics as an
-uninterrupted one. Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
+  config.json, checkpoint_sums/, selected/   see fedjax_dg/checkpoint.py
+With `config.resume`, a run restarts from the newest intact checkpoint (or from round 0);
+because round `t` uses the key `fold_in(key, t)`, a killed and resumed run ends with the
+same metrics as an uninterrupted one. A resume must keep every result-changing field of
+the stored config; a fresh run refuses a workdir holding results or checkpoints.
+Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
@@ -15,16 +18,17 @@ import json
 import math
 import os
 import time
+import warnings
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
+from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.bench.provenance import provenance
@@ -104,10 +108,13 @@ def setup(config, fold: splits.Fold):
 
 
 def _check_finite(fold: splits.Fold):
-  for name, split in (("training", fold.train),):
+  """The inputs of every split must be finite: NaN or inf in the data is named as such, not
+  later blamed on a step size."""
+  for name, split in (("training", fold.train), *fold.eval_splits().items()):
     x = split.x
-    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-      raise config_lib.ConfigError(f"data: the {name} inputs hold NaN or inf "
+    if len(split) and np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+      where = "training" if name == "training" else f"{name!r} split's"
+      raise config_lib.ConfigError(f"data: the {where} inputs hold NaN or inf "
                                    f"({int((~np.isfinite(x)).sum())} values); clean the data set")
 
 
@@ -149,12 +156,33 @@ def _split_tuning(parts, fraction: float, seed: int, field: str):
   return train, tune
 
 
-def _read_records(path, upto_round=None):
+def _read_records(path):
+  """The evaluations in metrics.jsonl; a torn last line (a write cut short) is dropped with a
+  warning, any other unreadable line is an error naming it."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    recs = [json.loads(line) for line in f if line.strip()]
-  return [r for r in recs if upto_round is None or r["round"] <= upto_round]
+    lines = [(k + 1, line) for k, line in enumerate(f) if line.strip()]
+  recs = []
+  for k, (n, line) in enumerate(lines):
+    try:
+      rec = json.loads(line)
+      rec["round"] = int(rec["round"])
+    except (ValueError, KeyError, TypeError) as e:
+      if k == len(lines) - 1 and not line.endswith("\n"):
+        warnings.warn(f"{path}: line {n} is torn (a write cut short); ignoring it")
+        continue
+      raise config_lib.ConfigError(f"{path}: line {n} is not an evaluation record ({type(e).__name__}: {e})") from None
+    recs.append(rec)
+  return recs
+
+
+def _write_records(path, records) -> None:
+  """Replaces metrics.jsonl in one step (a kill leaves the old file or the new one)."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  os.replace(tmp, path)
 
 
 def _bytes(tree) -> int:
@@ -181,29 +209,27 @@ def _communication(alg, state, store, cohort: int, rng) -> dict:
   return comm
 
 
-@jax.jit
-def _all_finite(tree):
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
-def _check_state(alg, state, done: int, metrics, config):
-  """Stops before a diverged state is evaluated or saved: the loss and the parameters."""
-  train_loss = float(metrics["train_loss"])
-  params_ok = bool(_all_finite(alg.params_of(state.server)))  # one transfer, not one per leaf
-  if not (math.isfinite(train_loss) and params_ok):
-    what = f"train loss is {train_loss}" if not math.isfinite(train_loss) else "the model parameters are not finite"
-    raise FloatingPointError(f"{what} at round {done}; lower client.lr (now {config.client.lr}) "
-                             f"or server.lr (now {config.server.lr})")
-  return train_loss
+def _check_state(alg, state, done: int, train_loss: float, config):
+  """Stops before a diverged state is evaluated or saved: the loss and the whole round state
+  (parameters, server and client optimizer states), the state a checkpoint would hold."""
+  if not math.isfinite(train_loss):
+    what = f"train loss is {train_loss}"
+  elif not ckpt_lib.all_finite(alg.params_of(state.server)):  # one transfer, not one per leaf
+    what = "the model parameters are not finite"
+  elif not ckpt_lib.all_finite(state):
+    what = "the round state (server or client optimizer state) is not finite"
+  else:
+    return train_loss
+  raise FloatingPointError(f"{what} at round {done}; lower client.lr (now {config.client.lr}) "
+                           f"or server.lr (now {config.server.lr})")
 
 
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
-  if os.path.exists(metrics_path) and not config.resume:
-    raise config_lib.ConfigError(
-        f"workdir {workdir!r} already holds results (metrics.jsonl); pass --config.resume=True "
-        "to continue that run or choose another --config.workdir")
+  multi_stage = bool(algorithms.spec_of(config).stages)
+  ckpt_lib.prepare_workdir(config, workdir, multi_stage,  # before anything compiles
+                           fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
   t0 = time.time()
   s = setup(config, fold)
   stages = s["stages"]
@@ -218,56 +244,81 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)
   stage_of = lambda t: max(k for k, st in enumerate(stages) if st.first <= max(t - 1, 0))  # round t's stage
+  metric = config.data.get("select_metric", "accuracy")
 
   def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
     return init_round_state(stages[k].algorithm, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
 
-  comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
-  ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
-  mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start = 0
-  if config.resume and mngr.latest_step() is not None:
-    start = int(mngr.latest_step())
-    k = stage_of(start)
-    target = state
-    for j in range(1, k + 1):  # the saved state's structure: the stage that ran round `start`
+  def target_of(step):  # the saved state's structure: the stage that ran round `step`
+    target = jax.eval_shape(lambda: state)
+    for j in range(1, stage_of(step) + 1):
       target = jax.eval_shape(lambda st, j=j: next_stage_state(j, st), target)
-    state = mngr.restore(start, args=ocp.args.StandardRestore(target))
-  records = _read_records(metrics_path, upto_round=start)
-  with open(metrics_path, "w") as f:  # drop evaluations past the checkpoint we resume from
-    for r in records:
-      f.write(json.dumps(r) + "\n")
+    return target
+
+  comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
+  ckpts = ckpt_lib.Checkpoints(workdir)
+  start = 0
+  try:
+    if config.resume:
+      step, restored = ckpts.restore_latest(target_of)
+      if step is not None:
+        start, state = int(step), restored
+  except BaseException:
+    ckpts.close(quietly=True)
+    raise
+  # Evaluations past the checkpoint stay in metrics.jsonl until this run evaluates those
+  # rounds again (with no checkpoint, from round 0): a failing resume loses nothing.
+  old = _read_records(metrics_path)
+  records = [r for r in old if r["round"] <= start]
+  pending = [r for r in old if r["round"] > start]
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
-  bar = tqdm(range(start, total), initial=start, total=total, desc="round",
-             disable=config.get("quiet", False), dynamic_ncols=True)
-  for t in bar:
-    k = stage_of(t + 1)
-    st = stages[k]
-    if k > 0 and t == st.first:
-      state = next_stage_state(k, state)
-    state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(k_rounds, t))
-    done = t + 1
-    last_of_stage = done == st.first + st.rounds
-    do_eval = done % config.eval_every == 0 or last_of_stage
-    do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
-    if do_eval or do_ckpt:  # never evaluate or save a diverged state
-      train_loss = _check_state(st.algorithm, state, done, metrics, config)
-    if do_eval:
-      rec = {"round": done, "train_loss": train_loss, "splits": evaluator(st.algorithm.params_of(state.server))}
-      if len(stages) > 1:
-        rec["stage"] = k + 1
-        if hasattr(state.server, "phi"):
-          rec["phi"] = np.asarray(state.server.phi).tolist()
-      records.append(rec)
-      with open(metrics_path, "a") as f:
-        f.write(json.dumps(rec) + "\n")
-      acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
-      bar.set_postfix(loss=f"{train_loss:.3f}", val=acc("heldout_val"), test=acc("test"))
-    if do_ckpt:
-      mngr.save(done, args=ocp.args.StandardSave(state))
-  mngr.wait_until_finished()
-  mngr.close()
+  bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
+  phase = lambda what: bar.set_description(f"round ({what})")
+  compiled = set()
+  try:
+    for t in range(start, total):
+      k = stage_of(t + 1)
+      st = stages[k]
+      if k > 0 and t == st.first:
+        state = next_stage_state(k, state)
+      phase("training" if k in compiled else "compiling")
+      state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(k_rounds, t))
+      train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
+      compiled.add(k)
+      done = t + 1
+      last_of_stage = done == st.first + st.rounds
+      do_eval = done % config.eval_every == 0 or last_of_stage
+      do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
+      if do_eval or do_ckpt:  # never evaluate or save a diverged state
+        _check_state(st.algorithm, state, done, train_loss, config)
+      if do_eval:
+        phase("evaluating")
+        now = st.algorithm.params_of(state.server)
+        rec = {"round": done, "train_loss": train_loss, "splits": evaluator(now)}
+        if len(stages) > 1:
+          rec["stage"] = k + 1
+          if hasattr(state.server, "phi"):
+            rec["phi"] = np.asarray(state.server.phi).tolist()
+        records.append(rec)
+        _write_records(metrics_path, records + [r for r in pending if r["round"] > done])
+        if k + 1 == len(stages):  # keep the parameters each selection rule now chooses
+          for rule in SELECTION_RULES:
+            chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
+            if chosen and chosen["round"] == done:
+              ckpt_lib.save_selected(workdir, rule, done, now, chosen["val"])
+        acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
+        bar.set_postfix(loss=f"{train_loss:.3f}", val=acc("heldout_val"), test=acc("test"))
+      if do_ckpt:
+        phase("saving")
+        ckpts.save(done, state)
+      bar.update(1)
+  except BaseException:  # finish or remove the background save, never hide the error
+    bar.close()
+    ckpts.close(quietly=True)
+    raise
+  bar.close()
+  ckpts.close()
 
   final_stage = len(stages)  # a multi-stage method is selected within its final stage
   selectable = [r for r in records if r.get("stage", 1) == final_stage]
@@ -287,6 +338,9 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "selection": {rule: select(selectable, rule, metric=metric) for rule in SELECTION_RULES},
       "final": records[-1] if records else None,
   }
+  summary["selected_params"] = {  # kept in selected/ (python -m fedjax_dg.evaluate re-scores them)
+      rule: (f"selected/{rule}.msgpack" if sel and ckpt_lib.selected_round(workdir, rule) == sel["round"] else None)
+      for rule, sel in summary["selection"].items()}
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   return summary

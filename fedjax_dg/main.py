@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
+import warnings
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -26,7 +29,13 @@ def main(argv):
   from fedjax_dg.experiment import train_and_evaluate
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-  config = _CONFIG.value
+  one_line_warnings()
+  try:
+    config = _CONFIG.value
+    config.keys()  # a file that failed to load raises here, on first use
+  except Exception as e:  # pylint: disable=broad-except  # ml_collections loads the file lazily, here
+    print(f"error: {_config_load_error(e)}", file=sys.stderr)
+    return 2
   if config is None:
     print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
     return 2
@@ -95,6 +104,64 @@ def translate_legacy(argv: list[str]) -> list[str]:
   return out
 
 
+def _config_path() -> str:
+  args = sys.argv[1:]
+  for k, a in enumerate(args):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and k + 1 < len(args):
+      return args[k + 1]
+  return "?"
+
+
+def _root_cause(e: BaseException) -> str:
+  while (e.__cause__ or e.__context__) is not None:
+    e = e.__cause__ or e.__context__
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def _config_load_error(e: BaseException) -> str:
+  path = _config_path()
+  if not os.path.isfile(path.split(":", 1)[0]):
+    return f"--config {path}: no such config file"
+  return f"--config {path}: cannot load the config file ({_root_cause(e)})"
+
+
+def one_line_warnings() -> None:
+  """Warnings print as `warning: <message>`, one line (Python's format adds the source line)."""
+  warnings.formatwarning = lambda message, category, *a, **k: f"warning: {message}\n"
+
+
+def _config_flag_error(e: Exception, argv: list[str]) -> str:
+  """ml_collections' error for an unknown `--config.<field>` (a KeyError with a "did you
+  mean", wrapped in an AttributeError, ~50 lines of traceback) as one line."""
+  text = str(e)
+  m = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+  bad = m.group(2) if m else next(iter(re.findall(r"'([^'\\]+)", text)), text.strip("'\""))
+  flag = next((a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
+               and bad in a.split("=")[0][len("--config."):].split(".")), None)
+  head = f"{flag}: " if flag else ""
+  if not m:
+    return f"{head}no config field {bad!r}"
+  hint = f"{flag.rsplit('.', 1)[0]}.{m.group(1)}" if flag else m.group(1)
+  return f"{head}no config field {bad!r}; did you mean {hint}?"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag or config override as one line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  except (AttributeError, KeyError) as e:  # ml_collections: an unknown --config.<field>
+    msg = _config_flag_error(e, argv)
+  except Exception as e:  # pylint: disable=broad-except  # the config file fails to load or run
+    msg = _config_load_error(e)
+  print(f"error: {msg}", file=sys.stderr)
+  sys.exit(2)
+
+
 def _define_flags():
   global _CONFIG
   if _CONFIG is None:
@@ -108,7 +175,7 @@ def run():
     print_help(__name__, USAGE)
     sys.exit(0)
   flags.mark_flag_as_required("config")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -296,6 +296,178 @@ def _(tmp):
   return "the amplitude bank equals the packed store's" if np.array_equal(got, want) else "the banks differ"
 
 
+# ----------------------------------------------------------------------------- items 1-6: resume and checkpoints
+
+def _p_config(tmp, **fields):
+  """Issue 13's `P` as a config object (workdir `tmp/W`), with `fields` set."""
+  from fedjax_dg.bench.sweep import load_config_file, set_path
+  c = load_config_file(os.path.join(ROOT, "configs", "default.py"))
+  for path, v in {"model.name": "mlp", "num_clients": 4, "num_rounds": 4, "checkpoint_every": 0,
+                  "workdir": f"{tmp}/W", **fields}.items():
+    set_path(c, path, v)
+  return c
+
+
+def _run_cli(*overrides):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", *P, *overrides],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+
+
+@case(1, "resume with no checkpoint", "`P --config.num_rounds=6 --config.eval_every=2`, then the same with "
+      "`--config.resume=True --config.client.lr=1e6` (metrics.jsonl was emptied); metrics.jsonl is unchanged",
+      "client.lr: 0.1 in the run, 1000000.0 now")
+def _(tmp):
+  _run_cli("--config.num_rounds=6", "--config.eval_every=2", "--config.quiet=True", f"--config.workdir={tmp}/W")
+  before = (tmp / "W" / "metrics.jsonl").read_bytes()
+  assert len(before.splitlines()) == 3
+  line = cli(tmp, "--config.num_rounds=6", "--config.eval_every=2", "--config.resume=True", "--config.client.lr=1e6")
+  assert (tmp / "W" / "metrics.jsonl").read_bytes() == before
+  return line
+
+
+@case(2, "resume with another config", "a run of `P` with `num_clients=8` stopped after its first evaluation, "
+      "resumed as `P --config.resume=True` (4 clients)", "num_clients: 8 in the run, 4 now")
+def _(tmp):
+  from fedjax_dg import checkpoint
+  os.makedirs(tmp / "W")
+  checkpoint.write_run_config(_p_config(tmp, num_clients=8), str(tmp / "W"))
+  (tmp / "W" / "metrics.jsonl").write_text('{"round": 1, "train_loss": 1.0, "splits": {}}\n')
+  return cli(tmp, "--config.resume=True")
+
+
+@case(3, "fresh run over stale checkpoints", "`P` on a workdir holding `checkpoints/2` and no metrics.jsonl",
+      "already holds checkpoints (checkpoints/); pass --config.resume=True")
+def _(tmp):
+  from fedjax_dg import checkpoint
+  ck = checkpoint.Checkpoints(str(tmp / "W"))
+  ck.save(2, {"a": np.zeros(3, np.float32)})
+  ck.close()
+  return cli(tmp)
+
+
+@case(4, "error right after a checkpoint", "`P --config.num_rounds=10 --config.eval_every=1 "
+      "--config.checkpoint_every=1 --config.server.lr=1e30` (and `quiet`); no `N.orbax-checkpoint-tmp` is left",
+      "at round 2; lower client.lr (now 0.1) or server.lr (now 1e+30)")
+def _(tmp):
+  line = cli(tmp, "--config.num_rounds=10", "--config.eval_every=1", "--config.checkpoint_every=1",
+             "--config.server.lr=1e30", "--config.quiet=True")
+  left = sorted(os.listdir(tmp / "W" / "checkpoints"))
+  assert left == ["1"], f"checkpoints/ holds {left}"
+  return line
+
+
+def _corrupt_checkpoint(tmp, corrupt, steps=("4",)):
+  """Checkpoints 2 and 4 of a small state, `corrupt(step_dir)` applied to `steps`, then restored."""
+  from fedjax_dg import checkpoint
+  import jax
+  state = {"w": np.arange(3000, dtype=np.float32), "b": np.ones((40, 3), np.float32)}
+  ck = checkpoint.Checkpoints(str(tmp / "W"))
+  ck.save(2, state)
+  ck.save(4, {k: 2 * v for k, v in state.items()})
+  ck.close()
+  for s in steps:
+    corrupt(tmp / "W" / "checkpoints" / s)
+  ck = checkpoint.Checkpoints(str(tmp / "W"))
+  try:
+    step, restored = ck.restore_latest(lambda step: jax.eval_shape(lambda: state))
+  finally:
+    ck.close()
+  assert step == 2 and np.array_equal(restored["w"], state["w"])
+  return step
+
+
+def _data_file(step_dir):
+  files = [os.path.join(r, f) for r, _, fs in os.walk(step_dir) for f in fs if os.path.basename(r) == "d"]
+  return max(files, key=os.path.getsize)
+
+
+def _truncate_data(d):
+  f = _data_file(d)
+  os.truncate(f, os.path.getsize(f) // 2)
+
+
+def _flip_bytes(d):
+  f = _data_file(d)
+  with open(f, "r+b") as h:
+    data = bytearray(h.read())
+    data[len(data) // 2] ^= 0xFF
+    h.seek(0)
+    h.write(bytes(data))
+
+
+def _empty_step(d):
+  import shutil
+  shutil.rmtree(d)
+  os.makedirs(d)
+
+
+_CORRUPTIONS = [
+    ("truncated data file", "its largest data file cut to half", _truncate_data, "checkpoint 4: ValueError"),
+    ("deleted metadata", "`default/_METADATA` deleted", lambda d: os.remove(d / "default" / "_METADATA"),
+     "Metadata file (named _METADATA) does not exist"),
+    ("empty step folder", "the step folder emptied", _empty_step, "checkpoint 4: FileNotFoundError"),
+    ("flipped bytes", "one byte of its largest data file flipped (orbax restores other values, no error)",
+     _flip_bytes, "SHA-256 mismatch"),
+]
+
+
+def _sizes(line: str) -> str:
+  """Byte counts in orbax's messages, which vary with the length of the folder's path, as <n>."""
+  return re.sub(r"(byte range \[0, |value of size )\d+", r"\1<n>", line)
+
+
+for _name, _how, _fn, _expect in _CORRUPTIONS:
+  case(5, f"corrupt latest checkpoint: {_name}", f"checkpoints 2 and 4, checkpoint 4 with {_how}, then "
+       "resumed", _expect, outcome="warning")(
+           lambda tmp, fn=_fn: _sizes(warning_of(lambda: _corrupt_checkpoint(tmp, fn))))
+
+
+@case(5, "every checkpoint corrupt", "checkpoints 2 and 4, both with a truncated data file, then resumed "
+      "(nothing is moved)", "no checkpoint restores intact (checkpoint 4: ValueError")
+def _(tmp):
+  line = error_of(lambda: _corrupt_checkpoint(tmp, _truncate_data, steps=("2", "4")))
+  assert sorted(os.listdir(tmp / "W" / "checkpoints")) == ["2", "4"]
+  return _sizes(line)
+
+
+@case(6, "NaN or inf in the evaluation data", "a fold of the default data set whose `test` split holds an inf",
+      "data: the 'test' split's inputs hold NaN or inf (1 values)")
+def _(tmp):
+  from fedjax_dg import experiment
+  from fedjax_dg.data import datasets, splits
+  c = _p_config(tmp)
+  fold = splits.fold_from_config(datasets.load_dataset(c.data), c.data)
+  fold.test.x[(0,) * fold.test.x.ndim] = np.inf
+  return error_of(lambda: experiment._check_finite(fold))  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------- item 9: command line, metrics
+
+@case(9, "typo in a field name", "`P --config.num_cleints=4`", "no config field 'num_cleints'; did you mean "
+      "--config.num_clients?")
+def _(tmp):
+  return cli(tmp, "--config.num_cleints=4")
+
+
+@case(9, "missing config file", "`fedjax-dg --config configs/nope.py`", "--config configs/nope.py: no such config file")
+def _(tmp):
+  return cli(tmp, config="configs/nope.py")
+
+
+@case(9, "torn last line of metrics.jsonl", "a metrics.jsonl whose last line was cut mid-write, read by a resume",
+      "line 2 is torn (a write cut short); ignoring it", outcome="warning")
+def _(tmp):
+  from fedjax_dg import experiment
+  path = tmp / "metrics.jsonl"
+  path.write_text('{"round": 2, "train_loss": 0.5, "splits": {}}\n{"round": 4, "train_lo')
+  recs = []
+  line = warning_of(lambda: recs.extend(experiment._read_records(str(path))))  # pylint: disable=protected-access
+  assert [r["round"] for r in recs] == [2]
+  return line
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)

@@ -1,0 +1,336 @@
+"""Resume and checkpoints (issue 13 items 1-6, 13) and the kept selected parameters (issue 9).
+
+One reference run (SCAFFOLD, so client state is checkpointed too; 6 rounds, evaluations
+and checkpoints every 2) is shared; each test works on a copy of its workdir.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dg import checkpoint as ckpt_lib
+from fedjax_dg import experiment
+from fedjax_dg.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tiny_config):
+  tiny_config.algorithm.name = "scaffold"
+  return tiny_config
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """(config, workdir, summary) of an uninterrupted run."""
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import default
+  config = default.get_config()  # conftest's tiny_config, built once for the module
+  config.model.name, config.model.hidden, config.data.image_size = "mlp", (32,), 8
+  config.num_clients, config.num_rounds, config.eval_every, config.checkpoint_every = 8, 6, 2, 2
+  config.client.lr, config.client.momentum, config.client.batch_size, config.quiet = 0.1, 0.0, 16, True
+  config = _config(config)
+  workdir = str(tmp_path_factory.mktemp("reference") / "run")
+  summary = experiment.train_and_evaluate(config, workdir)
+  return config, workdir, summary
+
+
+def _copy(reference, tmp_path, name="copy"):
+  config, workdir, _ = reference
+  dest = str(tmp_path / name)
+  shutil.copytree(workdir, dest)
+  c = config.copy_and_resolve_references()
+  c.workdir = dest
+  return c, dest
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _tmp_dirs(workdir):
+  return [n for n in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in n]
+
+
+def _wrap_rounds(monkeypatch, fn):
+  """Every round function's output passes through `fn(round, state, metrics)`."""
+  real = experiment.make_round
+
+  def make_round(*a, **k):
+    rf = real(*a, **k)
+    n = [0]
+
+    def wrapped(state, store, rng):
+      n[0] += 1
+      return fn(n[0], *rf(state, store, rng))
+    return wrapped
+  monkeypatch.setattr(experiment, "make_round", make_round)
+
+
+# ----------------------------------------------------------------------------- items 1-3
+
+def test_resume_without_checkpoint_keeps_metrics_and_refuses_a_changed_config(reference, tmp_path, monkeypatch):
+  config, workdir = _copy(reference, tmp_path)
+  shutil.rmtree(os.path.join(workdir, "checkpoints"))
+  shutil.rmtree(os.path.join(workdir, "checkpoint_sums"))
+  before = open(os.path.join(workdir, "metrics.jsonl"), "rb").read()
+  config.resume = True
+  # Item 2: a result-changing field is refused, naming it, and nothing is touched.
+  config.client.lr = 1e6
+  with pytest.raises(ConfigError, match=r"client\.lr: 0\.1 in the run, 1000000\.0 now") as e:
+    experiment.train_and_evaluate(config, workdir)
+  assert "\n" not in str(e.value)
+  assert open(os.path.join(workdir, "metrics.jsonl"), "rb").read() == before
+  config.client.lr = 0.1
+  # Item 1: a resume with no checkpoint restarts at round 0; when it fails, every recorded
+  # evaluation is still there.
+  with monkeypatch.context() as m:
+    def crash(n, state, metrics):
+      if n > 3:
+        raise RuntimeError("simulated crash")
+      return state, metrics
+    _wrap_rounds(m, crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+      experiment.train_and_evaluate(config, workdir)
+  assert [r["round"] for r in _records(workdir)] == [2, 4, 6]
+  assert _records(workdir) == [json.loads(l) for l in before.decode().splitlines()]
+
+
+def test_resume_compares_configs_and_fresh_run_refuses_checkpoints(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  os.remove(os.path.join(workdir, "metrics.jsonl"))
+  os.remove(os.path.join(workdir, "summary.json"))
+  # Item 3: checkpoints and no metrics.jsonl: a fresh run is refused.
+  with pytest.raises(ConfigError, match=r"already holds checkpoints \(checkpoints/\)"):
+    experiment.train_and_evaluate(config, workdir)
+  config.resume = True
+  config.num_clients = 4
+  with pytest.raises(ConfigError, match=r"num_clients: 8 in the run, 4 now"):
+    experiment.train_and_evaluate(config, workdir)
+  config.num_clients = 8
+  config.num_rounds = 4  # fewer rounds than the run has: its later rounds would be mixed in
+  with pytest.raises(ConfigError, match=r"num_rounds: 6 in the run, 4 now"):
+    experiment.train_and_evaluate(config, workdir)
+  config.data.test_domains = (4,)
+  with pytest.raises(ConfigError, match=r"data\.test_domains: \[5\] in the run, \[4\] now"):
+    experiment.train_and_evaluate(config, workdir)
+  # A field absent from the stored config counts only away from its default.
+  stored = json.load(open(os.path.join(workdir, "config.json")))
+  del stored["config"]["eval_every"], stored["config"]["client"]["weight_decay"]
+  diff = ckpt_lib.config_differences(stored["config"], reference[0], multi_stage=False)
+  from fedjax_dg.bench.sweep import library_defaults
+  defaults = library_defaults()
+  assert defaults["client.weight_decay"] == reference[0].client.weight_decay
+  assert diff == [f"eval_every: {defaults['eval_every']} in the run, 2 now"], diff
+
+
+# ----------------------------------------------------------------------------- items 4 and 6
+
+@pytest.mark.slow  # two runs, ~20 s
+def test_nan_in_saved_state_stops_before_saving_and_pending_save_is_finished(reference, tmp_path, monkeypatch):
+  config, _ = _copy(reference, tmp_path)
+  workdir = str(tmp_path / "nan")
+  config.checkpoint_every = 1
+
+  def poison(n, state, metrics):  # round 6: NaN in a client control variate, loss and params finite
+    if n == 6:
+      leaf = jax.tree.leaves(state.clients)[0]
+      clients = jax.tree.map(lambda a: a.at[(0,) * a.ndim].set(jnp.nan) if a is leaf else a, state.clients)
+      state = state._replace(clients=clients)
+    return state, metrics
+  with monkeypatch.context() as m:
+    _wrap_rounds(m, poison)
+    with pytest.raises(FloatingPointError, match="round state .* is not finite at round 6"):
+      experiment.train_and_evaluate(config, workdir)
+  # Item 4: the save of round 5, started just before, is complete; none is left half-written.
+  assert _tmp_dirs(workdir) == []
+  assert sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()) == [4, 5]
+  assert [r["round"] for r in _records(workdir)] == [2, 4]
+  # The resume (checkpoint_every may differ) continues from round 5 and matches the reference.
+  config.resume, config.checkpoint_every, config.eval_batch_size = True, 2, 64  # fields that cannot change results
+  summary = experiment.train_and_evaluate(config, workdir)
+  assert summary["final"] == reference[2]["final"] and summary["selection"] == reference[2]["selection"]
+
+
+def test_nan_in_data_is_named(tiny_config):
+  from fedjax_dg.data import datasets, splits
+  ds = datasets.load_dataset(tiny_config.data)
+  fold = splits.fold_from_config(ds, tiny_config.data)
+  fold.test.x[3] = np.inf
+  with pytest.raises(ConfigError, match="the 'test' split's inputs hold NaN or inf"):
+    experiment._check_finite(fold)
+
+
+# ----------------------------------------------------------------------------- item 5
+
+def _steps(tmp_path):
+  """A checkpoint folder with steps 2 and 4 of a small state."""
+  workdir = str(tmp_path / "w")
+  state = {"a": jnp.arange(3000.0), "b": {"c": jnp.ones((40, 3)), "k": jnp.arange(5)}}
+  ck = ckpt_lib.Checkpoints(workdir)
+  ck.save(2, state)
+  ck.save(4, jax.tree.map(lambda x: x * 2, state))
+  ck.close()
+  return workdir, state
+
+
+def _data_files(step_dir):
+  out = []
+  for root, _, files in os.walk(step_dir):
+    out += [os.path.join(root, f) for f in files if os.path.basename(root) == "d"]
+  return sorted(out, key=os.path.getsize)
+
+
+def _truncate(step_dir):
+  f = _data_files(step_dir)[-1]
+  os.truncate(f, os.path.getsize(f) // 2)
+
+
+def _delete_metadata(step_dir):
+  os.remove(os.path.join(step_dir, "default", "_METADATA"))
+
+
+def _empty(step_dir):
+  shutil.rmtree(step_dir)
+  os.makedirs(step_dir)
+
+
+def _flip(step_dir):
+  f = _data_files(step_dir)[-1]
+  with open(f, "r+b") as h:
+    data = bytearray(h.read())
+    data[len(data) // 2] ^= 0xFF
+    h.seek(0)
+    h.write(bytes(data))
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _delete_metadata, _empty, _flip])
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, corrupt):
+  workdir, state = _steps(tmp_path)
+  corrupt(os.path.join(workdir, "checkpoints", "4"))
+  target = lambda step: jax.eval_shape(lambda: state)
+  ck = ckpt_lib.Checkpoints(workdir)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    step, restored = ck.restore_latest(target)
+  ck.close()
+  msgs = [str(x.message) for x in w if issubclass(x.category, UserWarning)]
+  assert len(msgs) == 1 and "\n" not in msgs[0] and "checkpoint 4:" in msgs[0] and "from checkpoint 2" in msgs[0]
+  assert step == 2
+  assert ckpt_lib.state_digest(restored) == ckpt_lib.state_digest(state)
+  # The corrupt one is kept aside, so a new save of step 4 is not skipped.
+  assert os.path.isdir(os.path.join(workdir, "checkpoints_corrupt", "4"))
+  assert not os.path.exists(os.path.join(workdir, "checkpoints", "4"))
+
+
+def test_flipped_bytes_that_decode_are_caught_by_the_digest(tmp_path):
+  workdir, state = _steps(tmp_path)
+  # A state that restores without error but holds other values than were saved.
+  sums = os.path.join(workdir, "checkpoint_sums", "4.json")
+  with open(sums, "w") as f:
+    json.dump({"step": 4, "sha256": ckpt_lib.state_digest(state)}, f)  # step 2's digest
+  ck = ckpt_lib.Checkpoints(workdir)
+  with pytest.warns(UserWarning, match="SHA-256 mismatch"):
+    step, _ = ck.restore_latest(lambda s: jax.eval_shape(lambda: state))
+  ck.close()
+  assert step == 2
+
+
+def test_every_checkpoint_corrupt_is_one_line_and_moves_nothing(tmp_path):
+  workdir, state = _steps(tmp_path)
+  for s in ("2", "4"):
+    _truncate(os.path.join(workdir, "checkpoints", s))
+  ck = ckpt_lib.Checkpoints(workdir)
+  with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoint restores intact") as e:
+    ck.restore_latest(lambda s: jax.eval_shape(lambda: state))
+  ck.close()
+  assert "\n" not in str(e.value) and "checkpoint 4:" in str(e.value) and "checkpoint 2:" in str(e.value)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
+
+
+def test_corrupt_latest_checkpoint_resume_matches_uninterrupted(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  _flip(os.path.join(workdir, "checkpoints", "6"))
+  config.resume = True
+  with pytest.warns(UserWarning, match="resuming from checkpoint 4"):
+    summary = experiment.train_and_evaluate(config, workdir)
+  assert summary["final"] == reference[2]["final"] and summary["selection"] == reference[2]["selection"]
+  assert _records(workdir) == _records(reference[1])
+
+
+# ----------------------------------------------------------------------------- item 13
+
+def test_progress_bar_waits_for_each_round_and_shows_the_phase(tiny_config, tmp_path, monkeypatch):
+  events = []
+
+  class Probe:  # the round's train loss; reading it is waiting for the round
+    def __init__(self, n, v):
+      self.n, self.v = n, v
+
+    def __float__(self):
+      events.append(("ready", self.n))
+      return float(self.v)
+
+  class Bar:
+    def __init__(self, *a, **k):
+      pass
+
+    def set_description(self, d, refresh=True):
+      events.append(("phase", d))
+
+    def update(self, n=1):
+      events.append(("update",))
+
+    def set_postfix(self, **k):
+      pass
+
+    def close(self):
+      pass
+  monkeypatch.setattr(experiment, "tqdm", Bar)
+  _wrap_rounds(monkeypatch, lambda n, state, m: (state, {**m, "train_loss": Probe(n, m["train_loss"])}))
+  tiny_config.num_rounds, tiny_config.eval_every, tiny_config.checkpoint_every = 3, 2, 0
+  experiment.train_and_evaluate(tiny_config, str(tmp_path / "w"))
+  updates = [k for k, e in enumerate(events) if e[0] == "update"]
+  assert len(updates) == 3
+  for t, k in enumerate(updates):  # round t+1's update comes after its metrics were waited for
+    assert ("ready", t + 1) in events[:k] and ("ready", t + 2) not in events[:k]
+  phases = [e[1] for e in events if e[0] == "phase"]
+  assert phases == ["round (compiling)", "round (training)", "round (evaluating)", "round (training)",
+                    "round (evaluating)"]
+
+
+# ----------------------------------------------------------------------------- issue 9: selected params
+
+def test_selected_parameters_rescore_to_the_summary(reference, tmp_path):
+  from fedjax_dg import evaluate
+  config, workdir, summary = reference
+  by_round = {r["round"]: r for r in _records(workdir)}
+  for rule, sel in summary["selection"].items():
+    assert summary["selected_params"][rule] == f"selected/{rule}.msgpack"
+    out = evaluate.rescore(workdir, rule)
+    assert out["round"] == sel["round"]
+    assert out["splits"]["test"]["accuracy"] == sel["test"]["accuracy"]
+    assert out["splits"] == by_round[sel["round"]]["splits"]  # every split, every metric
+  # Another data config: the test and held-out domains swapped, on the command line.
+  d = config.data
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg.evaluate", "--workdir", workdir, "--rule=heldout_domain",
+                        f"--config.data.test_domains=({d.val_domains[0]},)",
+                        f"--config.data.val_domains=({d.test_domains[0]},)"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr
+  swapped = json.loads(out.stdout)["splits"]
+  sel = summary["selection"]["heldout_domain"]
+  assert swapped["test"] == sel["val"] and swapped["heldout_val"] == sel["test"]
+  # The parameters fit one model: other fields are refused in one line.
+  other = evaluate.run_config(workdir)
+  other.model.hidden = (8,)
+  with pytest.raises(ConfigError, match=r"^model\.hidden: the saved parameters fit"):
+    evaluate.rescore(workdir, "in_domain", other)
