@@ -116,6 +116,7 @@ def get_config():
   c.checkpoint_every = 20
   c.eval_batch_size = 512
   c.quiet = False            # hide the progress bar
+  c.tensorboard = False      # also write TensorBoard event files to <workdir>/tensorboard/ (tensorboard extra)
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto

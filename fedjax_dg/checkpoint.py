@@ -32,7 +32,7 @@ from fedjax_dg.config import ConfigError
 CONFIG_FILE = "config.json"
 # Fields that steer a run but cannot change its results: a resume may change them
 # (and `num_rounds` may grow, for a single-stage method).
-RESULT_NEUTRAL = ("workdir", "resume", "quiet", "eval_batch_size", "checkpoint_every")
+RESULT_NEUTRAL = ("workdir", "resume", "quiet", "eval_batch_size", "checkpoint_every", "tensorboard")
 
 
 class CheckpointError(ValueError):

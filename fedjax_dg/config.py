@@ -26,6 +26,12 @@ def _check(cond, msg):
 
 def validate(config) -> None:
   """Checks that need no data."""
+  tb = config.get("tensorboard", False)
+  _check(isinstance(tb, bool), f"tensorboard must be True or False, got {tb!r}")
+  if tb:
+    import importlib.util
+    _check(importlib.util.find_spec("tensorboardX") is not None,
+           "tensorboard: event files need tensorboardX; pip install 'fedjax-dg[tensorboard]'")
   _check(config.data.name in DATASETS, f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)}")
   path = config.model.get("pretrained_path", "")
   _check(not path or os.path.isfile(path), f"model.pretrained_path: no such file {path!r}")

@@ -34,6 +34,7 @@ from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.bench.provenance import provenance
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round, default_strategy
+from fedjax_dg.eval import tensorboard
 from fedjax_dg.eval.evaluate import SELECTION_RULES, Evaluator, select
 from fedjax_dg.models import build_model, count_params
 
@@ -273,6 +274,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   pending = [r for r in old if r["round"] > start]
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
+  tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
   bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
@@ -302,6 +304,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
             rec["phi"] = np.asarray(state.server.phi).tolist()
         records.append(rec)
         _write_records(metrics_path, records + [r for r in pending if r["round"] > done])
+        if tb:
+          tb.add(rec)
         if k + 1 == len(stages):  # keep the parameters each selection rule now chooses
           for rule in SELECTION_RULES:
             chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
@@ -316,9 +320,14 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   except BaseException:  # finish or remove the background save, never hide the error
     bar.close()
     ckpts.close(quietly=True)
+    if tb:
+      tb.close()
     raise
   bar.close()
   ckpts.close()
+  if tb:  # rewritten from metrics.jsonl: a resumed run's event files hold each round once
+    tb.close()
+    tensorboard.convert_run(workdir)
 
   final_stage = len(stages)  # a multi-stage method is selected within its final stage
   selectable = [r for r in records if r.get("stage", 1) == final_stage]

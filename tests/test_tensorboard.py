@@ -59,3 +59,20 @@ def test_convert_errors_in_one_line(tmp_path, capsys):
   assert tensorboard.main([str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f"error: no such folder {str(tmp_path / 'missing')!r}", f"error: no metrics.jsonl under {str(tmp_path)!r}"]
+
+
+def test_a_run_writes_its_records_as_events(tiny_config, tmp_path):
+  """`config.tensorboard`: the run's event files hold exactly metrics.jsonl's numbers, each
+  round once, also after a resume that re-evaluates rounds."""
+  from fedjax_dg import experiment
+  tiny_config.num_clients, tiny_config.num_rounds, tiny_config.eval_every = 4, 2, 1
+  tiny_config.checkpoint_every, tiny_config.tensorboard = 1, True
+  w = str(tmp_path / "run")
+  experiment.train_and_evaluate(tiny_config, w)
+  tiny_config.num_rounds, tiny_config.resume = 3, True
+  experiment.train_and_evaluate(tiny_config, w)
+  records = [json.loads(l) for l in open(os.path.join(w, "metrics.jsonl"))]
+  assert [r["round"] for r in records] == [1, 2, 3]
+  want = {(tag, r["round"]): v for r in records for tag, v in tensorboard.scalars(r)}
+  assert read_events(os.path.join(w, "tensorboard")) == pytest.approx(want)
+  assert ("test/accuracy", 3) in want and ("train/loss", 1) in want

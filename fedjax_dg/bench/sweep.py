@@ -43,7 +43,7 @@ import ml_collections
 import numpy as np
 
 # Fields that steer a run but not its results; they do not enter the job key.
-RUN_CONTROL_FIELDS = ("workdir", "resume", "quiet")
+RUN_CONTROL_FIELDS = ("workdir", "resume", "quiet", "tensorboard")
 DIFFICULTY_ROLES = ("dg_without", "dg_with", "fl_erm", "fl_fedavg")
 
 
