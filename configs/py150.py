@@ -20,11 +20,8 @@ every round; FedAvg of one local epoch of AdamW (weight decay 0, i.e. Adam, eps 
 garbled ERM row). Table 7 per method (the rows that read unambiguously): IRM penalty 1000,
 FedGMA mask threshold 0.4. FedDG, FedADG and Mixup do not apply to text
 (`models.NOT_FOR_TEXT`). Token ids stay in host memory (`engine.host_store`). Logits are
-[B, 255, V] (V = 50k): evaluation runs in batches of 4.
-
-Not yet trainable end to end: the algorithm layer and the evaluator assume one label per
-example (README "Text and FEMNIST" lists the changes); the loader, model, loss and metric
-are in place and tested.
+[B, 255, V] (V = 50k): evaluation runs in batches of 4. FedDIM, FedLOE and FedSR do not
+apply to GPT-2's tied vocabulary head (`models.NOT_FOR_MODEL`).
 """
 import os
 import sys

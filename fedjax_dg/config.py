@@ -6,13 +6,14 @@ import math
 import os
 
 from fedjax_dg import algorithms
+from fedjax_dg import models
+from fedjax_dg.data import datasets
 from fedjax_dg.data.datasets import DATASETS
 from fedjax_dg.engine.round import STRATEGIES
 from fedjax_dg.models import MODELS
 
 PARTITIONS = ("heterogeneous", "dirichlet", "iid")
 OPTIMIZERS = ("sgd", "adam", "yogi")  # base.make_optimizer
-SELECT_METRICS = ("accuracy", "macro_f1", "macro_f1_label_classes", "worst_group_accuracy")  # eval/metrics.py
 
 
 class ConfigError(ValueError):
@@ -75,8 +76,11 @@ def validate(config) -> None:
   _check(not proj or config.model.name not in ("distilbert", "gpt2"),
          f"model.feature_projection: not available for model.name={config.model.name!r} "
          "(image and MLP backbones only); set it to 0")
-  _check(config.data.select_metric in SELECT_METRICS,
-         f"data.select_metric: unknown {config.data.select_metric!r}; choose one of {list(SELECT_METRICS)}")
+  metrics = datasets.select_metrics(config.data)
+  _check(config.data.select_metric in metrics,
+         f"data.select_metric: unknown {config.data.select_metric!r}"
+         f"{' for ' + config.data.dataset if datasets.modality(config.data) == 'text' else ''}; "
+         f"choose one of {list(metrics)}")
   d = config.data
   if not d.leave_one_domain_out and d.name != "wilds":
     _check(len(d.test_domains) >= 1, "data.test_domains must name at least one domain (or set data.leave_one_domain_out)")
@@ -97,6 +101,29 @@ def validate(config) -> None:
     algorithms.validate(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  validate_modality(config)
+
+
+def validate_modality(config) -> None:
+  """The model reads the data's inputs, and the method applies to them and to the model
+  (`models.NOT_FOR_TEXT`, `models.NOT_FOR_MODEL`)."""
+  name, dataset = config.model.name, config.data.get("dataset", "")
+  text_data = datasets.modality(config.data) == "text"
+  reads = models.MODALITY[name]
+  if text_data:
+    _check(reads != "image", f"model.name: {name!r} reads images; data.dataset={dataset!r} is text "
+                             f"(use {'gpt2' if dataset == 'py150' else 'distilbert'})")
+  else:
+    _check(reads != "text", f"model.name: {name!r} reads token ids; data.name={config.data.name!r} is not a text "
+                            "dataset (civilcomments or py150)")
+  _check(dataset != "py150" or not text_data or name == "gpt2",
+         f"model.name: Py150 is next-token prediction with a label per token; use 'gpt2', not {name!r}")
+  method = config.algorithm.name.partition("+")[0]
+  if text_data or reads == "text":
+    _check(method not in models.NOT_FOR_TEXT,
+           f"algorithm.name: {method!r} does not apply to text: {models.NOT_FOR_TEXT.get(method)}")
+  why = models.NOT_FOR_MODEL.get(name, {}).get(method)
+  _check(why is None, f"algorithm.name: {method!r} does not apply to model.name={name!r}: {why}")
 
 
 def cohort_size(config, num_clients: int) -> int:

@@ -243,7 +243,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   C = s["num_clients"]
   state = init_round_state(stages[0].algorithm, k_server, params, C)
   store = jax.tree.map(jnp.asarray, s["packed"])
-  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size)
+  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
+                        metrics=fold.metrics)
   stage_of = lambda t: max(k for k, st in enumerate(stages) if st.first <= max(t - 1, 0))  # round t's stage
   metric = config.data.get("select_metric", "accuracy")
 

@@ -53,17 +53,18 @@ class Case:
   expect: str                        # a fragment the line must contain
   run: Callable[..., str]            # tmp folder -> the line the user sees
   outcome: str = "error"             # "error": refused; "warning": goes on after one line; "works": no message
+  issue: int = 13                    # the issue the case comes from (issue 11: text datasets)
 
 
 CASES: list[Case] = []
 
 
-def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error"):
+def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error", issue: int = 13):
   """Registers the decorated function as a case (see the module docstring)."""
   def register(fn):
     if any(c.name == name for c in CASES):
       raise ValueError(f"two bad-input cases named {name!r}")
-    CASES.append(Case(item, name, trigger, expect, fn, outcome))
+    CASES.append(Case(item, name, trigger, expect, fn, outcome, issue))
     return fn
   return register
 
@@ -466,6 +467,89 @@ def _(tmp):
   line = warning_of(lambda: recs.extend(experiment._read_records(str(path))))  # pylint: disable=protected-access
   assert [r["round"] for r in recs] == [2]
   return line
+# ----------------------------------------------------------------------------- issue 11: text
+
+def _text_config(dataset, **overrides):
+  """configs/<dataset>.py with `overrides` (dotted fields), for `config.validate`."""
+  import importlib
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  c = importlib.import_module(dataset).get_config()
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for part in path:
+      node = node[part]
+    node[last] = v
+  return c
+
+
+def _validate(tmp, dataset, **overrides):
+  from fedjax_dg import config as config_lib
+  c = _text_config(dataset, workdir=str(tmp / "W"), **overrides)
+  return error_of(lambda: config_lib.validate(c))
+
+
+@case(0, "FedDG on text", "`fedjax-dg --config configs/civilcomments.py P --config.model.name=distilbert "
+      "--config.algorithm.name=feddg` (no data is read)",
+      "error: algorithm.name: 'feddg' does not apply to text: FedDG interpolates the amplitude spectra", issue=11)
+def _(tmp):
+  return cli(tmp, "--config.model.name=distilbert", "--config.algorithm.name=feddg", config="configs/civilcomments.py")
+
+
+@case(0, "FedADG on text", "`configs/py150.py` with `algorithm.name=fedadg`",
+      "algorithm.name: 'fedadg' does not apply to text: FedADG is designed for images", issue=11)
+def _(tmp):
+  return _validate(tmp, "py150", **{"algorithm.name": "fedadg"})
+
+
+@case(0, "Mixup on token ids", "`configs/civilcomments.py` with `algorithm.name=mixup`",
+      "algorithm.name: 'mixup' does not apply to text: Mixup interpolates inputs", issue=11)
+def _(tmp):
+  return _validate(tmp, "civilcomments", **{"algorithm.name": "mixup"})
+
+
+@case(0, "FedDIM with GPT-2's tied vocabulary head", "`configs/py150.py` with `algorithm.name=feddim`",
+      "model.name: FedDIM needs a Dense classifier head; gpt2's head is tied to the token embedding",
+      issue=11)
+def _(tmp):
+  return _validate(tmp, "py150", **{"algorithm.name": "feddim"})
+
+
+@case(0, "FedLOE with GPT-2's tied head", "`configs/py150.py` with `algorithm.name=fedloe`",
+      "algorithm.name: 'fedloe' does not apply to model.name='gpt2'", issue=11)
+def _(tmp):
+  return _validate(tmp, "py150", **{"algorithm.name": "fedloe"})
+
+
+@case(0, "FedSR+OMG with GPT-2", "`configs/py150.py` with `algorithm.name=fedsr+omg`",
+      "algorithm.name: 'fedsr' does not apply to model.name='gpt2'", issue=11)
+def _(tmp):
+  return _validate(tmp, "py150", **{"algorithm.name": "fedsr+omg"})
+
+
+@case(0, "image model on text", "`configs/civilcomments.py` with `model.name=resnet18`",
+      "model.name: 'resnet18' reads images; data.dataset='civilcomments' is text (use distilbert)", issue=11)
+def _(tmp):
+  return _validate(tmp, "civilcomments", **{"model.name": "resnet18"})
+
+
+@case(0, "classifier on Py150's per-token labels", "`configs/py150.py` with `model.name=distilbert`",
+      "model.name: Py150 is next-token prediction with a label per token; use 'gpt2'", issue=11)
+def _(tmp):
+  return _validate(tmp, "py150", **{"model.name": "distilbert"})
+
+
+@case(0, "text model on images", "`configs/pacs.py` with `model.name=distilbert`",
+      "model.name: 'distilbert' reads token ids", issue=11)
+def _(tmp):
+  return _validate(tmp, "pacs", **{"model.name": "distilbert"})
+
+
+@case(0, "selection metric the dataset does not report", "`configs/civilcomments.py` with "
+      "`data.select_metric=overall_accuracy` (a Py150 metric)",
+      "data.select_metric: unknown 'overall_accuracy' for civilcomments; choose one of", issue=11)
+def _(tmp):
+  return _validate(tmp, "civilcomments", **{"data.select_metric": "overall_accuracy"})
 
 
 # ----------------------------------------------------------------------------- running and the table
@@ -501,7 +585,8 @@ def render(results: dict[str, str]) -> str:
   lines = [
       "# Bad inputs and what they get",
       "",
-      "Every bad input and fault of issue 13 that is handled, and the line the user now sees.",
+      "Every bad input and fault of issue 13 that is handled, and the line the user now sees; then",
+      "issue 11's refusals of what does not apply to the text datasets (checked before any data is read).",
       "Generated by `tests/test_bad_inputs.py`, which runs each case and fails when this file",
       f"differs from what the cases print; regenerate with `{REGENERATE}`.",
       "`P` is issue 13's command, `fedjax-dg --config configs/default.py --config.model.name=mlp",
@@ -513,10 +598,11 @@ def render(results: dict[str, str]) -> str:
       "| item | bad input | how | outcome | line |",
       "| --- | --- | --- | --- | --- |",
   ]
-  order = sorted(range(len(CASES)), key=lambda k: (CASES[k].item, k))
+  order = sorted(range(len(CASES)), key=lambda k: (CASES[k].issue != 13, CASES[k].issue, CASES[k].item, k))
   for k in order:
     c = CASES[k]
-    lines.append(f"| {c.item} | {c.name} | {c.trigger} | {c.outcome} | {_cell(results[c.name])} |")
+    item = c.item if c.issue == 13 else f"issue {c.issue}"
+    lines.append(f"| {item} | {c.name} | {c.trigger} | {c.outcome} | {_cell(results[c.name])} |")
   return "\n".join(lines) + "\n"
 
 

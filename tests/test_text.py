@@ -187,7 +187,14 @@ def tiny_hf_config(tmp_path, name, vocab, positions):
   return str(path)
 
 
-@pytest.mark.parametrize("method", ["fedavg", pytest.param("irm", marks=pytest.mark.slow)])
+def _civilcomments_methods():
+  """Every method (and reported composition) that applies to text with DistilBERT."""
+  from fedjax_dg import algorithms, models
+  return [m for m in algorithms.ALGORITHMS if m.partition("+")[0] not in models.NOT_FOR_TEXT]
+
+
+@pytest.mark.parametrize("method", [m if m == "fedavg" else pytest.param(m, marks=pytest.mark.slow)
+                                    for m in _civilcomments_methods()])
 def test_civilcomments_trains_from_its_config(tmp_path, method):
   truth = write_civilcomments(tmp_path / "civilcomments_v1.0")
   tok_path = train_tokenizer(tmp_path / "tokenizer.json", [t for t, *_ in truth])
@@ -196,11 +203,30 @@ def test_civilcomments_trains_from_its_config(tmp_path, method):
   c.algorithm.name = method
   c.num_clients, c.num_rounds, c.eval_every, c.checkpoint_every, c.quiet = 4, 2, 1, 0, True
   c.client.lr = 1e-3
+  if method == "scaffold":  # SCAFFOLD's option II needs plain SGD
+    c.client.optimizer, c.client.momentum = "sgd", 0.0
   summary = experiment.train_and_evaluate(c, str(tmp_path / "run"))
   assert summary["config"]["engine"]["host_store"] is True
-  assert summary["domains"]["train"] == [0, 1, 2, 3] and summary["num_clients"] == 4
+  assert summary["domains"]["train"] == [0, 1, 2, 3] and summary["num_clients"] == (1 if method == "erm" else 4)
   sel = summary["selection"]["heldout_domain"]
   assert sel is not None and np.isfinite(sel["test"]["worst_group_accuracy"])
+  # the Fold's WILDS metric (16 identity x label groups), not the (domain, label) groups
+  assert "count_black_toxic" in sel["test"] and "macro_f1_label_classes" not in sel["test"]
+  n_test = sum(1 for r in truth if r[1] == "test")
+  assert sel["test"]["n"] == n_test
+  assert_selected_on(tmp_path / "run", summary, "worst_group_accuracy")
+
+
+def assert_selected_on(workdir, summary, metric):
+  """The selected round is the first with the best held-out validation `metric` in metrics.jsonl
+  (within the final stage of a multi-stage method)."""
+  with open(workdir / "metrics.jsonl") as f:
+    recs = [json.loads(line) for line in f]
+  last = max(r.get("stage", 1) for r in recs)
+  recs = [r for r in recs if r.get("stage", 1) == last]
+  vals = [r["splits"]["heldout_val"][metric] for r in recs]
+  vals = [v if np.isfinite(v) else -np.inf for v in vals]
+  assert summary["selection"]["heldout_domain"]["round"] == recs[int(np.argmax(vals))]["round"]
 
 
 # ----------------------------------------------------------------- Py150
@@ -348,3 +374,78 @@ def test_per_token_labels_pack_into_client_stores(tmp_path):
   np.testing.assert_array_equal(packed.y[1, 0], tr.y[1])
   assert np.all(packed.y[1, 1:] == -100)
   np.testing.assert_array_equal(host.y, packed.y)
+
+
+def _py150_methods():
+  """Every method (and reported composition) that applies to Py150 with GPT-2."""
+  from fedjax_dg import algorithms, models
+  skip = set(models.NOT_FOR_TEXT) | set(models.NOT_FOR_MODEL["gpt2"])
+  return [m for m in algorithms.ALGORITHMS if m.partition("+")[0] not in skip]
+
+
+def test_py150_method_list_is_what_validate_accepts(tmp_path):
+  """The parametrisation below covers exactly the methods `validate` accepts on Py150."""
+  from fedjax_dg import algorithms, config as config_lib
+  accepted = []
+  for m in algorithms.ALGORITHMS:
+    c = py150_config.get_config()
+    c.algorithm.name, c.workdir = m, str(tmp_path / "w")
+    if m == "scaffold":
+      c.client.optimizer, c.client.momentum = "sgd", 0.0
+    try:
+      config_lib.validate(c)
+      accepted.append(m)
+    except config_lib.ConfigError as e:
+      assert "does not apply to" in str(e), (m, str(e))
+  assert accepted == _py150_methods()
+  assert {"feddg", "fedadg", "mixup", "feddim", "fedloe", "fedsr"}.isdisjoint(accepted)
+
+
+@pytest.mark.parametrize("method", [m if m == "fedavg" else pytest.param(m, marks=pytest.mark.slow)
+                                    for m in _py150_methods()])
+def test_py150_trains_from_its_config(tmp_path, method):
+  """Two rounds from configs/py150.py on the fixture; the summary reports WILDS's Py150
+  metrics (class/method and overall token accuracy) and selects on `data.select_metric`."""
+  write_py150(tmp_path / "py150_v1.0")
+  c = py150_config_for(tmp_path / "py150_v1.0")
+  c.model.hf_config = tiny_hf_config(tmp_path, "gpt2", 64, 16)
+  c.algorithm.name = method
+  c.num_clients, c.num_rounds, c.eval_every, c.checkpoint_every, c.quiet = 2, 2, 1, 0, True
+  c.partition.lam = 1.0  # each client holds all three training repositories: the DG penalties are on
+  c.client.lr = 1e-3
+  if method == "scaffold":  # SCAFFOLD's option II needs plain SGD
+    c.client.optimizer, c.client.momentum = "sgd", 0.0
+  summary = experiment.train_and_evaluate(c, str(tmp_path / "run"))
+  assert summary["config"]["engine"]["host_store"] is True
+  fold = wilds.load_fold(c.data)
+  sel = summary["selection"]["heldout_domain"]
+  assert sel is not None and sel["test"]["n_tokens"] == int(np.sum(fold.test.y != text_models.IGNORE))
+  assert sel["test"]["n_class_method_tokens"] == int(np.isin(fold.test.meta, (0, 1)).sum())
+  assert np.isfinite(summary["final"]["train_loss"])
+  assert_selected_on(tmp_path / "run", summary, "accuracy")
+
+
+def test_evaluator_scores_with_the_folds_wilds_metric(tmp_path):
+  """`Evaluator(..., metrics=fold.metrics)` on Py150 (per-token predictions, batches of 4
+  over 6 examples) equals WILDS's metric counted in a loop over per-example argmaxes."""
+  from fedjax_dg.eval.evaluate import Evaluator
+  write_py150(tmp_path / "py150_v1.0")
+  fold = wilds.load_fold(py150_config_for(tmp_path / "py150_v1.0").data)
+  c = py150_config.get_config()
+  c.model.hf_config = tiny_hf_config(tmp_path, "gpt2", 64, 16)
+  model = build_model(c.model, fold.train.x.shape[1:], fold.num_classes)
+  params = model.init(jax.random.PRNGKey(3))
+  out = Evaluator(model, fold.eval_splits(), fold.num_classes, batch_size=4, metrics=fold.metrics)(params)
+  assert set(out) == {"in_val", "in_test", "heldout_val", "test"}
+  for name, split in fold.eval_splits().items():
+    pred = np.stack([np.argmax(np.asarray(model.apply(params, split.x[i:i + 1]))[0], -1) for i in range(len(split))])
+    hits = {"cm": [], "all": []}
+    for i in range(len(split)):
+      for t in range(split.y.shape[1]):
+        if split.y[i, t] != text_models.IGNORE:
+          hits["all"].append(pred[i, t] == split.y[i, t])
+          if split.meta[i, t] in (0, 1):
+            hits["cm"].append(pred[i, t] == split.y[i, t])
+    assert out[name]["overall_accuracy"] == pytest.approx(np.mean(hits["all"]))
+    assert out[name]["accuracy"] == pytest.approx(np.mean(hits["cm"]) if hits["cm"] else 0.0)
+    assert out[name]["n_tokens"] == len(hits["all"])

@@ -322,3 +322,100 @@ def test_token_loss_ignores_labels_and_rows():
   np.testing.assert_allclose(float(got), np.mean(want), rtol=1e-6)
   sums, counts = text.token_loss_sums(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask))
   np.testing.assert_array_equal(np.asarray(counts), [2, 3, 0])
+
+
+# ----------------------------------------------------------------- per-token labels in the algorithm layer
+
+def _token_batch(t, extra_row):
+  """Five sequences (domains 0, 0, 1, 1, 1) padded to `t` tokens, next-token labels with one
+  IGNORE inside a sequence; `extra_row` appends a padding row (mask 0) whose labels are NOT
+  ignored, so only the row mask keeps it out."""
+  from fedjax_dg.algorithms.base import Batch
+  seqs = SEQS + [[5, 6, 7], [9, 9, 9, 9, 1]]
+  x = padded(seqs + ([[1, 2, 3, 4, 5, 6]] if extra_row else []), t)
+  y = np.full(x.shape, text.IGNORE, np.int32)
+  for i, s in enumerate(seqs):
+    y[i, :len(s) - 1] = s[1:]
+  y[0, 2] = text.IGNORE  # a masked token type inside the code
+  if extra_row:
+    y[5, :5] = [2, 3, 4, 5, 6]
+  dom = np.array([0, 0, 1, 1, 1] + ([0] if extra_row else []), np.int32)
+  mask = np.array([1.0] * 5 + ([0.0] if extra_row else []))
+  return Batch(jnp.asarray(x), jnp.asarray(y), jnp.asarray(dom), jnp.asarray(mask), 0), seqs
+
+
+def _token_values(model, params, batch, which):
+  """The per-example objectives `which` of the algorithm layer on a per-token batch (one
+  compiled program: faster than tracing op by op)."""
+  out = jax.jit(lambda p, b: _token_values_jax(model, p, b, which))(params, batch)
+  return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _token_values_jax(model, params, batch, which):
+  from fedjax_dg.algorithms import afl, dg, fish, groupdro
+  from fedjax_dg.algorithms.base import ClientData, erm_objective, full_pass_loss
+  from fedjax_dg.algorithms.fediir import iir_penalty
+  rng = jax.random.PRNGKey(0)
+  out = {"erm": erm_objective(model)(params, batch, rng)[0]}
+  for kind in ("irm", "vrex", "coral", "mmd"):
+    if kind in which:
+      out[kind] = dg.dg_objective(model, kind, 1.0, 2)(0)(params, batch, rng)[1]["penalty"]
+  if "groupdro" in which:
+    out["groupdro"] = groupdro.groupdro_loss(model, params, batch, jnp.array([0.5, 0.5]), 0.3, 2)[1]
+  if "afl" in which:
+    out["afl"] = afl.afl_objective(model, 2)(jnp.array([0.3, 0.7]))(params, batch, rng)[0]
+  if "fish" in which:
+    theta, out["fish"] = fish.fish_step(model, optax.sgd(0.1), 0.5, 2)(params, batch, rng)
+    out["fish_wte"] = theta["classifier"]["wte"]
+  if "fediir" in which:
+    out["fediir"] = iir_penalty(model, params, batch, jax.tree.map(jnp.zeros_like, params["classifier"]))[0]
+  if "full_pass" in which:
+    out["full_pass"] = full_pass_loss(model, params, ClientData(batch.x, batch.y, batch.domain, jnp.asarray(5)),
+                                      chunk=2)
+  return out
+
+
+@pytest.mark.parametrize("which", [("vrex", "coral", "mmd", "groupdro", "afl", "fediir", "full_pass"),
+                                   pytest.param(("irm", "fish"), marks=pytest.mark.slow)])
+def test_per_token_labels_padding_never_changes_a_loss_penalty_or_statistic(tmp_path, which):
+  """Py150's labels [B, T]: the same batch padded to 12 and to 20 tokens, the latter with a
+  padding row whose labels are real, gives the same ERM loss, IRM / VREx / CORAL / MMD
+  penalties, GroupDRO weights, AFL objective, Fish step, FedIIR penalty and full-pass loss
+  (float64); each equals a float64 NumPy computation over the labelled tokens of the real
+  rows (GPT-2 forward by `numpy_gpt2`), token-weighted as WILDS's loss. (IRM and Fish,
+  slower to trace, in `-m slow`.)"""
+  gs = gpt2_state(np.random.default_rng(1))
+  gpt = build_model(model_config("gpt2", *write_hf(tmp_path, "gpt2", gs)), (P,), V)
+  with jax.enable_x64(True):
+    gp = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), gpt.init(jax.random.PRNGKey(0)))
+    (short, seqs), (long_, _) = _token_batch(12, False), _token_batch(20, True)
+    a, b = _token_values(gpt, gp, short, which), _token_values(gpt, gp, long_, which)
+  assert set(a) == {"erm", *which} | ({"fish_wte"} if "fish" in which else set())
+  for k in a:
+    np.testing.assert_allclose(b[k], a[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+  # independent: per labelled token (row-major), its domain, logits, hidden state, label
+  y = np.asarray(short.y)
+  toks = []
+  for i, s in enumerate(seqs):
+    hid, lg = numpy_gpt2(gs, np.array(s))
+    toks += [(int(short.domain[i]), lg[j], hid[j], y[i, j]) for j in range(len(s) - 1) if y[i, j] != text.IGNORE]
+  nll = lambda l, c: np.log(np.exp(l - l.max()).sum()) + l.max() - l[c]
+  dz = lambda l: np.exp(l - l.max()) @ l / np.exp(l - l.max()).sum()  # d/ds logsumexp(s l) at s = 1
+  risk = [np.mean([nll(l, c) for d, l, _, c in toks if d == e]) for e in (0, 1)]
+  np.testing.assert_allclose(a["erm"], np.mean([nll(l, c) for _, l, _, c in toks]), rtol=1e-9)
+  za, zb = (np.array([h for d, _, h, _ in toks if d == e]) for e in (0, 1))
+  k = lambda u, v: sum(np.exp(-g * ((u[:, None] - v[None]) ** 2).sum(-1)) for g in objectives.MMD_GAMMAS)
+  q = 0.5 * np.exp(0.3 * np.array(risk))
+  irm = []
+  for e in (0, 1):
+    g = [dz(l) - l[c] for d, l, _, c in toks if d == e]
+    irm.append(np.mean(g[0::2]) * np.mean(g[1::2]))
+  want = {"full_pass": a["erm"], "vrex": np.var(risk), "irm": np.mean(irm),
+          "coral": np.mean((za.mean(0) - zb.mean(0)) ** 2) + np.mean((np.cov(za.T) - np.cov(zb.T)) ** 2),
+          "mmd": k(za, za).mean() + k(zb, zb).mean() - 2 * k(za, zb).mean(), "groupdro": q / q.sum(),
+          "afl": 0.3 * risk[0] + 0.7 * risk[1]}
+  for name in set(want) & set(which):
+    np.testing.assert_allclose(a[name], want[name], rtol=1e-9, err_msg=name)
+  for name in {"irm", "vrex", "coral", "mmd", "fediir"} & set(which):
+    assert abs(a[name]) > 1e-8, name  # not trivially zero

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, in_chunks
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, example_view, tokens_as_examples
 from fedjax_dg.algorithms.fedavg import objective_client
 from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam
 from fedjax_dg.objectives import domain_onehot, domain_risks
@@ -51,7 +51,8 @@ def afl_objective(model, num_domains: int):
   def make(beta):
     def objective(params, batch, rng):
       del rng
-      ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+      batch, (logits,) = example_view(batch, model.apply(params, batch.x))
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
       risks, _ = domain_risks(ce, batch.domain, batch.mask, num_domains)
       return jnp.sum(beta * risks), {}
     return objective
@@ -66,10 +67,20 @@ def afl_client(model, sched: LocalSchedule, client_opt: optax.GradientTransforma
   make = afl_objective(model, num_domains)
 
   def stat(params, beta, client_state, data, rng):
-    logits = in_chunks(lambda xb: model.apply(params, xb), data.x, stat_chunk)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y) * data.mask
-    onehot = domain_onehot(data.domain, data.mask, num_domains)
-    return jnp.sum(onehot * ce[:, None], 0), jnp.sum(onehot, 0)  # per-domain loss sums, counts
+    n = data.y.shape[0]
+    c = min(stat_chunk, n)
+
+    def sums(r):  # one chunk's per-domain loss sums and counts (labelled tokens, for per-token labels)
+      keep = (r < n).astype(jnp.float32)
+      r = jnp.minimum(r, n - 1)
+      y, m, (logits,), dom = tokens_as_examples(data.y[r], data.mask[r] * keep, model.apply(params, data.x[r]),
+                                                domain=data.domain[r])
+      onehot = domain_onehot(dom, m, num_domains)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y) * m
+      return jnp.sum(onehot * ce[:, None], 0), jnp.sum(onehot, 0)
+
+    loss_sum, count = jax.lax.map(sums, jnp.arange(-(-n // c) * c).reshape(-1, c))
+    return jnp.sum(loss_sum, 0), jnp.sum(count, 0)  # per-domain loss sums, counts
 
   def prepare(side: Side, mean_stat, round_) -> Side:
     loss_sum, count = mean_stat  # cohort means; their ratio is sum loss / sum count

@@ -186,8 +186,38 @@ def tree_where(cond, a, b):
   return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
 
 
+IGNORE = -100  # a per-token label no loss, penalty or statistic reads (models.text.IGNORE)
+
+
+def tokens_as_examples(labels, mask, *outputs, domain=None):
+  """Per-token labels `[B, T]` (Py150) seen as `B * T` examples: `(labels, mask, outputs,
+  domain)` with every array flattened over its token axis, the mask 0 at padded rows and
+  at `IGNORE` labels (which become class 0, never read), the domain repeated per token.
+  Model outputs `[B, T, ...]` (logits, per-token features) flatten alike. So every loss,
+  penalty and statistic written for one label per example reads exactly the labelled
+  tokens of the real rows, token-weighted as WILDS's Py150 loss (a domain's risk is the
+  mean over its labelled tokens; WILDS's CORAL also flattens features over tokens).
+  One label per example: everything is returned unchanged."""
+  if labels.ndim == 1:
+    return labels, mask, outputs, domain
+  b, t = labels.shape[:2]
+  valid = (labels != IGNORE) & (mask.reshape((b,) + (1,) * (labels.ndim - 1)) > 0)
+  flat = lambda a: a.reshape((b * t,) + a.shape[2:])
+  outputs = tuple(flat(o) for o in outputs)
+  domain = None if domain is None else jnp.repeat(domain, t)
+  return flat(jnp.where(valid, labels, 0)), flat(valid.astype(mask.dtype)), outputs, domain
+
+
+def example_view(batch: "Batch", *outputs):
+  """`(batch', outputs')`: `tokens_as_examples` on a batch (its `x` is left as it is)."""
+  y, mask, outputs, domain = tokens_as_examples(batch.y, batch.mask, *outputs, domain=batch.domain)
+  return batch._replace(y=y, mask=mask, domain=domain), outputs
+
+
 def masked_cross_entropy(logits, labels, mask):
-  """Mean cross-entropy over the real examples of a padded batch (`R_c(theta; zeta)`)."""
+  """Mean cross-entropy over the real examples of a padded batch (`R_c(theta; zeta)`);
+  per-token labels `[B, T]`: over the labelled tokens of the real rows (WILDS's Py150 loss)."""
+  labels, mask, (logits,), _ = tokens_as_examples(labels, mask, logits)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
@@ -213,9 +243,21 @@ def in_chunks(fn, x, chunk: int = 256):
 
 
 def full_pass_loss(model, params, data: ClientData, chunk: int = 256):
-  """`R_c(theta)`: mean cross-entropy over all of a client's real examples."""
-  logits = in_chunks(lambda xb: model.apply(params, xb), data.x, chunk)
-  return masked_cross_entropy(logits, data.y, data.mask)
+  """`R_c(theta)`: mean cross-entropy over all of a client's real examples (labelled
+  tokens, for per-token labels). Each chunk reduces to a loss sum and a count, so the
+  logits of one chunk at a time exist (`[chunk, T, V]` for a language model)."""
+  n = data.y.shape[0]
+  c = min(chunk, n)
+  rows = jnp.arange(-(-n // c) * c).reshape(-1, c)
+
+  def sums(r):
+    keep = (r < n).astype(jnp.float32)
+    r = jnp.minimum(r, n - 1)
+    y, m, (logits,), _ = tokens_as_examples(data.y[r], data.mask[r] * keep, model.apply(params, data.x[r]))
+    return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * m), jnp.sum(m)
+
+  total, count = jax.lax.map(sums, rows)
+  return jnp.sum(total) / jnp.maximum(jnp.sum(count), 1.0)
 
 
 def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
+from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, example_view
 from fedjax_dg.algorithms.fedavg import keeps_optimizer, objective_client
 from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, compose, hparam
 from fedjax_dg.objectives import (coral_penalty, domain_risks, irm_penalty, mixup_partners, mmd_penalty,
@@ -64,6 +64,7 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: i
         return mixup_loss(model, params, batch, rng, lam, num_domains), {}
       z = model.features(params, batch.x)
       logits = model.head(params["classifier"], z)
+      batch, (z, logits) = example_view(batch, z, logits)  # per-token labels: labelled tokens as examples
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
       masks = [batch.mask * (batch.domain == e) for e in range(num_domains)]
       risks, present = domain_risks(ce, batch.domain, batch.mask, num_domains)

@@ -18,14 +18,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Batch, LocalSchedule, ServerRule, local_loop, tree_where
+from fedjax_dg.algorithms.base import Batch, LocalSchedule, ServerRule, example_view, local_loop, tree_where
 from fedjax_dg.algorithms.spec import Choice, ClientSide, MethodSpec, compose, hparam, send
 
 
 def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
   """`step_fn(theta, batch, rng) -> (theta, loss)` for `local_loop`."""
   def domain_loss(params, batch, e):
-    ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+    batch, (logits,) = example_view(batch, model.apply(params, batch.x))  # per-token labels: tokens
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
     m = batch.mask * (batch.domain == e)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_loop
+from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, example_view, local_loop
 from fedjax_dg.algorithms.fedavg import keeps_optimizer
 from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
 from fedjax_dg.objectives import domain_risks
@@ -34,7 +34,8 @@ def update_group_weights(q, risks, present, eta: float):
 def groupdro_loss(model, params, batch, q, eta: float, num_domains: int):
   """`(loss, q_new)`: the robust loss under the group weights updated on this minibatch
   (the weights see the losses as constants, as DomainBed's `.detach()`)."""
-  ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)
+  batch, (logits,) = example_view(batch, model.apply(params, batch.x))  # per-token labels: tokens
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
   risks, present = domain_risks(ce, batch.domain, batch.mask, num_domains)
   q_new = update_group_weights(q, jax.lax.stop_gradient(risks), present, eta)
   w = q_new * present

@@ -172,6 +172,21 @@ def modality(data_config) -> str:
   return "image"
 
 
+# The metric names `data.select_metric` may name: `eval.metrics.classification_metrics`'s,
+# or for a WILDS text release its own metric's (`civilcomments.wilds_metrics`,
+# `py150.wilds_metrics`, the Fold's `metrics`).
+SELECT_METRICS = ("accuracy", "macro_f1", "macro_f1_label_classes", "worst_group_accuracy")
+TEXT_SELECT_METRICS = {"civilcomments": ("accuracy", "macro_f1", "worst_group_accuracy"),
+                       "py150": ("accuracy", "overall_accuracy", "class_accuracy", "method_accuracy")}
+
+
+def select_metrics(data_config) -> tuple[str, ...]:
+  """The metrics the evaluation of `config.data`'s dataset reports, to select on."""
+  if modality(data_config) == "text":
+    return TEXT_SELECT_METRICS[data_config.dataset]
+  return SELECT_METRICS
+
+
 def load_dataset(data_config) -> DomainDataset:
   """Builds the classification dataset that `config.data` names."""
   name = data_config.name

@@ -1,7 +1,8 @@
 """Evaluation of every split, and model selection (seed 001 Sec. 4).
 
-Selection rules pick the evaluation round with the best validation accuracy (earliest
-on ties) and report the test metrics there; the test domain is never used to select.
+Selection rules pick the evaluation round with the best validation `data.select_metric`
+(accuracy by default; earliest on ties) and report the test metrics there; the test domain
+is never used to select.
   "heldout_domain": validation on the held-out validation domain(s).
   "in_domain":      validation on the in-domain validation split of the training domains.
 """
@@ -19,10 +20,15 @@ SELECTION_RULES = {"heldout_domain": "heldout_val", "in_domain": "in_val"}
 
 
 class Evaluator:
-  """Predicts every split in fixed-size batches with one compiled program per split size."""
+  """Predicts every split in fixed-size batches with one compiled program per split size,
+  and scores the predictions with the dataset's own metric `metrics(pred, split) -> dict`
+  (`Fold.metrics`: WILDS's CivilComments worst-group accuracy, Py150's class and method
+  token accuracy), or `classification_metrics` over (domain, label) groups when None.
+  Predictions are `[N]`, or `[N, T]` for a per-token model (GPT-2 on Py150)."""
 
-  def __init__(self, model, splits: dict, num_classes: int, batch_size: int = 512):
+  def __init__(self, model, splits: dict, num_classes: int, batch_size: int = 512, metrics=None):
     self.num_classes = num_classes
+    self.metrics = metrics
     self.splits = {k: v for k, v in splits.items() if len(v)}
     self._padded = {}
     for name, s in self.splits.items():
@@ -33,7 +39,8 @@ class Evaluator:
 
     @jax.jit
     def predict(params, xb):
-      return jax.lax.map(lambda x: jnp.argmax(model.apply(params, x), -1), xb).reshape(-1)
+      pred = jax.lax.map(lambda x: jnp.argmax(model.apply(params, x), -1), xb)  # [batches, B, ...]
+      return pred.reshape((-1,) + pred.shape[2:])
     self._predict = predict
 
   def __call__(self, params) -> dict:
@@ -41,7 +48,9 @@ class Evaluator:
     out = {}
     for k, p in preds.items():
       s = self.splits[k]
-      out[k] = classification_metrics(np.asarray(p)[:len(s)], s.y, s.domain, self.num_classes)
+      p = np.asarray(p)[:len(s)]
+      out[k] = (self.metrics(p, s) if self.metrics is not None
+                else classification_metrics(p, s.y, s.domain, self.num_classes))
     return out
 
 

@@ -165,6 +165,20 @@ NOT_FOR_TEXT = {
 }
 
 
+# Methods that do not apply to one model, and why: GPT-2's language-model head is its input
+# embedding (tied, `models.text.TiedSplitModel`) with one output per vocabulary token.
+NOT_FOR_MODEL = {
+    "gpt2": {
+        "feddim": "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
+                  "2e12 numbers per client) and it needs an untied linear head",
+        "fedloe": "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is tied to "
+                  "its input embedding, so training it moves the features; each head is also V x d",
+        "fedsr": "FedSR's probabilistic featurizer wraps a featurizer of the inputs alone, and GPT-2's reads its "
+                 "input embedding from the tied head; its per-class reference would hold one row per token",
+    },
+}
+
+
 def modality(model_name: str) -> str:
   """"image", "text" or "any" for a `model.name` in MODELS."""
   if model_name not in MODALITY:
