@@ -97,11 +97,11 @@ def validate(config) -> None:
   workdir = config.get("workdir", "")
   _check(bool(workdir), "workdir must be a directory path, got ''")
   _check(not os.path.isfile(workdir), f"workdir {workdir!r} is a file, not a directory")
+  validate_modality(config)  # before the method's own checks: "does not apply" is the clearer line
   try:  # the method, its server rule and their fields (generated from the method specs)
     algorithms.validate(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  validate_modality(config)
 
 
 def validate_modality(config) -> None:

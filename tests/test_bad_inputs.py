@@ -509,7 +509,7 @@ def _(tmp):
 
 
 @case(0, "FedDIM with GPT-2's tied vocabulary head", "`configs/py150.py` with `algorithm.name=feddim`",
-      "model.name: FedDIM needs a Dense classifier head; gpt2's head is tied to the token embedding",
+      "algorithm.name: 'feddim' does not apply to model.name='gpt2': FedDIM's insight matrices are [V, d, V]",
       issue=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"algorithm.name": "feddim"})
