@@ -467,6 +467,42 @@ def _(tmp):
   line = warning_of(lambda: recs.extend(experiment._read_records(str(path))))  # pylint: disable=protected-access
   assert [r["round"] for r in recs] == [2]
   return line
+# ----------------------------------------------------------------------------- config fields (items 7-9)
+
+def _default_field(tmp, **overrides):
+  """`config.validate` of configs/default.py with `overrides` (dotted fields): the check every
+  run does before anything is packed or compiled."""
+  from fedjax_dg import config as config_lib
+  c = _text_config("default", **{"workdir": str(tmp / "W"), **overrides})
+  return error_of(lambda: config_lib.validate(c))
+
+
+for _item, _name, _field, _value, _expect in (
+    (7, "unknown selection metric", "data.select_metric", "foo", "data.select_metric: unknown 'foo'"),
+    (8, "client momentum >= 1", "client.momentum", 1.0, "client.momentum must lie in [0, 1)"),
+    (8, "negative client momentum", "client.momentum", -0.1, "client.momentum must lie in [0, 1)"),
+    (8, "negative weight decay", "client.weight_decay", -1e-4, "client.weight_decay must be >= 0"),
+    (8, "server momentum >= 1", "server.momentum", 1.0, "server.momentum must lie in [0, 1)"),
+    (8, "duplicate validation domains", "data.val_domains", (0, 0), "data.val_domains lists a domain twice"),
+    (8, "empty test domains", "data.test_domains", (), "data.test_domains must name at least one domain"),
+    (9, "eval_batch_size 0", "eval_batch_size", 0, "eval_batch_size must be >= 1"),
+    (9, "a hidden width of 0", "model.hidden", (128, 0), "model.hidden: every width must be >= 1"),
+    (9, "negative seed", "seed", -1, "seed must be an integer >= 0"),
+    (9, "empty workdir", "workdir", "", "workdir must be a directory path"),
+):
+  case(_item, _name, f"`configs/default.py` with `{_field}={_value!r}`, validated before anything compiles",
+       _expect)(lambda tmp, f=_field, v=_value: _default_field(tmp, **{f: v}))
+
+
+@case(9, "workdir that is a file", "`configs/default.py` with `workdir` naming an existing file",
+      "is a file, not a directory")
+def _(tmp):
+  (tmp / "f").write_text("")
+  from fedjax_dg import config as config_lib
+  c = _text_config("default", workdir=str(tmp / "f"))
+  return error_of(lambda: config_lib.validate(c))
+
+
 # ----------------------------------------------------------------------------- issue 11: text
 
 def _text_config(dataset, **overrides):
