@@ -4,16 +4,17 @@
   total_clients: C = 1,000, 10,000, 100,000 clients of `--per-client` (20) examples each,
       a cohort of 100, FedAvg (or `--algorithm scaffold`, whose controls then live in host
       memory: `init_round_state(..., host_states=True)`) on the MLP 784-200-200-10, 2
-      local steps of 10. Inputs are uint8 28x28 images in one memory-mapped file
-      (`--data-dir`), held as a host store (`pack_clients_host`): only the cohort's
-      minibatches are read and moved to the device.
+      local steps of 10. Inputs are uint8 28x28 images in one raw file (`--data-dir`),
+      read by row (`host_store.FileRows`) into a host store (`pack_clients_host`): only the
+      cohort's minibatches are read and moved to the device. (A `np.memmap` of the file
+      would add the page-cache folios it maps, hundreds of kB per client read, to RSS.)
   ragged: a cohort of 100 clients whose sizes follow a power law from 10 to 2,000
       examples (200:1), one epoch of batch 10, the same MLP; the round with local-step
       buckets (`buckets_for(schedule)`: each client runs its own steps) against the masked
       round (every client compiled for the largest client's 200 steps); both from the same
       state, with the largest parameter difference after the rounds.
 
-Every point runs in a fresh subprocess, so `peak_rss_mb` (`ru_maxrss`) is that point's own.
+Every point runs in a fresh subprocess, so `peak_rss_mb` (`VmHWM`) is that point's own.
 `round_s` is the median over `--rounds` rounds after two compiling rounds (`first_round_s`:
 their sum).
 
@@ -65,7 +66,7 @@ def _machine() -> dict:
 
 
 def _data_file(data_dir: str, rows: int) -> str:
-  """A uint8 [rows, 784] memory-mapped file of random images (made once, reused)."""
+  """A raw uint8 [rows, 784] file of random images (made once, reused)."""
   import numpy as np
   os.makedirs(data_dir, exist_ok=True)
   path = os.path.join(data_dir, f"x_{rows}.u8")
@@ -82,7 +83,13 @@ def _data_file(data_dir: str, rows: int) -> str:
 
 
 def _peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+  """This process's peak resident memory: `VmHWM` (reset by exec; `ru_maxrss` is not, so a
+  child would inherit the high-water mark of the parent that wrote the data file)."""
+  try:
+    with open("/proc/self/status") as f:
+      return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) / 1024.0
+  except (OSError, StopIteration):
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _mlp_and_round(jax, num_clients, cohort, sched, strategy, algorithm, buckets=None):
@@ -121,12 +128,11 @@ def child_total_clients(args) -> dict:
   import jax.numpy as jnp
   sys.path.insert(0, ROOT)
   from fedjax_dg.algorithms.base import make_schedule
-  from fedjax_dg.data.host_store import pack_clients_host
+  from fedjax_dg.data.host_store import FileRows, pack_clients_host
   from fedjax_dg.data.splits import Split
   from fedjax_dg.engine import init_round_state
   C, n = args.clients, args.per_client
-  x = np.memmap(os.path.join(args.data_dir, os.environ["SCALE_DATA_FILE"]), np.uint8, "r").reshape(-1, 28, 28, 1)
-  x = x[:C * n]
+  x = FileRows(os.path.join(args.data_dir, os.environ["SCALE_DATA_FILE"]), np.uint8, (28, 28, 1), C * n)
   rng = np.random.default_rng(1)
   split = Split(x, rng.integers(0, 10, C * n).astype(np.int32), np.zeros(C * n, np.int32))
   parts = [np.arange(c * n, (c + 1) * n) for c in range(C)]
