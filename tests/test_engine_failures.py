@@ -246,3 +246,20 @@ def test_host_client_states_equal_the_device_table(strategy):
   assert 0 < touched < C and table.used == touched
   one = sum(a.nbytes for a in jax.tree.leaves(params))
   assert table.nbytes <= table.slot.nbytes + max(16, 2 * touched) * one
+
+
+@pytest.mark.slow  # two runs; the engine-level equality runs by default above
+def test_runner_with_buckets_gives_the_masked_runs_metrics(tiny_config, tmp_path):
+  import json
+  from fedjax_dg import experiment
+  tiny_config.partition.method = "dirichlet"  # ragged clients
+  tiny_config.num_rounds, tiny_config.eval_every, tiny_config.checkpoint_every = 2, 2, 0
+  tiny_config.client.batch_size = 4
+  recs = []
+  for buckets in (False, True):
+    tiny_config.engine.buckets = buckets
+    s = experiment.train_and_evaluate(tiny_config, str(tmp_path / f"w{buckets}"))
+    recs.append([json.loads(l) for l in open(tmp_path / f"w{buckets}" / "metrics.jsonl")])
+  sizes = s["client_sizes"]
+  assert max(sizes) >= 2 * min(sizes) and s["local_steps"] > 1  # the buckets have something to skip
+  assert recs[0] == recs[1]
