@@ -263,3 +263,39 @@ def test_runner_with_buckets_gives_the_masked_runs_metrics(tiny_config, tmp_path
   sizes = s["client_sizes"]
   assert max(sizes) >= 2 * min(sizes) and s["local_steps"] > 1  # the buckets have something to skip
   assert recs[0] == recs[1]
+
+
+def test_the_host_loop_does_not_run_dropped_members():
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  alg = fedavg(model, FULL, optax.sgd(LR), optax.sgd(1.0))
+  runs = []
+
+  def update(*args):
+    jax.debug.callback(lambda: runs.append(1))
+    return alg.client_update(*args)
+  rf = make_round(alg._replace(client_update=update), C, C, "host_loop", dropout=0.5)
+  rng = jax.random.PRNGKey(7)
+  reporters, _ = documented_failures(rng, list(range(C)), 0.5, 0.0)
+  state, m = rf(init_round_state(alg, None, params, C), jax.tree.map(jnp.asarray, STORE), rng)
+  jax.effects_barrier()
+  assert 0 < len(reporters) < C and len(runs) == int(m["reporters"]) == len(reporters)
+  assert tree_max_diff(state.server.params, fedavg_over(model, params, reporters, {c: EPOCHS for c in range(C)})) < 1e-5
+
+
+@pytest.mark.parametrize("how", [("stack", "stack"), ("mean", "mean")])
+def test_skipped_members_send_what_the_masked_strategies_discard(how):
+  """Three exchanges with stacked aggregates and dropout: the host loop (which skips dropped
+  members) equals vmap (which runs and discards them)."""
+  from test_engine_phases import D, STORE as PSTORE, toy
+  alg = toy(*how)
+  out, counts = [], []
+  for strategy in ("vmap", "host_loop"):
+    state = init_round_state(alg, None, jnp.ones((D,)), C)
+    rf = make_round(alg, C, 5, strategy, dropout=0.5)
+    for t in range(3):
+      state, m = rf(state, jax.tree.map(jnp.asarray, PSTORE), jax.random.PRNGKey(t))
+      counts.append(int(m["reporters"]))
+    out.append(state)
+  assert tree_max_diff(out[0], out[1]) < 1e-5
+  assert 0 < min(counts) < 5, counts  # members did drop, and someone reported

@@ -204,7 +204,8 @@ class _JittedExecutor:
 
   buckets: Buckets | None = None  # set by make_round: run each (chunk of) members at its bucket's steps
 
-  def data(self, store, ids, work=None):
+  def data(self, store, ids, work=None, up=None):
+    del up  # dropped members run and are discarded (weight 0, state not kept)
     return ClientData(*_take((store.x, store.y, store.domain, store.counts), ids),
                       client_id=jnp.minimum(ids, store.counts.shape[0] - 1), work=work)
 
@@ -295,6 +296,7 @@ class _HostData(NamedTuple):
   stores: tuple     # the store on each device
   ids: jax.Array    # [S] member ids (padding: num_clients)
   work: Any = None  # [S] stragglers' shares of their steps (ClientData.work), or None
+  up: Any = None    # [S] 1 for members that report (with failing clients), or None
 
 
 class HostLoopExecutor:
@@ -308,6 +310,7 @@ class HostLoopExecutor:
     self.devices = tuple(devices)
     self._add = jax.jit(_add)
     self._stack = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+    self._pick = jax.jit(lambda t, i: jax.tree.map(lambda a: a[i], t))
 
   def pad(self, n: int) -> int:
     return n
@@ -317,8 +320,8 @@ class HostLoopExecutor:
       return store
     return PlacedStore(tuple(jax.device_put(store, d) for d in self.devices))
 
-  def data(self, store, ids, work=None):
-    return _HostData(store.replicas, ids, work)
+  def data(self, store, ids, work=None, up=None):
+    return _HostData(store.replicas, ids, work, up)
 
   def server_side(self, fn):
     return jax.jit(fn)
@@ -345,6 +348,12 @@ class HostLoopExecutor:
       args = [(bcast, states, data.ids, data.work, rngs, w)]
       if n_dev > 1:
         args = [jax.device_put(args[0], d) for d in self.devices]
+      # members that drop out are not run (one transfer of S flags): their state stays, they send zeros
+      skip = np.zeros(w.shape[0], bool) if data.up is None else np.asarray(data.up) == 0
+      if skip.any():
+        shape = jax.eval_shape(functools.partial(one_client, cap=None), *args[0][:2], data.stores[0],
+                               *args[0][2:], jnp.int32(0))
+        zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)
       caps = [None] * w.shape[0]
       if buckets is not None:  # each member at its own bucket's steps (one transfer of S counts)
         counts = jnp.take(data.stores[0].counts, data.ids, mode="clip")
@@ -353,11 +362,15 @@ class HostLoopExecutor:
       for i in range(w.shape[0]):
         d = i % n_dev
         b, st, ids, wk, r, ww = args[d]
+        if skip[i]:
+          new_states.append(self._pick(st, jnp.int32(i)))
+          msgs.append(zeros(shape[2]) if stack else None)
+          continue
         part, state, msg = one_client(b, st, data.stores[d], ids, wk, r, ww, jnp.int32(i), cap=caps[i])
         acc[d] = part if acc[d] is None else self._add(acc[d], part)
         new_states.append(state)
         msgs.append(msg)
-      acc = [a for a in acc if a is not None]
+      acc = [a for a in acc if a is not None] or [zeros(shape[0])]
       if n_dev > 1:
         acc, new_states, msgs = jax.device_put((acc, new_states, msgs), self.devices[0])
       total = functools.reduce(self._add, acc)
@@ -444,7 +457,7 @@ def _round(r: _Round, state: RoundState, store, rng, client_weights=None):
 def _cohort_round(r: _Round, server, states, store, cohort: _Cohort):
   """The round on the cohort's states `[S, ...]`: (server, the members' new states, metrics)."""
   old_server = server
-  data = r.ex.data(store, cohort.ids, cohort.work)
+  data = r.ex.data(store, cohort.ids, cohort.work, cohort.valid if r.failures else None)
   if r.stat is not None:  # pre-round: a statistic at the global model
     res = r.stat.run(r.broadcast(server), states, data, cohort.rngs, cohort.valid)
     server = r.stat.serve(server, res, cohort.valid)
