@@ -32,6 +32,13 @@ each device once (a store that was not placed is placed on every call).
 Each member's randomness is `fold_in(round_key, client_id)` (its report's is
 `fold_in(that, 1)`), so a client draws the same batches whichever strategy, cohort padding
 or device count runs it.
+
+Scale (issue 12; `make_round`'s arguments): clients that drop out or straggle
+(`dropout`, `straggler_fraction`), local-step buckets so ragged clients cost their own
+steps (`buckets`), client states in host memory (`init_round_state(host_states=True)`,
+host_state.py), and the jitted strategies over every process's devices under
+`jax.distributed`. `ENGINE_DEFAULTS` picks the strategy and unrolling by backend and
+model family.
 """
 from __future__ import annotations
 
