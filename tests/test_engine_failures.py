@@ -45,6 +45,17 @@ def cohort_of(rng, size):
   return sorted(np.asarray(jax.random.choice(k_cohort, C, (size,), replace=False)).tolist())
 
 
+_GD_STEP = {}
+
+
+def _gd_step(model):
+  """One full-batch GD step on a client's own rows, jitted once per model."""
+  if id(model) not in _GD_STEP:
+    _GD_STEP[id(model)] = (model, jax.jit(lambda p, x, y: jax.tree.map(
+        lambda a, g: a - LR * g, p, jax.grad(lambda q: _ce(model, q, x, y))(p))))
+  return _GD_STEP[id(model)][1]
+
+
 def fedavg_over(model, params, reporters, steps):
   """FedAvg with full-batch GD over the reporters only, client c taking steps[c] steps."""
   deltas, w = [], []
@@ -52,7 +63,7 @@ def fedavg_over(model, params, reporters, steps):
     x, y = client_arrays(STORE, c)
     p = params
     for _ in range(steps[c]):
-      p = jax.tree.map(lambda a, g: a - LR * g, p, jax.grad(lambda q: _ce(model, q, x, y))(p))
+      p = _gd_step(model)(p, x, y)
     deltas.append(jax.tree.map(jnp.subtract, p, params))
     w.append(SIZES[c])
   w = np.asarray(w, np.float64) / sum(w)
