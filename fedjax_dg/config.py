@@ -61,6 +61,10 @@ def validate(config) -> None:
   _check(config.engine.strategy in STRATEGIES + ("auto",),
          f"engine.strategy: unknown {config.engine.strategy!r}; choose one of {list(STRATEGIES) + ['auto']}")
   _check(config.engine.chunk_size >= 1, f"engine.chunk_size must be >= 1, got {config.engine.chunk_size}")
+  e = config.engine
+  _check(0.0 <= e.get("dropout", 0.0) < 1.0, f"engine.dropout must lie in [0, 1), got {e.get('dropout')}")
+  _check(0.0 <= e.get("straggler_fraction", 0.0) <= 1.0,
+         f"engine.straggler_fraction must lie in [0, 1], got {e.get('straggler_fraction')}")
   _check(0.0 <= config.client.momentum < 1.0, f"client.momentum must lie in [0, 1), got {config.client.momentum}")
   _check(config.client.get("weight_decay", 0.0) >= 0,
          f"client.weight_decay must be >= 0, got {config.client.get('weight_decay', 0.0)}")

@@ -33,7 +33,8 @@ from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.bench.provenance import provenance
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
-from fedjax_dg.engine import init_round_state, make_round, default_strategy
+from fedjax_dg.engine import init_round_state, make_round
+from fedjax_dg.engine.round import buckets_for, default_unroll, engine_defaults, model_family
 from fedjax_dg.eval import tensorboard
 from fedjax_dg.eval.evaluate import SELECTION_RULES, Evaluator, select
 from fedjax_dg.models import build_model, count_params
@@ -53,11 +54,21 @@ def _num_clients(config) -> int:
   return 1 if algorithms.spec_of(config).centralised else int(config.num_clients)
 
 
-def _unroll(config, num_steps: int):
+def _unroll(config, num_steps: int, family: str = "conv"):
   if config.engine.unroll >= 0:
     return max(1, int(config.engine.unroll))
-  # XLA:CPU runs convolution gradients inside a rolled loop ~30x slower (JAX issue 12868).
-  return True if jax.default_backend() == "cpu" and num_steps <= 64 else 1
+  return default_unroll(family, num_steps)  # engine.round.ENGINE_DEFAULTS: by backend and model family
+
+
+_FAMILIES = {}
+
+
+def _family(config, model, input_shape) -> str:
+  """`engine.round.model_family`, traced once per model config and input shape."""
+  key = (config.model.to_json_best_effort(), tuple(input_shape))
+  if key not in _FAMILIES:
+    _FAMILIES[key] = model_family(model, input_shape)
+  return _FAMILIES[key]
 
 
 class Stage(NamedTuple):
@@ -91,21 +102,27 @@ def setup(config, fold: splits.Fold):
   c = config.client
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = c.local_steps if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
-  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps),
+  family = _family(config, model, fold.train.x.shape[1:])  # "conv" or "dense": picks the engine defaults
+  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps, family),
                         _augmentation(config, fold))
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed)
   strategy = config.engine.strategy
   if strategy == "auto":
-    strategy = default_strategy(config.model.name)
-  make = lambda alg: make_round(alg, num_clients, cohort, strategy, config.engine.chunk_size)
+    strategy = engine_defaults(family).strategy
+  e = config.engine
+  make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
+                                straggler_fraction=e.get("straggler_fraction", 0.0),
+                                buckets=buckets_for(sched) if e.get("buckets", False) else None)
   algorithm = algorithms.build(ctx)
   stages = [Stage("stage 1", algorithm, make(algorithm), 0, int(config.num_rounds))]
   for st, rounds, build in algorithms.later_stages(ctx):
     alg = build(ctx)
     stages.append(Stage(st.name, alg, make(alg), stages[-1].first + stages[-1].rounds, int(rounds)))
   return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
-              algorithm=algorithm, strategy=strategy, stages=stages)
+              algorithm=algorithm, strategy=strategy, stages=stages,
+              engine={"strategy": strategy, "unroll": sched.unroll, "model_family": family,
+                      "auto": config.engine.strategy == "auto", "measured": engine_defaults(family).measured})
 
 
 def _check_finite(fold: splits.Fold):
@@ -276,6 +293,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
   tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
+  reporters = []  # per round since the last evaluation, when clients may fail
   bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
@@ -290,6 +308,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
       compiled.add(k)
       done = t + 1
+      if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
+        reporters.append(int(metrics["reporters"]))
       last_of_stage = done == st.first + st.rounds
       do_eval = done % config.eval_every == 0 or last_of_stage
       do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
@@ -299,6 +319,10 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
         phase("evaluating")
         now = st.algorithm.params_of(state.server)
         rec = {"round": done, "train_loss": train_loss, "splits": evaluator(now)}
+        if reporters:  # one count per round since the last evaluation; a round without reporters kept the server
+          rec["reporters"] = reporters[:]
+          rec["rounds_without_reporters"] = [done - len(reporters) + 1 + i for i, n in enumerate(reporters) if n == 0]
+          reporters.clear()
         if len(stages) > 1:
           rec["stage"] = k + 1
           if hasattr(state.server, "phi"):
@@ -336,7 +360,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   summary = {
       "config": config.to_dict(),
       "wall_time_s": time.time() - t0,
-      "strategy": s["strategy"], "backend": jax.default_backend(), "devices": jax.device_count(),
+      "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(), "devices": jax.device_count(),
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "provenance": provenance(),

@@ -101,3 +101,24 @@ def test_feddg_amplitude_bank_from_the_host_store_equals_the_packed_one():
   got = amplitude_bank(pack_clients_host(split, parts), 5, seed=7)
   assert got.shape == want.shape == (3, 5, 6, 6, 3)
   np.testing.assert_array_equal(got, want)
+
+
+def test_file_rows_read_from_disk_give_the_in_memory_round(tmp_path):
+  """Examples in a raw file read by row (`FileRows`, no mapping) index like the array and
+  give the packed store's round."""
+  from fedjax_dg.data.host_store import FileRows
+  split, parts = _split_and_parts(seed=5)
+  path = tmp_path / "x.f32"
+  split.x.tofile(path)
+  rows = FileRows(str(path), split.x.dtype, split.x.shape[1:])
+  assert rows.shape == split.x.shape and len(rows) == len(split.x)
+  for idx in (np.array([3, 0, 3]), np.array([[5, 1], [2, 40]]), np.array(7)):
+    np.testing.assert_array_equal(rows[idx], split.x[idx])
+  with pytest.raises(IndexError):
+    rows[np.array([len(split.x)])]
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  alg = fedavg(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax.sgd(1.0))
+  a = _run(alg, pack_clients(split, parts), "sequential", params)
+  b = _run(alg, pack_clients_host(Split(rows, split.y, split.domain), parts), "sequential", params)
+  assert tree_max_diff(a, b) == 0.0

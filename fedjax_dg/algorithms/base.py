@@ -21,6 +21,7 @@ level up (see README, "Writing an algorithm"):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -39,6 +40,10 @@ class ClientData(NamedTuple):
   domain: jax.Array  # [N_max]
   count: jax.Array   # scalar int
   client_id: Any = 0  # the client's index in [0, C)
+  # A straggler's share of its local work (engine.straggler_fraction): with `work = u` in
+  # [0, 1] the client takes only its first `floor(u K_c) + 1` steps that touch data
+  # (`real_steps`); None (or 1): all of them.
+  work: Any = None
 
   @property
   def mask(self):
@@ -170,11 +175,32 @@ def batch_indices(rng, count, n_max: int, sched: LocalSchedule):
   return jnp.where(mask, idx, 0), mask.astype(jnp.float32)
 
 
-def real_steps(count, sched: LocalSchedule):
-  """The number of local steps that touch data, `K_c` (SCAFFOLD's K)."""
+def real_steps(count, sched: LocalSchedule, work=None):
+  """The number of local steps that touch data, `K_c` (SCAFFOLD's K); for a straggler
+  doing a share `work` of its steps (`ClientData.work`), `min(K_c, floor(work K_c) + 1)`."""
   if sched.epochs > 0:
-    return sched.epochs * ((count + sched.batch_size - 1) // sched.batch_size)
-  return jnp.asarray(sched.num_steps)
+    k = sched.epochs * ((count + sched.batch_size - 1) // sched.batch_size)
+  else:
+    k = jnp.asarray(sched.num_steps)
+  if work is not None:
+    k = jnp.minimum(k, jnp.floor(work * k).astype(jnp.int32) + 1)
+  return k
+
+
+_STEP_CAP: list = []
+
+
+@contextlib.contextmanager
+def steps_per_epoch_cap(cap: int):
+  """While tracing inside this context, `local_loop` in epoch mode compiles only the first
+  `cap` steps of each epoch (of `num_steps // epochs`). The engine traces a client with a
+  cap >= `ceil(count / B)` (its bucket), so the steps left out are exactly the no-op steps
+  past the client's data: the same result at the cost of the client's own steps."""
+  _STEP_CAP.append(int(cap))
+  try:
+    yield
+  finally:
+    _STEP_CAP.pop()
 
 
 def tree_sq_dist(a, b):
@@ -271,18 +297,26 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
-  step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(jnp.arange(sched.num_steps))
+  if data.work is not None:  # a straggler: only its first real_steps(count, sched, work) steps with data
+    real = (jnp.sum(mask, 1) > 0).astype(jnp.int32)
+    mask = mask * (jnp.cumsum(real) <= real_steps(data.count, sched, data.work))[:, None]
+  steps = jnp.arange(sched.num_steps)
+  if _STEP_CAP and sched.epochs > 0 and _STEP_CAP[-1] < sched.num_steps // sched.epochs:
+    per_epoch = sched.num_steps // sched.epochs  # keep each epoch's first `cap` steps (the rest are no-ops)
+    steps = (jnp.arange(sched.epochs)[:, None] * per_epoch + jnp.arange(_STEP_CAP[-1])[None, :]).ravel()
+    idx, mask = idx[steps], mask[steps]
+  step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(steps)
   read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here
 
   def step(carry, inp):
-    i, m, k, s = inp
-    x = to_float(read(i, s))  # uint8 -> [0, 1]; floats unchanged
+    i, m, k, s, pos = inp
+    x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
     if sched.augment is not None:
       x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
     new_carry, loss = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
     return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m))
 
-  carry, (losses, seen) = jax.lax.scan(step, carry, (idx, mask, step_keys, jnp.arange(sched.num_steps)),
+  carry, (losses, seen) = jax.lax.scan(step, carry, (idx, mask, step_keys, steps, jnp.arange(steps.shape[0])),
                                        unroll=sched.unroll)
   return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
 

@@ -47,7 +47,7 @@ def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: i
   def update(params0, c, c_i, data, rng):
     correction = lambda g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
     params, loss = local_train(params0, objective, client_opt, data, rng, sched, grad_correction=correction)
-    k = jnp.maximum(real_steps(data.count, sched), 1).astype(jnp.float32)
+    k = jnp.maximum(real_steps(data.count, sched, data.work), 1).astype(jnp.float32)
     c_new = jax.tree.map(lambda ci, cc, p0, p: ci - cc + (p0 - p) / (k * local_lr), c_i, c, params0, params)
     dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
     return send(params, params0, c_new, {"train_loss": loss}, side=dc)

@@ -2,8 +2,8 @@
 
 `pack_clients_host(split, parts)` is `pack_clients` without the padded `[C, N_max, ...]`
 copy of the inputs on the device: `x` is a `HostRows`, a pytree whose only leaf is the
-client ids it stands for, with the examples (one flat host array, which may be a
-`np.memmap`) and a `[C, N_max]` row table as static data. Inside the compiled round,
+client ids it stands for, with the examples (one flat host array, a `np.memmap`, or a
+`FileRows` file read by row) and a `[C, N_max]` row table as static data. Inside the compiled round,
 `data.x[i]` for a client's row indices `i` (a full-pass chunk, a minibatch) fetches exactly
 those rows from the host with `jax.pure_callback`, batched over the cohort under `vmap`.
 The local loop knows its whole `[steps, B]` index plan before its scan starts: it asks
@@ -16,6 +16,7 @@ unchanged and gives the in-memory results (tested).
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from typing import Sequence
 
 import jax
@@ -24,6 +25,48 @@ import numpy as np
 
 from fedjax_dg.data.splits import Split
 from fedjax_dg.data.store import ClientStore, padded_labels
+
+
+class FileRows:
+  """A `[N, ...]` array in a raw file (row-major, no header), read row by row with `pread`:
+  only the rows read occupy memory. A `np.memmap` would do as the examples of a host store
+  too, but the kernel maps whole page-cache folios around each row it touches (hundreds of
+  kB here), so a process's resident memory grows with the rows it has ever read; here it
+  does not. `x[idx]` for an integer array `idx` of any shape gives `[*idx.shape, ...]`."""
+
+  def __init__(self, path: str, dtype, row_shape: Sequence[int], num_rows: int | None = None, offset: int = 0):
+    self.path, self.dtype, self.offset = path, np.dtype(dtype), int(offset)
+    self.row_shape = tuple(int(d) for d in row_shape)
+    self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+    total = (os.path.getsize(path) - self.offset) // self.row_bytes
+    if num_rows is not None and num_rows > total:
+      raise ValueError(f"{path} holds {total} rows of {self.row_bytes} bytes, not {num_rows}")
+    self.shape = (int(total if num_rows is None else num_rows),) + self.row_shape
+    self._fd = os.open(path, os.O_RDONLY)
+
+  ndim = property(lambda self: len(self.shape))
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __getitem__(self, idx):
+    idx = np.asarray(idx)
+    if not np.issubdtype(idx.dtype, np.integer):
+      raise IndexError("FileRows takes integer row indices")
+    flat = idx.ravel()
+    if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
+      raise IndexError(f"row index out of range [0, {self.shape[0]})")
+    buf = bytearray(flat.size * self.row_bytes)
+    view = memoryview(buf)
+    for k, r in enumerate(flat.tolist()):
+      os.preadv(self._fd, [view[k * self.row_bytes:(k + 1) * self.row_bytes]], self.offset + r * self.row_bytes)
+    return np.frombuffer(buf, self.dtype).reshape(idx.shape + self.row_shape)
+
+  def __del__(self):
+    try:
+      os.close(self._fd)
+    except (OSError, AttributeError, TypeError):  # TypeError: at interpreter exit
+      pass
 
 
 class HostSource:

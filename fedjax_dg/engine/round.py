@@ -32,6 +32,13 @@ each device once (a store that was not placed is placed on every call).
 Each member's randomness is `fold_in(round_key, client_id)` (its report's is
 `fold_in(that, 1)`), so a client draws the same batches whichever strategy, cohort padding
 or device count runs it.
+
+Scale (issue 12; `make_round`'s arguments): clients that drop out or straggle
+(`dropout`, `straggler_fraction`), local-step buckets so ragged clients cost their own
+steps (`buckets`), client states in host memory (`init_round_state(host_states=True)`,
+host_state.py), and the jitted strategies over every process's devices under
+`jax.distributed`. `ENGINE_DEFAULTS` picks the strategy and unrolling by backend and
+model family.
 """
 from __future__ import annotations
 
@@ -40,9 +47,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fedjax_dg.algorithms.base import Algorithm, ClientData, ClientOutput, Stacked
+from fedjax_dg.engine.host_state import HostClientStates
+from fedjax_dg.algorithms.base import (Algorithm, ClientData, ClientOutput, LocalSchedule, Stacked,
+                                       steps_per_epoch_cap, tree_where)
 
 STRATEGIES = ("vmap", "chunked", "sequential", "host_loop")
 
@@ -52,19 +62,76 @@ class RoundState(NamedTuple):
   clients: Any  # every client's persistent state, stacked [C, ...]
 
 
-def init_round_state(algorithm: Algorithm, rng, params, num_clients: int) -> RoundState:
+def init_round_state(algorithm: Algorithm, rng, params, num_clients: int, host_states: bool = False) -> RoundState:
+  """The server's state and every client's; with `host_states`, the client states live in
+  host memory, stored only for clients once sampled (`HostClientStates`)."""
   one = algorithm.client_init(params)
+  if host_states:
+    return RoundState(algorithm.server_init(rng, params), HostClientStates(one, num_clients))
   clients = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape).copy(), one)
   return RoundState(algorithm.server_init(rng, params), clients)
 
 
-def default_strategy(model_name: str, backend: str | None = None) -> str:
-  """Measured defaults (benchmarks/round_speed.py): on CPU convolutions want the host
-  loop and small dense models a chunked scan; on accelerators, full vmap."""
+class EngineDefaults(NamedTuple):
+  strategy: str
+  unroll_upto: int  # local loops of at most this many steps are unrolled in full (0: never)
+  measured: str     # where the choice comes from
+
+
+# Measured on the 2-core CPU machine (benchmarks/results/round_speed_cpu.json, DomainBed's
+# MNIST CNN and the 784-200-200-10 MLP): with convolutions the host loop is 35x faster
+# than the `lax.scan` over clients ("sequential"), since XLA:CPU runs a convolution's weight
+# gradient inside any while loop tens of times slower (JAX issue 12868), which is also why
+# the local loop is unrolled there; for dense models the scan is fastest (host loop 1.46x,
+# vmap 4.5x slower). On accelerators the whole cohort runs as one vmap.
+ENGINE_DEFAULTS = {
+    ("cpu", "conv"): EngineDefaults("host_loop", 64, "round_speed_cpu.json: cnn, host_loop 0.028x sequential"),
+    ("cpu", "dense"): EngineDefaults("sequential", 64, "round_speed_cpu.json: mlp, sequential fastest"),
+    ("accelerator", "conv"): EngineDefaults("vmap", 0, "vmap over the cohort on GPU/TPU"),
+    ("accelerator", "dense"): EngineDefaults("vmap", 0, "vmap over the cohort on GPU/TPU"),
+}
+
+
+def model_family(model, input_shape) -> str:
+  """"conv" if the model's forward pass holds a convolution (traced on shapes only,
+  nothing runs), else "dense"."""
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
+  jaxpr = jax.make_jaxpr(model.apply)(params, x)
+
+  def has_conv(jx) -> bool:
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        return True
+      for v in eqn.params.values():  # nested jaxprs: pjit, remat, scan, cond branches, ...
+        for inner in (v if isinstance(v, (list, tuple)) else (v,)):
+          inner = getattr(inner, "jaxpr", inner)
+          if hasattr(inner, "eqns") and has_conv(inner):
+            return True
+    return False
+  return "conv" if has_conv(jaxpr.jaxpr) else "dense"
+
+
+def engine_defaults(family: str, backend: str | None = None) -> EngineDefaults:
+  """The strategy and unrolling for a model family ("conv" or "dense") on `backend`."""
   backend = backend or jax.default_backend()
-  if backend == "cpu":
-    return "host_loop" if model_name == "cnn" else "sequential"
-  return "vmap"
+  return ENGINE_DEFAULTS[("cpu" if backend == "cpu" else "accelerator", family)]
+
+
+def default_unroll(family: str, num_steps: int, backend: str | None = None) -> int | bool:
+  """`True` (unroll the local loop in full) or 1, from `engine_defaults`."""
+  return True if num_steps <= engine_defaults(family, backend).unroll_upto else 1
+
+
+def default_strategy(model_or_name, backend: str | None = None, input_shape=None) -> str:
+  """The measured default strategy (`ENGINE_DEFAULTS`) for a model, from its operations:
+  pass the model and its input shape. A model name is still accepted ("cnn" means
+  convolutional, any other name dense); prefer the model."""
+  if isinstance(model_or_name, str):
+    family = "conv" if model_or_name == "cnn" else "dense"
+  else:
+    family = model_family(model_or_name, input_shape)
+  return engine_defaults(family, backend).strategy
 
 
 class _Partial(NamedTuple):
@@ -85,6 +152,35 @@ def _add(a: _Partial, b: _Partial) -> _Partial:
 
 def _take(tree, idx):
   return jax.tree.map(lambda a: jnp.take(a, idx, axis=0, mode="clip"), tree)
+
+
+class Buckets(NamedTuple):
+  """Local-step buckets for ragged clients (epoch mode): a client with `count` examples
+  needs `ceil(count / batch)` steps per epoch; it runs in the first bucket `caps[b]` that
+  covers them (caps: powers of two below the schedule's steps per epoch, then that)."""
+  caps: tuple
+  batch: int
+
+  def index(self, counts):
+    need = (jnp.max(counts) + self.batch - 1) // self.batch
+    return jnp.searchsorted(jnp.asarray(self.caps), need)
+
+
+def buckets_for(sched: LocalSchedule | None) -> Buckets | None:
+  """The buckets for `sched`, or None where every client runs the same steps (fixed
+  `local_steps`, or a single step per epoch)."""
+  if sched is None or sched.epochs <= 0:
+    return None
+  per_epoch = sched.num_steps // sched.epochs
+  caps = tuple(sorted({2 ** k for k in range(per_epoch.bit_length()) if 2 ** k < per_epoch} | {per_epoch}))
+  return Buckets(caps, sched.batch_size) if len(caps) > 1 else None
+
+
+def _capped(fn, cap):
+  def run(*args):
+    with steps_per_epoch_cap(cap):
+      return fn(*args)
+  return run
 
 
 class _CohortResult(NamedTuple):
@@ -113,12 +209,15 @@ class _JittedExecutor:
   def place(self, store):
     return store
 
-  def data(self, store, ids):
-    return ClientData(*_take((store.x, store.y, store.domain, store.counts), ids),
-                      client_id=jnp.minimum(ids, store.counts.shape[0] - 1))
+  buckets: Buckets | None = None  # set by make_round: run each (chunk of) members at its bucket's steps
 
-  def client_pass(self, client_fn, stack: bool):
-    return functools.partial(self.run, client_fn, stack)
+  def data(self, store, ids, work=None, up=None):
+    del up  # dropped members run and are discarded (weight 0, state not kept)
+    return ClientData(*_take((store.x, store.y, store.domain, store.counts), ids),
+                      client_id=jnp.minimum(ids, store.counts.shape[0] - 1), work=work)
+
+  def client_pass(self, client_fn, stack: bool, bucketed: bool = False):
+    return functools.partial(self.run, client_fn, stack, self.buckets if bucketed else None)
 
   def server_side(self, fn):
     return fn
@@ -127,10 +226,16 @@ class _JittedExecutor:
 
 
 class VmapExecutor(_JittedExecutor):
-  """`jax.vmap` over the whole cohort."""
+  """`jax.vmap` over the whole cohort (with buckets: at the steps of its largest member)."""
 
-  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
-    outs = jax.vmap(client_fn, in_axes=(None, 0, 0, 0))(bcast, states, data, rngs)
+  @staticmethod
+  def run(client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
+    go = lambda fn: lambda *a: jax.vmap(fn, in_axes=(None, 0, 0, 0))(*a)
+    if buckets is None:
+      outs = go(client_fn)(bcast, states, data, rngs)
+    else:
+      outs = jax.lax.switch(buckets.index(data.count), [go(_capped(client_fn, c)) for c in buckets.caps],
+                            bcast, states, data, rngs)
     return _CohortResult(_weighted_sum(outs, w), outs.state, outs.message if stack else None)
 
 
@@ -144,12 +249,12 @@ class ChunkedExecutor(_JittedExecutor):
     c = min(self.chunk, n)
     return -(-n // c) * c
 
-  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
+  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
     n = w.shape[0]
     chunk = min(self.chunk, n)
     split = lambda t: jax.tree.map(lambda a: a.reshape((n // chunk, chunk) + a.shape[1:]), t)
     merge = lambda t: jax.tree.map(lambda a: a.reshape((n,) + a.shape[2:]), t)
-    one = functools.partial(VmapExecutor().run, client_fn, stack, bcast)
+    one = functools.partial(VmapExecutor.run, client_fn, stack, buckets, bcast)
     xs = (split(states), split(data), split(rngs), split(w))
     shape = jax.eval_shape(one, *jax.tree.map(lambda a: a[0], xs))
     zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape.partial)
@@ -172,11 +277,11 @@ class ShardedExecutor(_JittedExecutor):
   def pad(self, n: int) -> int:
     return self.inner.pad(-(-n // self.mesh.size)) * self.mesh.size
 
-  def run(self, client_fn, stack: bool, bcast, states, data, rngs, w) -> _CohortResult:
+  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
     spec = P("clients")
 
     def local(bcast, *members):
-      res = self.inner.run(client_fn, stack, bcast, *members)
+      res = self.inner.run(client_fn, stack, buckets, bcast, *members)
       return res._replace(partial=jax.lax.psum(res.partial, "clients"))
     shard = lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, spec))
     members = jax.tree.map(shard, (states, data, rngs, w))
@@ -197,6 +302,8 @@ class PlacedStore(NamedTuple):
 class _HostData(NamedTuple):
   stores: tuple     # the store on each device
   ids: jax.Array    # [S] member ids (padding: num_clients)
+  work: Any = None  # [S] stragglers' shares of their steps (ClientData.work), or None
+  up: Any = None    # [S] 1 for members that report (with failing clients), or None
 
 
 class HostLoopExecutor:
@@ -204,10 +311,13 @@ class HostLoopExecutor:
   `i % len(devices)`, each device keeping its own partial sum; calls are dispatched
   asynchronously, so devices work in parallel and the host never waits inside a round."""
 
+  buckets: Buckets | None = None
+
   def __init__(self, devices):
     self.devices = tuple(devices)
     self._add = jax.jit(_add)
     self._stack = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
+    self._pick = jax.jit(lambda t, i: jax.tree.map(lambda a: a[i], t))
 
   def pad(self, n: int) -> int:
     return n
@@ -217,8 +327,8 @@ class HostLoopExecutor:
       return store
     return PlacedStore(tuple(jax.device_put(store, d) for d in self.devices))
 
-  def data(self, store, ids):
-    return _HostData(store.replicas, ids)
+  def data(self, store, ids, work=None, up=None):
+    return _HostData(store.replicas, ids, work, up)
 
   def server_side(self, fn):
     return jax.jit(fn)
@@ -226,31 +336,48 @@ class HostLoopExecutor:
   def compile(self, skeleton):
     return skeleton
 
-  def client_pass(self, client_fn, stack: bool):
-    @jax.jit
-    def one_client(bcast, states, store, ids, rngs, w, i):
+  def client_pass(self, client_fn, stack: bool, bucketed: bool = False):
+    buckets = self.buckets if bucketed else None
+
+    @functools.partial(jax.jit, static_argnames="cap")
+    def one_client(bcast, states, store, ids, work, rngs, w, i, cap=None):
       num_clients = store.counts.shape[0]
       idx = jnp.minimum(ids[i], num_clients - 1)
       data = ClientData(store.x, store.y, store.domain, store.counts, jnp.arange(num_clients))
       pick = lambda t, j: jax.tree.map(lambda a: a[j], t)
-      out = client_fn(bcast, pick(states, i), pick(data, idx), rngs[i])
+      fn = client_fn if cap is None else _capped(client_fn, cap)
+      out = fn(bcast, pick(states, i), pick(data, idx)._replace(work=pick(work, i)), rngs[i])
       part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
       return part, out.state, (out.message if stack else None)
 
     def run(bcast, states, data: _HostData, rngs, w) -> _CohortResult:
       n_dev = len(self.devices)
-      args = [(bcast, states, data.ids, rngs, w)]
+      args = [(bcast, states, data.ids, data.work, rngs, w)]
       if n_dev > 1:
         args = [jax.device_put(args[0], d) for d in self.devices]
+      # members that drop out are not run (one transfer of S flags): their state stays, they send zeros
+      skip = np.zeros(w.shape[0], bool) if data.up is None else np.asarray(data.up) == 0
+      if skip.any():
+        shape = jax.eval_shape(functools.partial(one_client, cap=None), *args[0][:2], data.stores[0],
+                               *args[0][2:], jnp.int32(0))
+        zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)
+      caps = [None] * w.shape[0]
+      if buckets is not None:  # each member at its own bucket's steps (one transfer of S counts)
+        counts = jnp.take(data.stores[0].counts, data.ids, mode="clip")
+        caps = [buckets.caps[int(b)] for b in np.asarray(jax.vmap(buckets.index)(counts[:, None]))]
       acc, new_states, msgs = [None] * n_dev, [], []
       for i in range(w.shape[0]):
         d = i % n_dev
-        b, st, ids, r, ww = args[d]
-        part, state, msg = one_client(b, st, data.stores[d], ids, r, ww, jnp.int32(i))
+        b, st, ids, wk, r, ww = args[d]
+        if skip[i]:
+          new_states.append(self._pick(st, jnp.int32(i)))
+          msgs.append(zeros(shape[2]) if stack else None)
+          continue
+        part, state, msg = one_client(b, st, data.stores[d], ids, wk, r, ww, jnp.int32(i), cap=caps[i])
         acc[d] = part if acc[d] is None else self._add(acc[d], part)
         new_states.append(state)
         msgs.append(msg)
-      acc = [a for a in acc if a is not None]
+      acc = [a for a in acc if a is not None] or [zeros(shape[0])]
       if n_dev > 1:
         acc, new_states, msgs = jax.device_put((acc, new_states, msgs), self.devices[0])
       total = functools.reduce(self._add, acc)
@@ -259,11 +386,17 @@ class HostLoopExecutor:
 
 
 def executor(strategy: str, chunk_size: int = 1, devices=None):
-  """The executor that `strategy` names, on `devices` (default: every local device)."""
+  """The executor that `strategy` names, on `devices` (default: every device, of every
+  process under `jax.distributed`; the host loop: this process's)."""
   if strategy not in STRATEGIES:
     raise ValueError(f"engine.strategy: unknown {strategy!r}; choose one of {STRATEGIES} or 'auto'")
-  devices = list(devices if devices is not None else jax.local_devices())
+  if devices is None:  # the jitted strategies span every process's devices (jax.distributed)
+    devices = jax.local_devices() if strategy == "host_loop" else jax.devices()
+  devices = list(devices)
   if strategy == "host_loop":
+    if any(d.process_index != jax.process_index() for d in devices):
+      raise ValueError("engine.strategy: host_loop dispatches to this process's devices only; across "
+                       "jax.distributed processes use vmap, chunked or sequential")
     return HostLoopExecutor(devices)
   inner = VmapExecutor() if strategy == "vmap" else ChunkedExecutor(1 if strategy == "sequential" else chunk_size)
   if len(devices) == 1:
@@ -277,10 +410,12 @@ def executor(strategy: str, chunk_size: int = 1, devices=None):
 
 class _Cohort(NamedTuple):
   ids: jax.Array          # [S] sorted client ids, padded with num_clients
-  valid: jax.Array        # [S] 1 for real members
-  weights: jax.Array      # [S] aggregation weights (0 for padding)
+  valid: jax.Array        # [S] 1 for real members (that report)
+  weights: jax.Array      # [S] aggregation weights (0 for padding and dropped members)
   rngs: jax.Array         # [S] each member's key
   report_rngs: jax.Array  # [S] each member's key for the post-round report
+  work: Any = None        # [S] stragglers' shares of their local steps (1: all), or None
+  keep: Any = None        # [S] ids whose new state is kept (dropped members: num_clients), or None
 
 
 def _aggregate(res: _CohortResult, w, how: str):
@@ -306,6 +441,7 @@ class _Phase(NamedTuple):
 class _Round(NamedTuple):
   """Everything the skeleton calls, as the executor runs it."""
   ex: Any
+  failures: bool        # clients may drop out or straggle: count reporters, keep the server if none
   sample: Callable      # (counts, rng, client_weights) -> _Cohort
   broadcast: Callable
   take: Callable        # (clients, ids) -> states [S, ...]
@@ -313,15 +449,22 @@ class _Round(NamedTuple):
   stat: _Phase | None
   update: _Phase
   report: _Phase | None
+  count: Callable = None    # (valid) -> the number of reporters
+  keep_if: Callable = None  # (cond, new, old) -> new if cond else old
 
 
 def _round(r: _Round, state: RoundState, store, rng, client_weights=None):
   """The round skeleton, shared by every executor."""
   store = r.ex.place(store)
   cohort = r.sample(store.counts, rng, client_weights)
-  data = r.ex.data(store, cohort.ids)
-  states = r.take(state.clients, cohort.ids)
-  server = state.server
+  server, new_states, metrics = _cohort_round(r, state.server, r.take(state.clients, cohort.ids), store, cohort)
+  return RoundState(server, r.scatter(state.clients, cohort.keep if r.failures else cohort.ids, new_states)), metrics
+
+
+def _cohort_round(r: _Round, server, states, store, cohort: _Cohort):
+  """The round on the cohort's states `[S, ...]`: (server, the members' new states, metrics)."""
+  old_server = server
+  data = r.ex.data(store, cohort.ids, cohort.work, cohort.valid if r.failures else None)
   if r.stat is not None:  # pre-round: a statistic at the global model
     res = r.stat.run(r.broadcast(server), states, data, cohort.rngs, cohort.valid)
     server = r.stat.serve(server, res, cohort.valid)
@@ -330,23 +473,59 @@ def _round(r: _Round, state: RoundState, store, rng, client_weights=None):
   if r.report is not None:  # post-round: a report at the updated model and states
     rep = r.report.run(r.broadcast(server), res.states, data, cohort.report_rngs, cohort.valid)
     server = r.report.serve(server, rep, cohort.valid)
-  return RoundState(server, r.scatter(state.clients, cohort.ids, res.states)), metrics
+  if r.failures:  # only the reporters' states change (`cohort.keep`); no reporter: the server stays
+    reporters = r.count(cohort.valid)
+    server = r.keep_if(reporters > 0, server, old_server)
+    metrics = {**metrics, "reporters": reporters}
+  return server, res.states, metrics
 
 
 class RoundFn:
   """`round_fn(state, store, rng, client_weights=None) -> (state, metrics)`; `place(store)`
-  returns the store to pass on every round (computed once; the host loop's replicas)."""
+  returns the store to pass on every round (computed once; the host loop's replicas).
+  With client states in host memory (`HostClientStates`), the cohort is drawn first, its
+  states move to the device, the cohort round runs (one jit for the jitted strategies) and
+  the new states go back to the host table."""
 
-  def __init__(self, fn, place):
-    self._fn, self.place = fn, place
+  def __init__(self, fn, place, r: _Round | None = None):
+    self._fn, self.place, self._r = fn, place, r
+    if r is not None:
+      self._cohort_fn = r.ex.compile(functools.partial(_cohort_round, r))
 
   def __call__(self, state, store, rng, client_weights=None):
-    return self._fn(state, store, rng, client_weights)
+    if not isinstance(state.clients, HostClientStates):
+      return self._fn(state, store, rng, client_weights)
+    r = self._r
+    store = r.ex.place(store)
+    cohort = r.sample(store.counts, rng, client_weights)
+    ids = np.asarray(cohort.ids)
+    states = jax.tree.map(jnp.asarray, state.clients.gather(ids))
+    server, new_states, metrics = self._cohort_fn(state.server, states, store, cohort)
+    state.clients.scatter(np.asarray(cohort.keep) if r.failures else ids, new_states)
+    return RoundState(server, state.clients), metrics
 
 
 def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
-               chunk_size: int = 1, devices=None) -> RoundFn:
+               chunk_size: int = 1, devices=None, *, dropout: float = 0.0, straggler_fraction: float = 0.0,
+               buckets: Buckets | None = None) -> RoundFn:
   """Returns `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
+
+  Failing clients (FedProx's systems heterogeneity), with `k = fold_in(rng, 1)` split in
+  (k_drop, k_slow, k_work): a sampled client `c` drops out with probability `dropout`
+  (`bernoulli(fold_in(k_drop, c), dropout)`): it sends nothing in any phase, the server
+  aggregates the reporters with their weights renormalised, and its state is unchanged.
+  `round(straggler_fraction * cohort_size)` members (the first cohort positions of
+  `permutation(k_slow, cohort_size)`) straggle: each takes only its first
+  `floor(u K_c) + 1` of its `K_c` local steps, `u = uniform(fold_in(k_work, c))`
+  (`ClientData.work`); stragglers still report. With either, `metrics["reporters"]` counts
+  the reporters, and a round without one keeps the server state (a new `server` only if
+  `reporters > 0`). With both 0 the round is today's, bit for bit.
+
+  `buckets` (`buckets_for(schedule)`, epoch mode): members run only their own local steps
+  (the steps past a client's data are no-ops): the host loop runs each member at its
+  bucket's steps, the jitted strategies each vmapped group (the cohort, a chunk, one
+  client for "sequential") at the steps of its largest member (`lax.switch`); results
+  equal the masked run's.
 
   `client_weights` ([C], optional) replaces the algorithm's aggregation weights (examples
   or uniform) for every client; the round is differentiable with respect to it (and to
@@ -359,6 +538,13 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   ex = executor(strategy, chunk_size, devices)
   if not 1 <= cohort_size <= num_clients:
     raise ValueError(f"cohort size must be in [1, {num_clients}], got {cohort_size}")
+  if not 0.0 <= dropout < 1.0:
+    raise ValueError(f"engine.dropout must lie in [0, 1), got {dropout}")
+  if not 0.0 <= straggler_fraction <= 1.0:
+    raise ValueError(f"engine.straggler_fraction must lie in [0, 1], got {straggler_fraction}")
+  ex.buckets = buckets
+  failures = dropout > 0 or straggler_fraction > 0
+  n_slow = int(round(straggler_fraction * cohort_size))
   padded = ex.pad(cohort_size)
   alg = algorithm
 
@@ -375,7 +561,16 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     else:
       w = valid * (jnp.take(counts, ids, mode="clip").astype(jnp.float32) if alg.weighting == "examples" else 1.0)
     rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(ids)
-    return _Cohort(ids, valid, w, rngs, jax.vmap(lambda k: jax.random.fold_in(k, 1))(rngs))
+    report_rngs = jax.vmap(lambda k: jax.random.fold_in(k, 1))(rngs)
+    if not failures:
+      return _Cohort(ids, valid, w, rngs, report_rngs)
+    k_drop, k_slow, k_work = jax.random.split(jax.random.fold_in(rng, 1), 3)
+    per_client = lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(ids)
+    up = 1.0 - jax.vmap(lambda k: jax.random.bernoulli(k, dropout))(per_client(k_drop)).astype(jnp.float32)
+    slow = jnp.zeros((padded,), bool).at[jax.random.permutation(k_slow, cohort_size)[:n_slow]].set(True)
+    work = jnp.where(slow, jax.vmap(lambda k: jax.random.uniform(k))(per_client(k_work)), 1.0)
+    return _Cohort(ids, valid * up, w * up, rngs, report_rngs, work if n_slow else None,
+                   jnp.where(up > 0, ids, num_clients))
 
   def update(server, res, w):
     metrics = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.metrics)
@@ -386,9 +581,12 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
                   ex.server_side(lambda server, res, w: serve(server, _aggregate(res, w, how))))
 
   r = _Round(
-      ex, ex.server_side(sample), ex.server_side(alg.broadcast), ex.server_side(_take),
+      ex, failures, ex.server_side(sample), ex.server_side(alg.broadcast), ex.server_side(_take),
       ex.server_side(lambda clients, ids, new: jax.tree.map(lambda a, n: a.at[ids].set(n, mode="drop"), clients, new)),
       stat=phase(alg.client_stat, alg.server_prepare, alg.stat_aggregation) if alg.client_stat else None,
-      update=_Phase(ex.client_pass(alg.client_update, alg.aggregation == "stack"), ex.server_side(update)),
-      report=phase(alg.client_report, alg.server_finish, alg.report_aggregation) if alg.client_report else None)
-  return RoundFn(ex.compile(functools.partial(_round, r)), ex.place)
+      update=_Phase(ex.client_pass(alg.client_update, alg.aggregation == "stack", bucketed=True),
+                    ex.server_side(update)),
+      report=phase(alg.client_report, alg.server_finish, alg.report_aggregation) if alg.client_report else None,
+      count=ex.server_side(lambda valid: jnp.sum(valid).astype(jnp.int32)),
+      keep_if=ex.server_side(lambda cond, new, old: tree_where(cond, new, old)))
+  return RoundFn(ex.compile(functools.partial(_round, r)), ex.place, r)
