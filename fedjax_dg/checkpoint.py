@@ -174,6 +174,7 @@ def _first_line(e: BaseException) -> str:
   text = str(e).strip().splitlines()
   line = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
   line = re.sub(r"\.?\s*See full TensorStore details.*", "", line)  # then a method's repr, with an address
+  line = re.sub(r"\s*\[source locations=.*", "", line)  # newer TensorStore: its C++ source lines
   return line
 
 

@@ -58,3 +58,11 @@ def run_from(alg, params, store, num_clients: int, cohort: int, rounds: int, str
   for t in range(rounds):
     state, _ = rf(state, store, jax.random.PRNGKey(t))
   return state
+
+
+def pythonpath(root: str) -> str:
+  """PYTHONPATH for a subprocess that must import this checkout's package first, keeping
+  what the environment adds (packages installed with pip --target)."""
+  import os
+  rest = os.environ.get("PYTHONPATH", "")
+  return root + (os.pathsep + rest if rest else "")

@@ -38,6 +38,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+import helpers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "bad_inputs.md")
 REGENERATE = "REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py"
@@ -77,7 +79,7 @@ def _one_line(text: str, what: str) -> str:
 
 
 def _run(tmp, argv, timeout=300) -> str:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)  # this checkout's package, not an installed one
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))  # this checkout's package, not an installed one
   out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
   assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
   return _one_line(out.stderr, "stderr")
@@ -310,7 +312,7 @@ def _p_config(tmp, **fields):
 
 
 def _run_cli(*overrides):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))
   out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", *P, *overrides],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-2000:]

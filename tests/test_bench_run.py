@@ -10,6 +10,8 @@ import time
 import ml_collections
 import pytest
 
+import helpers
+
 from fedjax_dg.bench import collect, launch, sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +44,7 @@ def finished_checkpoint(workdir) -> bool:
 
 def cli(root, cache, *args, **kw):
   """`python -m fedjax_dg.bench ... --sweep configs/sweeps/tiny.py` with 5 rounds, in `root`."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), JAX_PLATFORMS="cpu")
   return subprocess.Popen([sys.executable, "-m", "fedjax_dg.bench", *args, f"--sweep={TINY}",
                            f"--sweep.root={root}", "--sweep.base.num_rounds=5",
                            f"--sweep.launch.compilation_cache_dir={cache}"], cwd=ROOT, env=env,

@@ -6,6 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+import helpers
+
 from fedjax_dg.bench import sweep as sweep_lib
 from fedjax_dg.data import splits
 from fedjax_dg.data.datasets import DomainDataset
@@ -219,14 +221,14 @@ def test_carved_test_domain_never_tested_on():
 def test_help_prints_the_config_flags_and_main_fields():
   import subprocess
   out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--help"], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+                       env=dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT)), timeout=120)
   assert out.returncode == 0, out.stderr
   for text in ("--config: Path to an ml_collections config file.", "--workdir", "partition.lam", "algorithm.name",
                "--config.<field>"):
     assert text in out.stdout
   assert "Try --helpfull" not in out.stdout
   out = subprocess.run([sys.executable, "-m", "fedjax_dg.bench", "--help"], cwd=ROOT, capture_output=True,
-                       text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+                       text=True, env=dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT)), timeout=120)
   assert out.returncode == 0 and "--sweep: Path to a sweep config" in out.stdout and "collect" in out.stdout
 
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
+
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import experiment
 from fedjax_dg.config import ConfigError
@@ -324,7 +326,7 @@ def test_selected_parameters_rescore_to_the_summary(reference, tmp_path):
   out = subprocess.run([sys.executable, "-m", "fedjax_dg.evaluate", "--workdir", workdir, "--rule=heldout_domain",
                         f"--config.data.test_domains=({d.val_domains[0]},)",
                         f"--config.data.val_domains=({d.test_domains[0]},)"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, PYTHONPATH=ROOT))
+                       capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT)))
   assert out.returncode == 0, out.stderr
   swapped = json.loads(out.stdout)["splits"]
   sel = summary["selection"]["heldout_domain"]
@@ -334,3 +336,13 @@ def test_selected_parameters_rescore_to_the_summary(reference, tmp_path):
   other.model.hidden = (8,)
   with pytest.raises(ConfigError, match=r"^model\.hidden: the saved parameters fit"):
     evaluate.rescore(workdir, "in_domain", other)
+
+
+def test_orbax_errors_read_as_one_line_without_tensorstore_decorations():
+  """Newer TensorStore appends its C++ source lines (over several lines) to an error; the
+  one-line reason a skipped checkpoint prints leaves them out (seen with orbax 0.12.4)."""
+  from fedjax_dg.checkpoint import _first_line
+  msg = ('OUT_OF_RANGE: Error reading "w/0": Requested byte range [0, 5) is not valid for value of size 3 '
+         "[source locations='tensorstore/kvstore/batch_util.h:439\ntensorstore/internal/cache/kvs.h:229']")
+  assert _first_line(ValueError(msg)) == ('ValueError: OUT_OF_RANGE: Error reading "w/0": Requested byte range '
+                                          '[0, 5) is not valid for value of size 3')

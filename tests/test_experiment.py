@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+import helpers
+
 from fedjax_dg import experiment
 from fedjax_dg.config import ConfigError
 
@@ -98,7 +100,7 @@ def test_leave_one_domain_out_runs_every_domain(tiny_config, tmp_path):
 def _cli(*args):
   return subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", os.path.join(ROOT, "configs/default.py"),
                          *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
+                        env=dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT)))
 
 
 def test_cli_runs_and_rejects_bad_input(tmp_path):
