@@ -185,26 +185,49 @@ def test_mixup_pairing_order_is_drawn_each_step():
   assert seen == {(a, c) for a in range(4) for c in range(4) if a != c}
 
 
-def test_groupdro_loss_and_weights_match_numpy():
+@pytest.mark.parametrize("num_domains,domains", [(5, (0, 2, 3)), (5000, (4999, 2, 1234))])
+def test_groupdro_loss_and_weights_match_numpy(num_domains, domains):
+  """Also with 5000 domains (q stays a [D] vector; the per-batch risks are segment sums, no
+  value in the traced step is larger than D)."""
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(1))
-  b = _batch(seed=5)
-  q0 = np.array([0.1, 0.3, 0.2, 0.25, 0.15])
+  b = _batch(seed=5, domains=domains)
+  q0 = np.random.default_rng(0).dirichlet(np.ones(num_domains))
+  if num_domains == 5:
+    q0 = np.array([0.1, 0.3, 0.2, 0.25, 0.15])
   eta = 0.7
-  loss, q = groupdro_loss(model, params, b, jnp.asarray(q0, jnp.float32), eta, 5)
+  fn = jax.jit(lambda bb, q: groupdro_loss(model, params, bb, q, eta, num_domains))
+  loss, q = fn(b, jnp.asarray(q0, jnp.float32))
   W, c = _linear(params)
   d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
   ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
-  R = np.array([ce[(d == e) & m].mean() if ((d == e) & m).any() else 0.0 for e in range(5)])
-  pres = np.array([((d == e) & m).any() for e in range(5)], float)
+  R = np.array([ce[(d == e) & m].mean() if ((d == e) & m).any() else 0.0 for e in range(num_domains)])
+  pres = np.array([((d == e) & m).any() for e in range(num_domains)], float)
   qn = q0 * np.exp(eta * R * pres)
   qn /= qn.sum()
-  np.testing.assert_allclose(q, qn, rtol=1e-5)
+  np.testing.assert_allclose(q, qn, rtol=1e-5, atol=1e-9)
   np.testing.assert_allclose(loss, (qn * pres * R).sum() / (qn * pres).sum(), rtol=1e-5)
   # a single-domain batch: the loss is ERM's
   b1 = b._replace(domain=jnp.full_like(b.domain, 2))
-  loss1, _ = groupdro_loss(model, params, b1, jnp.asarray(q0, jnp.float32), eta, 5)
+  loss1, _ = fn(b1, jnp.asarray(q0, jnp.float32))
   np.testing.assert_allclose(loss1, ce[m].mean(), rtol=1e-5)
+  step = jax.make_jaxpr(jax.grad(lambda p: groupdro_loss(model, p, b, jnp.asarray(q0, jnp.float32), eta,
+                                                         num_domains)[0]))(params)
+  assert _max_size(step.jaxpr) <= max(num_domains, 64)  # before: a [B, D] one-hot
+
+
+def _max_size(jaxpr):
+  """The largest number of elements of any value in a jaxpr, its sub-jaxprs included."""
+  out = 0
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      out = max(out, int(np.prod(getattr(v.aval, "shape", ()))))
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          out = max(out, _max_size(sub))
+  return out
 
 
 def test_groupdro_weights_are_persistent_client_state():
@@ -225,16 +248,21 @@ def test_groupdro_weights_are_persistent_client_state():
   assert np.abs(qs[1][0] - qs[1][1]).max() > 1e-4     # one q per client
 
 
-def test_fish_step_matches_numpy_sequential_domain_steps():
+@pytest.mark.parametrize("num_domains,domains", [(5, (0, 2, 3)), (5000, (4999, 2, 1234, 3))])
+def test_fish_step_matches_numpy_sequential_domain_steps(num_domains, domains):
+  """The inner steps in ascending domain id over the present domains, also among 5000
+  domains, where the step scans the batch's S = min(B, D) slots (the traced step holds no
+  value of the size of D)."""
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(2))
-  b = _batch(seed=6)
+  b = _batch(seed=6, domains=domains)
   lr, meta = 0.3, 0.4
-  got, _ = fish_step(model, optax.sgd(lr), meta, 5)(params, b, None)
+  step = fish_step(model, optax.sgd(lr), meta, num_domains)
+  got, _ = jax.jit(lambda p, bb: step(p, bb, None))(params, b)
   W, c = _linear(params)
   Wt, ct = W.copy(), c.copy()
   x, y, d, m = np.asarray(b.x, np.float64), np.asarray(b.y), np.asarray(b.domain), np.asarray(b.mask) > 0
-  for e in range(5):
+  for e in range(num_domains):
     sel = (d == e) & m
     if not sel.any():
       continue
@@ -243,6 +271,7 @@ def test_fish_step_matches_numpy_sequential_domain_steps():
   gW, gc = _linear(got)
   np.testing.assert_allclose(gW, W + meta * (Wt - W), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gc, c + meta * (ct - c), rtol=1e-5, atol=1e-6)
+  assert _max_size(jax.make_jaxpr(lambda p: step(p, b, None))(params).jaxpr) < 64 * 3
 
 
 def _project_numpy(v):
@@ -300,6 +329,35 @@ def test_afl_objective_and_beta_step_match_numpy():
       loss[e] += ce[sel].sum()
       cnt[e] += sel.sum()
   np.testing.assert_allclose(state.server.beta, _project_numpy(np.full(3, 1 / 3) + gamma * loss / cnt), atol=1e-5)
+
+
+def test_afl_objective_and_loss_report_over_5000_domains_match_numpy():
+  """`sum_d beta_d R_d` and the pre-round per-domain loss sums and counts with 5000 domains
+  (a few in the data): equal to a loop over all domains, and no traced value is larger than
+  the [D] vectors themselves (before: a [rows, D] one-hot per chunk)."""
+  from fedjax_dg.algorithms.afl import afl_client
+  from fedjax_dg.algorithms.base import ClientData
+  D = 5000
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  b = _batch(seed=11, n=20, domains=(4999, 7, 2048))
+  beta = np.random.default_rng(2).dirichlet(np.ones(D))
+  W, c = _linear(params)
+  ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  want = sum(beta[e] * ce[(d == e) & m].mean() for e in range(D) if ((d == e) & m).any())
+  obj = lambda p, bb, bt: afl_objective(model, D)(bt)(p, bb, None)[0]
+  np.testing.assert_allclose(jax.jit(obj)(params, b, jnp.asarray(beta, jnp.float32)), want, rtol=1e-5)
+  side = afl_client(model, make_schedule(4, 0, 1, 20, 3), optax.sgd(0.1), 0.1, D, stat_chunk=8)
+  data = ClientData(b.x, b.y, b.domain, jnp.asarray(17))
+  stat = lambda p: side.stat(p, jnp.asarray(beta, jnp.float32), None, data, None)
+  loss_sum, count = jax.jit(stat)(params)
+  want_sum = np.array([ce[(d == e) & m].sum() for e in range(D)])
+  want_count = np.array([((d == e) & m).sum() for e in range(D)])
+  np.testing.assert_allclose(loss_sum, want_sum, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(count, want_count)
+  assert _max_size(jax.make_jaxpr(jax.grad(obj))(params, b, jnp.asarray(beta, jnp.float32)).jaxpr) <= D
+  assert _max_size(jax.make_jaxpr(stat)(params).jaxpr) <= 3 * D  # the [chunks, D] sums
 
 
 def test_afl_beta_stays_zero_on_domains_no_client_holds():
