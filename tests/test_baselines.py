@@ -8,14 +8,14 @@ from hypothesis import given, settings, strategies as st
 
 from fedjax_dg.algorithms.afl import afl, afl_objective, project_simplex
 from fedjax_dg.algorithms.base import Batch, make_schedule
-from fedjax_dg.algorithms.dg import mixup_loss
+from fedjax_dg.algorithms.dg import mixup_loss, mixup_pairing
 from fedjax_dg.algorithms.feddg import amplitude_bank, amplitude_mix, low_freq_window, other_clients
 from fedjax_dg.algorithms.fedavg import optax_rule
 from fedjax_dg.algorithms.fedsr import fedsr, fedsr_loss, gaussian_kl, probabilistic_model
 from fedjax_dg.algorithms.fish import fish_step
 from fedjax_dg.algorithms.groupdro import groupdro, groupdro_loss
 from fedjax_dg.engine import init_round_state, make_round
-from fedjax_dg.objectives import domain_risks, mixup_partners
+from fedjax_dg.objectives import domain_risks, domain_slots, mixup_partners, slot_mask
 from helpers import ragged_store, tiny_mlp
 
 
@@ -55,45 +55,121 @@ def test_domain_risks_match_numpy():
     np.testing.assert_allclose(risks[e], loss[sel].mean() if sel.any() else 0.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("domains,order", [((0, 2, 3), None), ((1,), None), ((0, 4), None),
-                                          ((0, 2, 3), (3, 0, 4, 2, 1)), ((0, 1, 2, 3, 4), (4, 2, 0, 1, 3))])
-def test_mixup_partners_match_a_python_loop(domains, order):
-  """DomainBed's random_pairs_of_minibatches: the present domains in the drawn order, each
-  paired with the next one, cyclically."""
-  b = _batch(seed=3, n=17, domains=domains)
-  got = np.asarray(mixup_partners(b.domain, b.mask, 5, None if order is None else jnp.asarray(order)))
-  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
-  present = [e for e in (order or range(5)) if e in set(d[m])]
+def _np_partners(d, m, domain_order):
+  """DomainBed's random_pairs_of_minibatches as a Python loop: the present domains in
+  `domain_order` (a sequence of domain ids), each paired with the next one, cyclically."""
+  present = [e for e in domain_order if e in set(d[m].tolist())]
   rows = {e: [i for i in range(len(d)) if m[i] and d[i] == e] for e in present}
+  want = np.arange(len(d))
   for k in range(len(d)):
     if not m[k]:
-      assert got[k] == k
       continue
     e, r = d[k], rows[d[k]].index(k)
     if len(present) == 1:
-      want = rows[e][(r + 1) % len(rows[e])]
+      want[k] = rows[e][(r + 1) % len(rows[e])]
     else:
       nxt = present[(present.index(e) + 1) % len(present)]
-      want = rows[nxt][r % len(rows[nxt])]
-    assert got[k] == want, (k, got[k], want)
+      want[k] = rows[nxt][r % len(rows[nxt])]
+  return want
+
+
+def _slot_order(d, m, domain_order, size, seed=0):
+  """The permutation of the `size` slots (present domains in ascending id, then the unused
+  slots) that puts the present domains in `domain_order`'s order, with the unused slots
+  scattered among them at random (they must not matter)."""
+  present = sorted(set(d[m].tolist()))
+  used = [present.index(e) for e in domain_order if e in present]
+  out = list(used)
+  for s in np.random.default_rng(seed).permutation(np.arange(len(present), size)):
+    out.insert(int(np.random.default_rng(seed + int(s)).integers(0, len(out) + 1)), int(s))
+  return np.asarray(out)
+
+
+@pytest.mark.parametrize("domains,order,num_domains", [
+    ((0, 2, 3), None, 5), ((1,), None, 5), ((0, 4), None, 5), ((0, 2, 3), (3, 0, 4, 2, 1), 5),
+    ((0, 1, 2, 3, 4), (4, 2, 0, 1, 3), 5), ((4999, 17, 2500, 3), "random", 5000), ((4321,), None, 5000)])
+def test_mixup_partners_match_a_python_loop(domains, order, num_domains):
+  """DomainBed's random_pairs_of_minibatches: the present domains in the drawn order, each
+  paired with the next one, cyclically. The order is passed over the batch's slots (the one
+  a permutation of all `num_domains` domains induces); 5000 domains as Py150's thousands."""
+  b = _batch(seed=3, n=17, domains=domains)
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  if order == "random":
+    order = tuple(np.random.default_rng(0).permutation(num_domains).tolist())
+  domain_order = order or range(num_domains)
+  size = min(17, num_domains)
+  slot_order = None if order is None else jnp.asarray(_slot_order(d, m, domain_order, size))
+  got = np.asarray(mixup_partners(b.domain, b.mask, num_domains, slot_order))
+  np.testing.assert_array_equal(got, _np_partners(d, m, domain_order))
+
+
+def test_domain_slots_match_numpy():
+  """Slots: the real rows' domain ids renumbered by ascending id (np.unique), padding and ids
+  outside 0..D-1 at slot 0 with mask 0; S = min(B, D)."""
+  d = np.array([4999, 7, 7, 1234, 4999, 0, 5000, 7, 3], np.int32)
+  mask = np.array([1, 1, 1, 1, 1, 1, 1, 0, 0], np.float32)  # 5000 is out of range; last two padding
+  slot, ids = domain_slots(jnp.asarray(d), jnp.asarray(mask), 5000)
+  real = (mask > 0) & (d < 5000)
+  uniq = np.unique(d[real])
+  assert ids.shape == (9,)
+  np.testing.assert_array_equal(np.asarray(ids), np.r_[uniq, [5000] * (9 - len(uniq))])
+  np.testing.assert_array_equal(np.asarray(slot), np.where(real, np.searchsorted(uniq, d), 0))
+  np.testing.assert_array_equal(np.asarray(slot_mask(jnp.asarray(d), jnp.asarray(mask), 5000)), real)
+  assert domain_slots(jnp.asarray(d), jnp.asarray(mask), 3)[1].shape == (3,)  # S = min(B, D)
+
+
+def _cycle(j, d, m):
+  """The cyclic order of the present domains that partner indices `j` follow, as a tuple
+  starting at the smallest id."""
+  nxt = {int(d[k]): int(d[j[k]]) for k in range(len(d)) if m[k]}
+  start = min(nxt)
+  cyc, e = [start], nxt[start]
+  while e != start:
+    cyc.append(e)
+    e = nxt[e]
+  return tuple(cyc)
+
+
+def test_mixup_pairing_order_is_uniform_over_the_present_domains():
+  """With 4 domains present out of 5000, the drawn pairing follows each of the 3! = 6 cyclic
+  orders of the present domains with probability 1/6 (DomainBed's uniformly random order of
+  the domains' minibatches; binomial sd ~ 9 of 100 per order over 600 draws), and `lam` is
+  one Beta draw per present domain."""
+  b = _batch(seed=3, n=24, domains=(10, 2000, 30, 4999))
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  keys = jax.random.split(jax.random.PRNGKey(0), 600)
+  js, lams = jax.jit(jax.vmap(lambda k: mixup_pairing(k, b, 5000, 0.5)))(keys)
+  js, lams = np.asarray(js), np.asarray(lams)
+  counts = {}
+  for j in js:
+    c = _cycle(j, d, m)
+    counts[c] = counts.get(c, 0) + 1
+  assert len(counts) == 6 and all(60 <= v <= 140 for v in counts.values()), counts
+  for lam in lams[:20]:
+    per = [set(lam[(d == e) & m].tolist()) for e in (10, 30, 2000, 4999)]
+    assert all(len(p) == 1 for p in per) and len({p.pop() for p in per}) == 4
 
 
 def test_mixup_loss_matches_numpy():
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(0))
-  b = _batch(seed=4)
-  rng, alpha = jax.random.PRNGKey(7), 0.4
-  got = mixup_loss(model, params, b, rng, alpha, 5)
-  lam_d = np.asarray(jax.random.beta(rng, alpha, alpha, (5,)), np.float64)
-  order = np.asarray(jax.random.permutation(jax.random.fold_in(rng, 1), 5))
-  j = np.asarray(mixup_partners(b.domain, b.mask, 5, jnp.asarray(order)))
-  W, c = _linear(params)
+  b = _batch(seed=4, domains=(0, 2, 3, 4990))
+  rng, alpha, num_domains = jax.random.PRNGKey(7), 0.4, 5000
+  got = jax.jit(lambda p, bb, r: mixup_loss(model, p, bb, r, alpha, num_domains))(params, b, rng)
+  # the draws: one Beta per slot and a permutation of the S = min(B, D) slots (present domains by ascending id)
   x, y, d, m = (np.asarray(a, np.float64) for a in (b.x, b.y, b.domain, b.mask))
   y, d = y.astype(int), d.astype(int)
-  lam = lam_d[d]
+  present = sorted(set(d[m > 0].tolist()))
+  size = min(len(d), num_domains)
+  lam_s = np.asarray(jax.random.beta(rng, alpha, alpha, (size,)), np.float64)
+  slot_order = np.asarray(jax.random.permutation(jax.random.fold_in(rng, 1), size))
+  domain_order = [present[s] for s in slot_order if s < len(present)]
+  j = _np_partners(d, m > 0, domain_order)
+  W, c = _linear(params)
+  lam = np.array([lam_s[present.index(e)] if mk else lam_s[0] for e, mk in zip(d, m > 0)])
   z = (lam[:, None] * x + (1 - lam[:, None]) * x[j]) @ W + c
   per = lam * _ce(z, y) + (1 - lam) * _ce(z, y[j])
-  want = np.mean([per[(d == e) & (m > 0)].mean() for e in sorted(set(d[m > 0]))])
+  want = np.mean([per[(d == e) & (m > 0)].mean() for e in present])
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
@@ -103,33 +179,55 @@ def test_mixup_pairing_order_is_drawn_each_step():
   b = _batch(seed=3, n=40, domains=(0, 1, 2, 3))
   d = np.asarray(b.domain)
   seen = set()
-  for s in range(40):
-    order = jax.random.permutation(jax.random.fold_in(jax.random.PRNGKey(s), 1), 5)
-    j = np.asarray(mixup_partners(b.domain, b.mask, 5, order))
+  js = jax.jit(jax.vmap(lambda s: mixup_pairing(jax.random.PRNGKey(s), b, 5, 0.2)[0]))(jnp.arange(40))
+  for j in np.asarray(js):
     seen |= {(int(d[k]), int(d[j[k]])) for k in range(len(d)) if b.mask[k] > 0}
   assert seen == {(a, c) for a in range(4) for c in range(4) if a != c}
 
 
-def test_groupdro_loss_and_weights_match_numpy():
+@pytest.mark.parametrize("num_domains,domains", [(5, (0, 2, 3)), (5000, (4999, 2, 1234))])
+def test_groupdro_loss_and_weights_match_numpy(num_domains, domains):
+  """Also with 5000 domains (q stays a [D] vector; the per-batch risks are segment sums, no
+  value in the traced step is larger than D)."""
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(1))
-  b = _batch(seed=5)
-  q0 = np.array([0.1, 0.3, 0.2, 0.25, 0.15])
+  b = _batch(seed=5, domains=domains)
+  q0 = np.random.default_rng(0).dirichlet(np.ones(num_domains))
+  if num_domains == 5:
+    q0 = np.array([0.1, 0.3, 0.2, 0.25, 0.15])
   eta = 0.7
-  loss, q = groupdro_loss(model, params, b, jnp.asarray(q0, jnp.float32), eta, 5)
+  fn = jax.jit(lambda bb, q: groupdro_loss(model, params, bb, q, eta, num_domains))
+  loss, q = fn(b, jnp.asarray(q0, jnp.float32))
   W, c = _linear(params)
   d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
   ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
-  R = np.array([ce[(d == e) & m].mean() if ((d == e) & m).any() else 0.0 for e in range(5)])
-  pres = np.array([((d == e) & m).any() for e in range(5)], float)
+  R = np.array([ce[(d == e) & m].mean() if ((d == e) & m).any() else 0.0 for e in range(num_domains)])
+  pres = np.array([((d == e) & m).any() for e in range(num_domains)], float)
   qn = q0 * np.exp(eta * R * pres)
   qn /= qn.sum()
-  np.testing.assert_allclose(q, qn, rtol=1e-5)
+  np.testing.assert_allclose(q, qn, rtol=1e-5, atol=1e-9)
   np.testing.assert_allclose(loss, (qn * pres * R).sum() / (qn * pres).sum(), rtol=1e-5)
   # a single-domain batch: the loss is ERM's
   b1 = b._replace(domain=jnp.full_like(b.domain, 2))
-  loss1, _ = groupdro_loss(model, params, b1, jnp.asarray(q0, jnp.float32), eta, 5)
+  loss1, _ = fn(b1, jnp.asarray(q0, jnp.float32))
   np.testing.assert_allclose(loss1, ce[m].mean(), rtol=1e-5)
+  step = jax.make_jaxpr(jax.grad(lambda p: groupdro_loss(model, p, b, jnp.asarray(q0, jnp.float32), eta,
+                                                         num_domains)[0]))(params)
+  assert _max_size(step.jaxpr) <= max(num_domains, 64)  # before: a [B, D] one-hot
+
+
+def _max_size(jaxpr):
+  """The largest number of elements of any value in a jaxpr, its sub-jaxprs included."""
+  out = 0
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      out = max(out, int(np.prod(getattr(v.aval, "shape", ()))))
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          out = max(out, _max_size(sub))
+  return out
 
 
 def test_groupdro_weights_are_persistent_client_state():
@@ -150,16 +248,21 @@ def test_groupdro_weights_are_persistent_client_state():
   assert np.abs(qs[1][0] - qs[1][1]).max() > 1e-4     # one q per client
 
 
-def test_fish_step_matches_numpy_sequential_domain_steps():
+@pytest.mark.parametrize("num_domains,domains", [(5, (0, 2, 3)), (5000, (4999, 2, 1234, 3))])
+def test_fish_step_matches_numpy_sequential_domain_steps(num_domains, domains):
+  """The inner steps in ascending domain id over the present domains, also among 5000
+  domains, where the step scans the batch's S = min(B, D) slots (the traced step holds no
+  value of the size of D)."""
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(2))
-  b = _batch(seed=6)
+  b = _batch(seed=6, domains=domains)
   lr, meta = 0.3, 0.4
-  got, _ = fish_step(model, optax.sgd(lr), meta, 5)(params, b, None)
+  step = fish_step(model, optax.sgd(lr), meta, num_domains)
+  got, _ = jax.jit(lambda p, bb: step(p, bb, None))(params, b)
   W, c = _linear(params)
   Wt, ct = W.copy(), c.copy()
   x, y, d, m = np.asarray(b.x, np.float64), np.asarray(b.y), np.asarray(b.domain), np.asarray(b.mask) > 0
-  for e in range(5):
+  for e in range(num_domains):
     sel = (d == e) & m
     if not sel.any():
       continue
@@ -168,6 +271,7 @@ def test_fish_step_matches_numpy_sequential_domain_steps():
   gW, gc = _linear(got)
   np.testing.assert_allclose(gW, W + meta * (Wt - W), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gc, c + meta * (ct - c), rtol=1e-5, atol=1e-6)
+  assert _max_size(jax.make_jaxpr(lambda p: step(p, b, None))(params).jaxpr) < 64 * 3
 
 
 def _project_numpy(v):
@@ -225,6 +329,35 @@ def test_afl_objective_and_beta_step_match_numpy():
       loss[e] += ce[sel].sum()
       cnt[e] += sel.sum()
   np.testing.assert_allclose(state.server.beta, _project_numpy(np.full(3, 1 / 3) + gamma * loss / cnt), atol=1e-5)
+
+
+def test_afl_objective_and_loss_report_over_5000_domains_match_numpy():
+  """`sum_d beta_d R_d` and the pre-round per-domain loss sums and counts with 5000 domains
+  (a few in the data): equal to a loop over all domains, and no traced value is larger than
+  the [D] vectors themselves (before: a [rows, D] one-hot per chunk)."""
+  from fedjax_dg.algorithms.afl import afl_client
+  from fedjax_dg.algorithms.base import ClientData
+  D = 5000
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  b = _batch(seed=11, n=20, domains=(4999, 7, 2048))
+  beta = np.random.default_rng(2).dirichlet(np.ones(D))
+  W, c = _linear(params)
+  ce = _ce(np.asarray(b.x, np.float64) @ W + c, np.asarray(b.y))
+  d, m = np.asarray(b.domain), np.asarray(b.mask) > 0
+  want = sum(beta[e] * ce[(d == e) & m].mean() for e in range(D) if ((d == e) & m).any())
+  obj = lambda p, bb, bt: afl_objective(model, D)(bt)(p, bb, None)[0]
+  np.testing.assert_allclose(jax.jit(obj)(params, b, jnp.asarray(beta, jnp.float32)), want, rtol=1e-5)
+  side = afl_client(model, make_schedule(4, 0, 1, 20, 3), optax.sgd(0.1), 0.1, D, stat_chunk=8)
+  data = ClientData(b.x, b.y, b.domain, jnp.asarray(17))
+  stat = lambda p: side.stat(p, jnp.asarray(beta, jnp.float32), None, data, None)
+  loss_sum, count = jax.jit(stat)(params)
+  want_sum = np.array([ce[(d == e) & m].sum() for e in range(D)])
+  want_count = np.array([((d == e) & m).sum() for e in range(D)])
+  np.testing.assert_allclose(loss_sum, want_sum, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(count, want_count)
+  assert _max_size(jax.make_jaxpr(jax.grad(obj))(params, b, jnp.asarray(beta, jnp.float32)).jaxpr) <= D
+  assert _max_size(jax.make_jaxpr(stat)(params).jaxpr) <= 3 * D  # the [chunks, D] sums
 
 
 def test_afl_beta_stays_zero_on_domains_no_client_holds():

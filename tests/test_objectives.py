@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dg.objectives import MMD_GAMMAS, coral_penalty, irm_penalty, mmd_penalty, vrex_penalty
+from fedjax_dg.objectives import (MMD_GAMMAS, coral_penalty, domain_slots, irm_penalties, irm_penalty,
+                                  mean_pairwise_coral, mean_pairwise_mmd, mmd_penalty, vrex_penalty)
 
 
 def np_softmax(z):
@@ -103,3 +104,67 @@ def test_two_domains_with_different_features_give_positive_penalties_and_gradien
     if name != "irm":
       assert float(f(W)) > 1e-6, name
     assert float(jnp.abs(jax.grad(f)(W)).max()) > 1e-6, name
+
+
+# ----------------------------------------------------------------- over a batch's domains (slots)
+
+def np_domain_rows(d, m, num_domains):
+  """`{e: real rows of domain e}` for the domains with one, by a loop over all domains."""
+  rows = {}
+  for k in range(len(d)):
+    if m[k]:
+      rows.setdefault(int(d[k]), []).append(k)
+  return {e: np.asarray(rows[e]) for e in range(num_domains) if e in rows}
+
+
+def np_slot_penalties(z, logits, y, rows):
+  """Float64 loops over the domains (the reference for the slot-based forms): the mean IRM
+  penalty over the present domains, and the mean CORAL and MMD over the pairs of present
+  domains (`rows` from `np_domain_rows`)."""
+  present = sorted(rows)
+  irm = np.mean([np_irm(logits[rows[e]], y[rows[e]]) for e in present])
+  pairs = list(itertools.combinations(present, 2))
+  coral = np.mean([np_coral(z[rows[a]], z[rows[b]]) for a, b in pairs]) if pairs else 0.0
+  mmd = np.mean([np_mmd(z[rows[a]], z[rows[b]]) for a, b in pairs]) if pairs else 0.0
+  return np.array([irm, coral, mmd])
+
+
+@pytest.mark.parametrize("num_domains,domains", [(4, (0, 1, 3)), (5000, (4999, 17, 2500, 3)), (5000, (42,))])
+def test_slot_penalties_match_a_numpy_loop_over_domains(num_domains, domains):
+  """`irm_penalties` (mean over present slots), `mean_pairwise_coral` and `mean_pairwise_mmd`
+  over `domain_slots` equal the loop over every domain / pair of domains, with padding rows
+  (whose ids are real domains) and one single-row domain (no CORAL covariance term); and
+  their gradients equal central finite differences of the NumPy reference (IRM's is now
+  taken through `softmax(z) . z - z_y` instead of an inner `jax.grad`)."""
+  rng = np.random.default_rng(num_domains + len(domains))
+  n, k, dim = 15, 3, 4
+  d = np.r_[np.asarray(domains)[rng.integers(0, len(domains), n - 3)], domains[0], domains[-1], domains[0]]
+  if len(domains) > 1:
+    d[0] = 2 if num_domains == 4 else 4321  # a single-row domain
+  m = np.r_[np.ones(n - 2), 0, 0] > 0
+  z, logits = rng.normal(size=(n, dim)), rng.normal(size=(n, k)) * 2
+  y = rng.integers(0, k, n)
+  with jax.enable_x64(True):
+    slot, ids = domain_slots(jnp.asarray(d), jnp.asarray(m, jnp.float64), num_domains)
+    size, mask = ids.shape[0], jnp.asarray(m, jnp.float64)
+    present = np.isin(np.arange(size), np.asarray(slot)[m])
+
+    def irm(lg):
+      return jnp.sum(irm_penalties(lg, jnp.asarray(y), slot, mask, size) * present) / present.sum()
+    f = {0: irm, 1: lambda zz: mean_pairwise_coral(zz, slot, mask, size),
+         2: lambda zz: mean_pairwise_mmd(zz, slot, mask, size)}
+    rows = np_domain_rows(d, m, num_domains)
+    want = np_slot_penalties(z, logits, y, rows)
+    for i, fn in f.items():
+      arg = logits if i == 0 else z
+      value, grad = jax.jit(jax.value_and_grad(fn))(jnp.asarray(arg))
+      np.testing.assert_allclose(float(value), want[i], rtol=1e-9, atol=1e-13, err_msg=str(i))
+      fd = np.zeros_like(arg)
+      for idx in np.ndindex(*arg.shape):
+        e = np.zeros_like(arg)
+        e[idx] = 1e-6
+        ref = lambda a: np_slot_penalties(a if i else z, a if i == 0 else logits, y, rows)[i]
+        fd[idx] = (ref(arg + e) - ref(arg - e)) / 2e-6
+      np.testing.assert_allclose(np.asarray(grad), fd, rtol=1e-5, atol=1e-8, err_msg=str(i))
+  if len(domains) > 1:
+    assert np.all(np.abs(want) > 1e-6)  # none trivially zero

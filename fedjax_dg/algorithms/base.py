@@ -31,6 +31,7 @@ import optax
 
 from fedjax_dg.data.augment import to_float
 from fedjax_dg.data.store import minibatch_reader
+from fedjax_dg.objectives import domain_slots, slot_mask
 
 
 class ClientData(NamedTuple):
@@ -238,6 +239,16 @@ def example_view(batch: "Batch", *outputs):
   """`(batch', outputs')`: `tokens_as_examples` on a batch (its `x` is left as it is)."""
   y, mask, outputs, domain = tokens_as_examples(batch.y, batch.mask, *outputs, domain=batch.domain)
   return batch._replace(y=y, mask=mask, domain=domain), outputs
+
+
+def slot_view(batch: "Batch", num_domains: int):
+  """`(batch', S)`: the batch with each row's domain id replaced by its slot among the
+  domains present (`objectives.domain_slots`, ascending id, `S = min(B, num_domains)`), for
+  the per-batch penalties, which then cost O(B) whatever `num_domains` is. Rows whose id
+  is outside `0..num_domains - 1` get mask 0 (the per-domain sums always ignored them).
+  Apply it before `example_view`: the slots are the rows', repeated over their tokens."""
+  slot, ids = domain_slots(batch.domain, batch.mask, num_domains)
+  return batch._replace(domain=slot, mask=slot_mask(batch.domain, batch.mask, num_domains)), ids.shape[0]
 
 
 def masked_cross_entropy(logits, labels, mask):
