@@ -51,6 +51,8 @@ def _args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--workloads", default="cnn,mlp")
   p.add_argument("--strategies", default="vmap,chunked,sequential,host_loop")
+  p.add_argument("--cnn-strategies", default=None, help="the cnn workload's strategies (default: --strategies)")
+  p.add_argument("--mlp-strategies", default=None, help="the mlp workload's strategies (default: --strategies)")
   p.add_argument("--chunk-size", type=int, default=0, help="chunked strategy; 0: min(10, max(2, C // 2))")
   p.add_argument("--cnn-clients", type=int, default=100, help="clients in the cnn workload (issue: 100)")
   p.add_argument("--mlp-clients", type=int, default=1000, help="clients in the mlp workload (issue: 1000)")
@@ -154,7 +156,7 @@ def run(args):
     sched = make_schedule(B, K, 1, n, n, unroll=unroll)
     alg = fedavg(model, sched, optax.sgd(0.01), optax.sgd(1.0))
     results = {}
-    for strategy in args.strategies.split(","):
+    for strategy in (getattr(args, f"{wname}_strategies") or args.strategies).split(","):
       chunk = args.chunk_size or min(10, max(2, C // 2))
       rf = make_round(alg, C, C, strategy, chunk_size=chunk)
       state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
@@ -215,6 +217,8 @@ def main(argv=None):
   records, rate, peers = run(args)
   if args.also_host_devices > 1:
     cmd = [sys.executable, os.path.abspath(__file__), "--workloads", args.workloads, "--strategies", args.strategies,
+           "--cnn-strategies", args.cnn_strategies or args.strategies,
+           "--mlp-strategies", args.mlp_strategies or args.strategies,
            "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats),
            "--cnn-clients", str(args.cnn_clients), "--mlp-clients", str(args.mlp_clients),
            "--host-devices", str(args.also_host_devices), "--out", "/tmp/_round_speed_multi.json"]
