@@ -18,10 +18,10 @@ demo: $(STAMP)
 
 # Tests run in parallel processes (pytest-xdist), one per core, at most 4.
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 -m slow
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m slow
 
 bench: $(STAMP)
 	$(PY) benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json

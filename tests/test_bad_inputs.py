@@ -40,6 +40,10 @@ import pytest
 
 import helpers
 
+# One xdist worker runs this module (`make test` passes `--dist loadgroup`), so each case runs
+# once: the per-case tests and the table test share `_RESULTS`.
+pytestmark = pytest.mark.xdist_group("bad_inputs")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "bad_inputs.md")
 REGENERATE = "REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py"
