@@ -93,7 +93,14 @@ def test_minibatch_sgd_is_gradient_descent_on_equal_clients():
   assert tree_max_diff(state.server.params, p) < 1e-5
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+# The slowest learners run with -m slow; each also has its own tests by default (FedADG's
+# test_lowers_the_training_loss_on_the_embedded_dataset, Mixup's and FedDG's NumPy checks,
+# FedSR and FedOMG each learning alone).
+SLOW_LEARNERS = ("fedadg", "mixup", "feddg", "fedsr+omg")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LEARNERS else n
+                                  for n in ALGORITHMS])
 def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, name):
   tiny_config.algorithm.name = name
   tiny_config.num_rounds = 8
