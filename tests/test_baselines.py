@@ -258,7 +258,7 @@ def test_fish_step_matches_numpy_sequential_domain_steps(num_domains, domains):
   b = _batch(seed=6, domains=domains)
   lr, meta = 0.3, 0.4
   step = fish_step(model, optax.sgd(lr), meta, num_domains)
-  got, _ = jax.jit(lambda p, bb: step(p, bb, None))(params, b)
+  (got, _), _ = jax.jit(lambda p, bb: step((p, optax.sgd(lr).init(p)), bb, None))(params, b)
   W, c = _linear(params)
   Wt, ct = W.copy(), c.copy()
   x, y, d, m = np.asarray(b.x, np.float64), np.asarray(b.y), np.asarray(b.domain), np.asarray(b.mask) > 0
@@ -271,7 +271,7 @@ def test_fish_step_matches_numpy_sequential_domain_steps(num_domains, domains):
   gW, gc = _linear(got)
   np.testing.assert_allclose(gW, W + meta * (Wt - W), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(gc, c + meta * (ct - c), rtol=1e-5, atol=1e-6)
-  assert _max_size(jax.make_jaxpr(lambda p: step(p, b, None))(params).jaxpr) < 64 * 3
+  assert _max_size(jax.make_jaxpr(lambda p: step((p, optax.sgd(lr).init(p)), b, None))(params).jaxpr) < 64 * 3
 
 
 def _project_numpy(v):

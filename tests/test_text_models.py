@@ -365,7 +365,7 @@ def _token_values_jax(model, params, batch, which):
   if "afl" in which:
     out["afl"] = afl.afl_objective(model, 2)(jnp.array([0.3, 0.7]))(params, batch, rng)[0]
   if "fish" in which:
-    theta, out["fish"] = fish.fish_step(model, optax.sgd(0.1), 0.5, 2)(params, batch, rng)
+    (theta, _), out["fish"] = fish.fish_step(model, optax.sgd(0.1), 0.5, 2)((params, optax.sgd(0.1).init(params)), batch, rng)
     out["fish_wte"] = theta["classifier"]["wte"]
   if "fediir" in which:
     out["fediir"] = iir_penalty(model, params, batch, jax.tree.map(jnp.zeros_like, params["classifier"]))[0]

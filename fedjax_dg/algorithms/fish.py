@@ -2,13 +2,18 @@
 
 At every local step, on the minibatch of each domain present in the client's batch:
 
-  theta~ <- theta;  for e in the present domains, in order: one step of a fresh inner
+  theta~ <- theta;  for e in the present domains, in order: one step of the inner
   optimizer on R_e(theta~);  theta <- theta + meta_lr (theta~ - theta)
 
-As in DomainBed the inner optimizer (the configured client optimizer) is re-initialised at
-every step. On a single-domain client this is one inner step scaled by `meta_lr`, i.e. ERM
-with step size `meta_lr * lr` (the collapse to ERM of Bai et al., with a smaller step).
-The server is FedAvg's (any server rule).
+The inner optimizer (the configured client optimizer) keeps its state across the local
+steps, as DomainBed's `domainbed/algorithms.py: Fish`: `update` saves
+`optimizer_inner_state` after its inner steps and the next `create_clone` reloads it into
+the fresh inner optimizer, so Adam's moments and step count run on from step to step while
+the inner parameters restart from `theta`. Seed 001's code (FedDG_Benchmark's `Fish`) keeps
+that state for the client's local round; here it starts fresh at every round, as every
+method's local optimizer. On a single-domain client with plain SGD a step is one inner step
+scaled by `meta_lr`, i.e. ERM with step size `meta_lr * lr` (the collapse to ERM of Bai et
+al., with a smaller step). The server is FedAvg's (any server rule).
 
 The inner steps run over the batch's slots (`base.slot_view`: the present domains
 renumbered 0..S-1 in ascending id, S = min(B, D)), not over all D domains of the dataset:
@@ -30,15 +35,18 @@ from fedjax_dg.algorithms.spec import Choice, ClientSide, MethodSpec, compose, h
 
 
 def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
-  """`step_fn(theta, batch, rng) -> (theta, loss)` for `local_loop`."""
+  """`step_fn((theta, inner_state), batch, rng) -> ((theta, inner_state), loss)` for
+  `local_loop`; `inner_state` is the inner optimizer's state, carried from step to step
+  (DomainBed's `optimizer_inner_state`)."""
   def domain_loss(params, batch, e):
     batch, (logits,) = example_view(batch, model.apply(params, batch.x))  # per-token labels: tokens
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.y)
     m = batch.mask * (batch.domain == e)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
-  def step_fn(theta, batch: Batch, rng):
+  def step_fn(carry, batch: Batch, rng):
     del rng
+    theta, inner_state = carry
     batch, size = slot_view(batch, num_domains)  # present domains as slots 0..S-1, ascending id
 
     def inner(carry, e):
@@ -48,10 +56,9 @@ def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, nu
       present = jnp.sum(batch.mask * (batch.domain == e)) > 0
       return tree_where(present, (optax.apply_updates(p, updates), st_new), (p, st)), (loss * present, present)
 
-    (theta_inner, _), (losses, present) = jax.lax.scan(inner, (theta, inner_opt.init(theta)),
-                                                       jnp.arange(size))
+    (theta_inner, inner_state), (losses, present) = jax.lax.scan(inner, (theta, inner_state), jnp.arange(size))
     theta = jax.tree.map(lambda t, ti: t + meta_lr * (ti - t), theta, theta_inner)
-    return theta, jnp.sum(losses) / jnp.maximum(jnp.sum(present), 1.0)
+    return (theta, inner_state), jnp.sum(losses) / jnp.maximum(jnp.sum(present), 1.0)
   return step_fn
 
 
@@ -60,7 +67,7 @@ def fish_client(model, sched: LocalSchedule, inner_opt: optax.GradientTransforma
   step_fn = fish_step(model, inner_opt, meta_lr, num_domains)
 
   def update(global_params, extra, client_state, data, rng):
-    params, loss = local_loop(global_params, step_fn, data, rng, sched)
+    (params, _), loss = local_loop((global_params, inner_opt.init(global_params)), step_fn, data, rng, sched)
     return send(params, global_params, client_state, {"train_loss": loss})
   return ClientSide(update)
 
