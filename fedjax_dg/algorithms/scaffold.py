@@ -1,23 +1,30 @@
-"""SCAFFOLD (Karimireddy et al. 2020), option II.
+"""SCAFFOLD (Karimireddy et al. 2020), option II; a non-SGD local optimizer takes the mean
+raw minibatch gradient as its control.
 
 Server control `c`, client controls `c_i` (persistent client state, zero-initialised).
 Local step: `theta_c <- theta_c - eta_l (grad R_c - c_i + c)`.
 After the client's `K_c` local steps (the steps that touched data, so a smaller client in
-epoch mode uses its own K): `c_i+ = c_i - c + (theta - theta_c) / (K_c eta_l)`.
-Server: `theta <- theta + eta_g mean_c Delta_c` (FedAvg's rule, or any other), and
-`c <- c + (|S| / C) mean_c (c_i+ - c_i)`, means uniform over the cohort, as in the paper's Alg. 1.
-Option II assumes plain SGD locally; with `client.optimizer = "sgd"` the local optimizer is
+epoch mode uses its own K): `c_i+ = c_i - c + (theta - theta_c) / (K_c eta_l)` (option II,
+the paper's eq. (4) and Alg. 1). Server: `theta <- theta + eta_g mean_c Delta_c` (FedAvg's
+rule, or any other), and `c <- c + (|S| / C) mean_c (c_i+ - c_i)`, means uniform over the
+cohort, as in the paper's Alg. 1. With `client.optimizer = "sgd"` the local optimizer is
 `sgd(eta_l)` without momentum, exactly the paper's.
 
-Deviation, for seed 001's benchmark (App. D: Adam is every method's local optimizer, and
-Table 7 gives SCAFFOLD an Adam learning rate): with `client.optimizer = "adam"` the
-corrected gradient `grad R_c - c_i + c` is what Adam reads at each step, and the control
-update keeps option II's formula `(theta - theta_c) / (K_c eta_l)`. Under Adam that quotient
-is the mean of Adam's normalised steps over the round, not the mean gradient that option II
-estimates, so `c_i` tracks the client's mean update direction (unit-free, of order one per
-coordinate) instead of its gradient, and SCAFFOLD's drift-correction analysis (which needs
-SGD steps) no longer applies. Adam's moments restart every round (as every method's local
-optimizer here). `client.momentum > 0` stays refused.
+With another local optimizer (`client.optimizer = "adam"`: seed 001's App. D makes Adam
+every method's local optimizer, and its Table 7 gives SCAFFOLD an Adam learning rate), Adam
+reads the corrected gradient `grad R_c - c_i + c` at each step, and the control becomes the
+mean raw minibatch gradient of the round,
+  `c_i+ = (1 / K_c) sum_k grad R_c(theta_c^k; zeta_k)`
+(the gradients before correction, at the local iterates). Under plain SGD this is option II
+exactly (`theta - theta_c = eta_l sum_k (g_k - c_i + c)`, so option II's quotient is
+`mean_k g_k - c_i + c`); under Adam option II's quotient would measure the mean *Adam step*
+(of order one per coordinate, whatever the gradient's scale) and add it to raw gradients,
+so the correction `c - c_i` would swamp the data's gradient (after one round
+`||c - c_i|| / ||grad R_c||` is several times the SGD value: tests/test_scaffold_adam.py).
+The mean gradient keeps `c` and `c_i` in gradient units, the quantity SCAFFOLD's drift
+correction subtracts. Adam's moments restart every round (as every method's local
+optimizer here). `client.momentum > 0` stays refused. (Option I, a full-pass gradient at the
+global model, would cost one more pass over the data.)
 """
 from __future__ import annotations
 
@@ -27,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, erm_objective, local_train, real_steps
+from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, erm_objective, local_loop, local_train,
+                                       real_steps)
 from fedjax_dg.algorithms.fedavg import optax_rule
 from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, compose, send
 
@@ -36,19 +44,44 @@ class Side(NamedTuple):
   control: object  # c
 
 
+CONTROLS = ("option2", "gradient")
+
+
+def corrected_step(objective, optimizer, correction):
+  """`step_fn` for `local_loop` on carry `(params, opt_state, gradient_sum)`: the optimizer
+  reads `correction(g)`, the sum collects the raw minibatch gradients `g`."""
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def step_fn(carry, batch, rng):
+    p, opt_state, g_sum = carry
+    (loss, _), g = grad_fn(p, batch, rng)
+    updates, opt_state = optimizer.update(correction(g), opt_state, p)
+    return (optax.apply_updates(p, updates), opt_state, jax.tree.map(jnp.add, g_sum, g)), loss
+  return step_fn
+
+
 def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: int, num_clients: int,
-                    client_opt: optax.GradientTransformation | None = None) -> ClientSide:
-  """`client_opt`: the local optimizer (default `sgd(local_lr)`, option II); `local_lr` is its
-  step size, used in the control update."""
+                    client_opt: optax.GradientTransformation | None = None, control: str = "option2") -> ClientSide:
+  """`client_opt`: the local optimizer (default `sgd(local_lr)`); `local_lr` is its step size.
+  `control`: `"option2"` (`c_i - c + (theta - theta_c) / (K_c eta_l)`, plain SGD) or
+  `"gradient"` (the round's mean raw minibatch gradient, for Adam)."""
+  if control not in CONTROLS:
+    raise ValueError(f"scaffold control: unknown {control!r}; choose one of {CONTROLS}")
   objective = erm_objective(model)
   client_opt = client_opt if client_opt is not None else optax.sgd(local_lr)
   zeros = lambda p: jax.tree.map(jnp.zeros_like, p)
 
   def update(params0, c, c_i, data, rng):
     correction = lambda g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
-    params, loss = local_train(params0, objective, client_opt, data, rng, sched, grad_correction=correction)
     k = jnp.maximum(real_steps(data.count, sched, data.work), 1).astype(jnp.float32)
-    c_new = jax.tree.map(lambda ci, cc, p0, p: ci - cc + (p0 - p) / (k * local_lr), c_i, c, params0, params)
+    if control == "option2":
+      params, loss = local_train(params0, objective, client_opt, data, rng, sched, grad_correction=correction)
+      c_new = jax.tree.map(lambda ci, cc, p0, p: ci - cc + (p0 - p) / (k * local_lr), c_i, c, params0, params)
+    else:
+      carry = (params0, client_opt.init(params0), zeros(params0))
+      (params, _, g_sum), loss = local_loop(carry, corrected_step(objective, client_opt, correction), data, rng,
+                                            sched)
+      c_new = jax.tree.map(lambda g: g / k, g_sum)
     dc = jax.tree.map(lambda a, b: a - b, c_new, c_i)
     return send(params, params0, c_new, {"train_loss": loss}, side=dc)
 
@@ -60,8 +93,9 @@ def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: i
 
 
 def scaffold(model, sched: LocalSchedule, local_lr: float, server_lr: float,
-             cohort_size: int, num_clients: int, client_opt: optax.GradientTransformation | None = None) -> Algorithm:
-  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients, client_opt),
+             cohort_size: int, num_clients: int, client_opt: optax.GradientTransformation | None = None,
+             control: str = "option2") -> Algorithm:
+  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients, client_opt, control),
                  optax_rule(optax.sgd(server_lr)))
 
 
@@ -75,7 +109,8 @@ def _check(config, hp):
 
 
 SPEC = MethodSpec(
-    "scaffold", "Karimireddy et al. 2020 (option II)",
+    "scaffold", "Karimireddy et al. 2020 (option II; mean gradient with Adam)",
     lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.config.client.lr, ctx.cohort_size, ctx.num_clients,
-                                    ctx.client_opt),
+                                    ctx.client_opt,
+                                    "option2" if ctx.config.client.optimizer == "sgd" else "gradient"),
     sends=("control-variate update",), receives=("server control variate",), check=_check)
