@@ -88,9 +88,9 @@ def setup(config, fold: splits.Fold):
   _check_finite(fold)
   parts = partition_clients(config, fold, num_clients)
   tune_packed = None
-  if spec.tune_fraction:  # each client holds out a tuning split (FedLOE's stage 2)
-    hp = algorithms.hparams_of(config, spec)
-    parts, tune_parts = _split_tuning(parts, spec.tune_fraction(hp), config.seed, f"algorithm.{spec.key}")
+  fraction = spec.tune_fraction(algorithms.hparams_of(config, spec)) if spec.tune_fraction else 0.0
+  if fraction > 0:  # each client holds out a tuning split (FedLOE's stage 2, FedGA's gap split)
+    parts, tune_parts = _split_tuning(parts, fraction, config.seed, f"algorithm.{spec.key}")
     tune_packed = store_lib.pack_clients(fold.train, tune_parts)
   if config.engine.get("host_store", False):  # inputs stay in host memory (data larger than the device)
     from fedjax_dg.data.host_store import pack_clients_host

@@ -179,16 +179,17 @@ def test_feddim_config_values():
     assert SPEC.setup_bytes(ctx, hp) == 6 * 3 * (size + 1) * 4
 
 
-def _refine_weight_dict_by_ga(weight_dict, before, after, step_size):
+def _refine_weight_dict_by_ga(weight_dict, before, after, step_size, fair_metric="loss"):
   """NumPy transcription of FedDG-GA's `utils/weight_adjust.py: refine_weight_dict_by_GA`
-  with `fair_metric='loss'` and the step scaled by `1 / len(weight_dict)` (Bai et al.'s port;
-  `1/3` for the authors' three training domains), then `weight_clip`."""
+  (`signal` -1 for `acc`, +1 for `loss`) with the step scaled by `1 / len(weight_dict)`
+  (Bai et al.'s port; `1/3` for the authors' three training domains), then `weight_clip`."""
+  signal = {"acc": -1.0, "loss": 1.0}[fair_metric]
   weight_dict = dict(weight_dict)
   value_list = np.array([after[k] - before[k] for k in before], np.float64)
   step_size = 1 / len(weight_dict) * step_size
   norm_gap_list = value_list / np.max(np.abs(value_list))
   for i, k in enumerate(before):
-    weight_dict[k] += 1.0 * norm_gap_list[i] * step_size
+    weight_dict[k] += signal * norm_gap_list[i] * step_size
   total = 0.0
   for k in weight_dict:
     weight_dict[k] = np.clip(weight_dict[k], 0.0, 1.0)
@@ -213,41 +214,55 @@ def test_ga_weights_match_the_reference_code():
   np.testing.assert_allclose(np.asarray(got_pad), np.asarray(got), rtol=1e-6)
 
 
-def test_fedga_round_matches_the_reference_loop():
-  """One FedGA round: aggregation with uniform weights, then the weights from the gaps of the
-  new global model against each trained local model (losses in float64 NumPy)."""
+def _np_metric(p, x, y, fair):
+  """float64 NumPy: the mean cross-entropy or the accuracy of a linear model on `(x, y)`."""
+  W, b = (np.asarray(p["classifier"]["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
+  z = np.asarray(x, np.float64) @ W + b
+  if fair == "acc":
+    return float(np.mean(np.argmax(z, 1) == y))
+  z = z - z.max(1, keepdims=True)
+  return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y]))
+
+
+@pytest.mark.parametrize("fair,held", [(None, False), ("loss", True),
+                                       pytest.param("loss", False, marks=pytest.mark.slow),
+                                       pytest.param("acc", True, marks=pytest.mark.slow)])
+def test_fedga_rounds_match_the_authors_loop(fair, held):
+  """Three FedGA rounds against the authors' `train_pacs_GA.py: main` loop: aggregation with
+  the current weights, the gaps of the new global model against each trained local model
+  (float64 NumPy, in accuracy or loss, on the training rows or a held-out split), and
+  `refine_weight_dict_by_GA` with the step `d - (i - 1) d / T` of round `i = 0, 1, 2`.
+  `fair=None`: the defaults (the authors' `--fair acc`)."""
   from fedjax_dg.algorithms.fedavg import erm, local_update
   from fedjax_dg.algorithms.base import ClientData
   st = ragged_store()
-  C = len(st.counts)
+  gap = ragged_store(sizes=(8, 6, 9, 7, 5, 8), seed=4) if held else None
+  C, R, T, d, lr = len(st.counts), 3, 10, 0.2, 0.5
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=3, batch_size=4, epochs=1, passes=1, unroll=1)
-  T, d = 10, 0.2
-  alg = fedga(model, sched, optax.sgd(0.5), C, T, step_size=d)
-  state = run_from(alg, params, st, C, C, 1)
-  # the reference: local models from the FedAvg client with the engine's per-client keys
-  update = local_update(erm(model), optax.sgd(0.5), sched)
-  k_clients = jax.random.split(jax.random.PRNGKey(0))[1]
-
-  def np_loss(p, c):
-    n = int(st.counts[c])
-    W, b = (np.asarray(p["classifier"]["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
-    z = np.asarray(st.x[c, :n], np.float64) @ W + b
-    z = z - z.max(1, keepdims=True)
-    return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(n), st.y[c, :n]]))
-
-  locals_ = []
-  for c in range(C):
-    data = ClientData(*(jnp.asarray(a[c]) for a in (st.x, st.y, st.domain, st.counts)), client_id=c)
-    out = update(params, (), data, jax.random.fold_in(k_clients, c))
-    locals_.append(jax.tree.map(lambda p, dl: p + dl, params, out.message))
-  new_global = jax.tree.map(lambda *ps: sum(ps) / C, *locals_)
-  assert tree_max_diff(state.server.params, new_global) < 1e-5
-  before = {c: np_loss(locals_[c], c) for c in range(C)}
-  after = {c: np_loss(new_global, c) for c in range(C)}
-  want = _refine_weight_dict_by_ga({c: 1 / C for c in range(C)}, before, after, d * (1 - 0 / T))
-  np.testing.assert_allclose(np.asarray(state.server.weights), [want[c] for c in range(C)], rtol=1e-4, atol=1e-6)
+  kw = {} if fair is None else {"fair": fair}
+  alg = fedga(model, sched, optax.sgd(lr), C, T, step_size=d, **kw) if gap is None else \
+      fedga(model, sched, optax.sgd(lr), C, T, step_size=d, gap_store=gap, **kw)
+  state = run_from(alg, params, st, C, C, R)
+  fair = fair or "acc"
+  update = jax.jit(local_update(erm(model), optax.sgd(lr), sched))
+  src = gap if held else st
+  split = lambda c: (src.x[c, :int(src.counts[c])], src.y[c, :int(src.counts[c])])
+  weights, theta = {c: 1 / C for c in range(C)}, params
+  for i in range(R):
+    k_clients = jax.random.split(jax.random.PRNGKey(i))[1]
+    locals_ = []
+    for c in range(C):
+      data = ClientData(*(jnp.asarray(a[c]) for a in (st.x, st.y, st.domain, st.counts)), client_id=c)
+      out = update(theta, (), data, jax.random.fold_in(k_clients, c))
+      locals_.append(jax.tree.map(lambda p, dl: p + dl, theta, out.message))
+    theta = jax.tree.map(lambda *ps: sum(weights[c] * p for c, p in enumerate(ps)), *locals_)   # FedAvg(weight_dict)
+    before = {c: _np_metric(locals_[c], *split(c), fair) for c in range(C)}
+    after = {c: _np_metric(theta, *split(c), fair) for c in range(C)}
+    weights = _refine_weight_dict_by_ga(weights, before, after, d - (i - 1) * d / T, fair)
+  assert tree_max_diff(state.server.params, theta) < 1e-5
+  np.testing.assert_allclose(np.asarray(state.server.weights), [weights[c] for c in range(C)], rtol=1e-4, atol=1e-6)
 
 
 def test_fedga_zero_step_is_uniform_fedavg():
