@@ -148,3 +148,66 @@ def test_stage2_on_uint8_images_equals_its_float_copy():
                                          jax.random.PRNGKey(1))
     res.append(s.server)
   assert tree_max_diff(res[0], res[1]) < 1e-5
+
+
+def _np_ce_and_grad(z, y):
+  """Mean softmax cross-entropy of logits `z` and its gradient in `z`."""
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  onehot = np.eye(z.shape[1])[y]
+  return float(np.mean(-np.log(p[onehot > 0]))), (p - onehot) / len(y)
+
+
+def _np_stage2(st, tune, W, b, syncs, head_steps, head_lr, solver_steps, solver_lr):
+  """Alg. 1's stage 2 in float64 NumPy, features frozen (the identity here): at each sync
+  every client runs `head_steps` full-batch gradient steps on its head from the broadcast
+  head (the stage-1 head, then eq. (12)'s combination), the server solves eq. (11) without
+  penalty by Adam from uniform `phi` (data-size weights), and every head becomes
+  `sum_c phi_c psi_c` (eq. 12)."""
+  C = len(st.counts)
+  psi = (W.copy(), b.copy())
+  for _ in range(syncs):
+    heads = []
+    for c in range(C):                                      # 2.1: from the broadcast head
+      n = int(st.counts[c])
+      x, y = st.x[c, :n].astype(np.float64), st.y[c, :n]
+      Wc, bc = psi[0].copy(), psi[1].copy()
+      for _ in range(head_steps):
+        _, gz = _np_ce_and_grad(x @ Wc + bc, y)
+        Wc, bc = Wc - head_lr * x.T @ gz, bc - head_lr * gz.sum(0)
+      heads.append((Wc, bc))
+    tunes = [(tune.x[m, :int(tune.counts[m])].astype(np.float64), tune.y[m, :int(tune.counts[m])])
+             for m in range(C)]
+    yhat = [np.stack([x @ h[0] + h[1] for h in heads], 1) for x, _ in tunes]   # [n, C, K] per client
+    p = np.array([len(y) for _, y in tunes], np.float64)
+    p /= p.sum()
+    phi, m1, m2 = np.full(C, 1.0 / C), np.zeros(C), np.zeros(C)
+    for t in range(1, solver_steps + 1):                    # eq. (11) by Adam (optax defaults)
+      g = sum(p[m] * np.einsum("nk,nck->c", _np_ce_and_grad(np.einsum("c,nck->nk", phi, yhat[m]), tunes[m][1])[1],
+                               yhat[m]) for m in range(C))
+      m1, m2 = 0.9 * m1 + 0.1 * g, 0.999 * m2 + 0.001 * g ** 2
+      phi = phi - solver_lr * (m1 / (1 - 0.9 ** t)) / (np.sqrt(m2 / (1 - 0.999 ** t)) + 1e-8)
+    psi = (sum(f * h[0] for f, h in zip(phi, heads)), sum(f * h[1] for f, h in zip(phi, heads)))   # eq. (12)
+  return psi, phi
+
+
+def test_stage2_clients_continue_from_the_combined_head_over_two_syncs():
+  """Eq. (12) over two synchronisations: the mixing weights and the combined head against a
+  float64 transcription, where every client starts the second sync from the first sync's
+  combined head (not from its own previous head)."""
+  from helpers import run_from
+  st = ragged_store(sizes=(8, 6, 9))
+  tune = ragged_store(sizes=(5, 4, 6), seed=1)
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  n_max, steps, lr, solver_steps, solver_lr = st.x.shape[1], 3, 0.5, 30, 0.1
+  sched = LocalSchedule(num_steps=steps, batch_size=n_max, epochs=steps, passes=steps, unroll=1)  # full batches
+  alg = stage2(model, sched, optax.sgd(lr), tune, "none", 0.0, 3, solver_steps=solver_steps, solver_lr=solver_lr)
+  state = run_from(alg, params, st, 3, 3, 2)
+  dense = params["classifier"]["Dense_0"]
+  (W, b), phi = _np_stage2(st, tune, np.asarray(dense["kernel"], np.float64), np.asarray(dense["bias"], np.float64),
+                           2, steps, lr, solver_steps, solver_lr)
+  np.testing.assert_allclose(np.asarray(state.server.phi, np.float64), phi, rtol=1e-4, atol=1e-5)
+  got = state.server.params["classifier"]["Dense_0"]
+  np.testing.assert_allclose(np.asarray(got["kernel"], np.float64), W, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got["bias"], np.float64), b, rtol=1e-4, atol=1e-5)

@@ -7,9 +7,11 @@ for `|T1_sync|` rounds ("Our FedAvg" of Tables 2-4 is this stage alone).
 Stage 2 (App. C, Alg. 1, eq. 12), with the featurizer `g_theta` frozen, one engine round per
 synchronisation, `|T2_sync|` rounds (Table 5: 4 syncs of 8 iterations in all, i.e. 2 local
 iterations per sync, SGD lr 0.05, weight decay 5e-4):
-  2.1 (update phase) every client trains only its own linear head `psi_c` (client state,
-      starting from the stage-1 head) for `head_steps` SGD iterations on its training split
-      and sends it;
+  2.1 (update phase) every client trains its linear head `psi_c` for `head_steps` SGD
+      iterations on its training split, starting from the broadcast head (the stage-1
+      head in the first round, the combined head `psi` of the last synchronisation after
+      that: eq. (12), `psi_c^t = sum_c' phi_c'^t psi_c'^{t-1}` at every `t in T_2`, and
+      Alg. 1's `Server -> Client: psi^t`), and sends it;
   2.2 (post-round report) every client `c'` computes the logits of every head on its tuning
       split (10% of its data), `yhat_{c', c} = g(x_{c'}^tune) psi_c`, and sends them with
       labels; the server solves eq. (11)
@@ -135,8 +137,8 @@ def combine_heads(phi, heads):
 
 def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, tune_store, kind: str, lam: float,
            num_clients: int, solver_steps: int = 200, solver_lr: float = 0.05, meta_lr: float = 0.05) -> Algorithm:
-  """Stage 2 as an engine algorithm: heads trained in the update phase (client state), the
-  invariant manager fed by the post-round report of tuning-split logits."""
+  """Stage 2 as an engine algorithm: heads trained in the update phase from the broadcast
+  combined head, the invariant manager fed by the post-round report of tuning-split logits."""
   if kind not in PENALTIES:
     raise ValueError(f"algorithm.fedloe.penalty: unknown {kind!r}; choose one of {PENALTIES}")
   tune = jax.tree.map(jnp.asarray, tune_store)
@@ -152,10 +154,10 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
     heads = jax.tree.map(lambda h: jnp.broadcast_to(h, (num_clients,) + h.shape).copy(), params["classifier"])
     return Stage2State(params, heads, jnp.full((num_clients,), 1.0 / num_clients), jnp.asarray(0, jnp.int32))
 
-  def client_update(b, psi, data, rng):                                          # 2.1
+  def client_update(b, client_state, data, rng):                                 # 2.1, from psi: eq. (12)
     params, _ = b
-    psi, loss = local_train(psi, head_objective(params), head_opt, data, rng, sched)
-    return ClientOutput((psi, data.client_id), psi, {"train_loss": loss})
+    psi, loss = local_train(params["classifier"], head_objective(params), head_opt, data, rng, sched)
+    return ClientOutput((psi, data.client_id), client_state, {"train_loss": loss})
 
   def server_update(s: Stage2State, stacked) -> Stage2State:
     new, ids = stacked.messages
@@ -163,7 +165,7 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
     heads = jax.tree.map(lambda H, h: H.at[ids].set(h, mode="drop"), s.heads, new)
     return s._replace(heads=heads, round=s.round + 1)
 
-  def client_report(b, psi, data, rng):                                          # 2.2, clients
+  def client_report(b, client_state, data, rng):                                 # 2.2, clients
     params, heads = b
     c = data.client_id
     logits = client_logits(model, params, heads, tune.x[c])
@@ -176,7 +178,7 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
     return s._replace(params={**s.params, "classifier": combine_heads(phi, s.heads)}, phi=phi)
 
   return Algorithm(
-      name="fedloe_stage2", server_init=server_init, client_init=lambda params: params["classifier"],
+      name="fedloe_stage2", server_init=server_init, client_init=lambda params: (),
       broadcast=lambda s: (s.params, s.heads), client_update=client_update, server_update=server_update,
       params_of=lambda s: s.params, aggregation="stack", weighting="uniform", client_report=client_report,
       server_finish=server_finish, report_aggregation="stack")
