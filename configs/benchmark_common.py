@@ -98,7 +98,9 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   100 rounds of 5 local epochs ("5 local training rounds") of SGD, step 1e-3, batch 16.
   FedOMG's server: `eta_g` = 0.5 (shared/ALGORITHMS.md's reading of Sec. 5's global-lr study
   for PACS/VLCS; the table's "Global lr" entry is lost in our copy), searching radius
-  `kappa` = 0.5, solver step 25, solver momentum 0.5, 21 solver iterations (the table).
+  `kappa` = 0.5, solver step 25, solver momentum 0.5, 21 solver iterations (the table): the
+  authors' `utils/fed_merge.py: OMG` loop `for i in range(21)` evaluates the objective 21 times
+  and steps 20 times (`if i < 20`), i.e. `algorithm.omg.steps = 20` here.
   `fedsam+omg`: perturbation 0.6 (the table's "Perturbation control"). Not given by D.6: the
   head (linear here), SGD momentum (0 here), the validation split (10% here, as the seeds
   D.6 follows: Guo et al. 2023).
@@ -115,7 +117,7 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   c.algorithm.omg.kappa = 0.5            # seed 002 D.6 table: searching radius
   c.algorithm.omg.lr = 25.0              # seed 002 D.6 table: training lr (of the solver)
   c.algorithm.omg.momentum = 0.5         # seed 002 D.6 table: momentum
-  c.algorithm.omg.steps = 21             # seed 002 D.6 table: iteration
+  c.algorithm.omg.steps = 20             # seed 002 D.6 table's 21 iterations: the authors' range(21), 20 steps
   c.algorithm.fedsam.rho = 0.6           # seed 002 D.6 table: FedSAM+OMG perturbation control
   _rounds(c, num_rounds=100, checkpoint_every=10)  # seed 002 D.6
 

@@ -29,8 +29,9 @@ this in-domain validation (`data.lodo_validation = "in_domain"`).
 `fedomg` (`--config configs/pacs.py:fedomg`): Le et al. (seed 002) App. D.6 and its
 hyperparameter table (PACS column): ResNet-18, one client per training domain, 100 rounds
 of 5 local SGD epochs (step 1e-3, batch 16), `eta_g` 0.5, radius `kappa` 0.5, solver step 25,
-momentum 0.5, 21 iterations; `--config.algorithm.name=fedsam+omg` uses the table's
-perturbation 0.6 (`benchmark_common.fedomg_protocol` says what D.6 leaves open).
+momentum 0.5, 21 iterations (20 solver steps: the authors' loop evaluates 21 times);
+`--config.algorithm.name=fedsam+omg` uses the table's perturbation 0.6
+(`benchmark_common.fedomg_protocol` says what D.6 leaves open).
 
 `fedloe` (`--config configs/pacs.py:fedloe`): seed 000 App. D.3 and Table 5 (PACS): 5%
 validation and 5% in-domain test split off the three training domains, one client per

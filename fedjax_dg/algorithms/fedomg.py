@@ -8,7 +8,9 @@ clients' updates `G_i = p_i Delta_i` (flattened), `g0 = mean_i G_i`:
      `phi = mean(b)`, `c = kappa sqrt(phi + 1e-4)`;
   2. `Gamma = softmax(w)` minimising `F(w) = Gamma . b + c sqrt(Gamma^T M Gamma + 1e-4)`
      by `steps` of heavy-ball SGD from `w = 0`, keeping the best iterate (F evaluated at
-     the start and after every step);
+     the start and after every step). The authors' `utils/fed_merge.py: OMG` loops
+     `for i in range(21)`, evaluating F at every `i` and stepping while `i < 20`: 21
+     evaluations, 20 steps, i.e. `steps = 20` (the "21 iterations" of seed 002's table);
   3. `d = (g0 + c / sqrt(Gamma^T M Gamma + 1e-4) * g_Gamma) / (1 + kappa^2)`,
      `g_Gamma = sum_i Gamma_i G_i`; server: `theta <- theta + eta_g d`.
 
