@@ -55,6 +55,12 @@ def test_fedloe_pacs_is_seed_000_table_5():
   assert (f.head_lr, f.head_weight_decay, c.data.lodo_validation) == (0.05, 5e-4, "in_domain")
 
 
+def test_seed_001_table_7_fish_meta_step_on_femnist_and_text():
+  """Table 7's Fish meta-lr row: 0.1 on FEMNIST and CivilComments, 1 on Py150."""
+  for name, meta in (("femnist", 0.1), ("civilcomments", 0.1), ("py150", 1.0)):
+    assert _load(name).algorithm.fish.meta_lr == meta, name
+
+
 def test_seed_001_table_7_values():
   for name, irm, tau in (("pacs", 1000.0, 0.1), ("celeba", 1000.0, 0.1), ("camelyon17", 100.0, 0.4),
                          ("iwildcam", 10.0, 0.4)):
