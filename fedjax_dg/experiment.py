@@ -165,8 +165,8 @@ def _split_tuning(parts, fraction: float, seed: int, field: str):
   train, tune = [], []
   for c, idx in enumerate(parts):
     if len(idx) < 2:
-      raise config_lib.ConfigError(f"{field}.tune_fraction: client {c} has {len(idx)} example(s); "
-                                   "a tuning split needs at least 2 per client (one to train, one to tune)")
+      raise config_lib.ConfigError(f"{field}: client {c} has {len(idx)} example(s); a held-out tuning "
+                                   "split needs at least 2 per client (one to train, one to tune)")
     perm = rng.permutation(idx)
     k = min(len(idx) - 1, max(1, int(round(fraction * len(idx)))))
     tune.append(np.sort(perm[:k]))
