@@ -22,7 +22,9 @@ exactly (`theta - theta_c = eta_l sum_k (g_k - c_i + c)`, so option II's quotien
 so the correction `c - c_i` would swamp the data's gradient (after one round
 `||c - c_i|| / ||grad R_c||` is several times the SGD value: tests/test_scaffold_adam.py).
 The mean gradient keeps `c` and `c_i` in gradient units, the quantity SCAFFOLD's drift
-correction subtracts. Adam's moments restart every round (as every method's local
+correction subtracts. This deviates from seed 001's code (FedDG_Benchmark,
+`src/client.py: ScaffoldClient.fit`), which keeps option II's quotient under Adam (and
+divides by `local_epochs * lr`, not by the number of steps). Adam's moments restart every round (as every method's local
 optimizer here). `client.momentum > 0` stays refused. (Option I, a full-pass gradient at the
 global model, would cost one more pass over the data.)
 """
