@@ -16,8 +16,7 @@ PARTITIONS = ("heterogeneous", "dirichlet", "iid")
 OPTIMIZERS = ("sgd", "adam", "yogi")  # base.make_optimizer
 
 
-class ConfigError(ValueError):
-  """A config field holds a value outside its accepted range."""
+from fedjax_dg.errors import ConfigError  # noqa: F401  # raised here, caught by the CLI
 
 
 def _check(cond, msg):

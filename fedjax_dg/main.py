@@ -148,10 +148,30 @@ def _config_flag_error(e: Exception, argv: list[str]) -> str:
   return f"{head}no config field {bad!r}; did you mean {hint}?"
 
 
+def last_overrides(argv: list[str]) -> list[str]:
+  """`argv` with each dotted override (`--config.a.b=v`, `--config.a.b v`) kept only at its
+  last occurrence: ml_collections would concatenate a tuple field given twice
+  (`--config.model.hidden=(64,) --config.model.hidden=(32,)` -> (64, 32)) instead of replacing it."""
+  items, k = [], 0
+  while k < len(argv):
+    a = argv[k]
+    head = a.split("=", 1)[0]
+    dotted = k > 0 and a.startswith("--") and "." in head and not a.startswith("---")
+    if dotted and "=" not in a and k + 1 < len(argv) and not argv[k + 1].startswith("--"):
+      items.append((head, [a, argv[k + 1]]))
+      k += 2
+      continue
+    items.append((head if dotted else None, [a]))
+    k += 1
+  last = {h: n for n, (h, _) in enumerate(items) if h}
+  return [x for n, (h, group) in enumerate(items) if h is None or last[h] == n for x in group]
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag or config override as one line and exit status 2."""
+  """absl's flag parsing, with a bad flag or config override as one line and exit status 2;
+  an override given twice takes its last value."""
   try:
-    return flags.FLAGS(argv)
+    return flags.FLAGS(last_overrides(argv))
   except flags.Error as e:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   except (AttributeError, KeyError) as e:  # ml_collections: an unknown --config.<field>

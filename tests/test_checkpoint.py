@@ -19,6 +19,7 @@ import helpers
 
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import experiment
+from fedjax_dg import rundir
 from fedjax_dg.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +112,7 @@ def test_resume_compares_configs_and_fresh_run_refuses_checkpoints(reference, tm
   os.remove(os.path.join(workdir, "metrics.jsonl"))
   os.remove(os.path.join(workdir, "summary.json"))
   # Item 3: checkpoints and no metrics.jsonl: a fresh run is refused.
-  with pytest.raises(ConfigError, match=r"already holds checkpoints \(checkpoints/\)"):
+  with pytest.raises(ConfigError, match=r"already holds checkpoints \(checkpoints/, selected/\)"):
     experiment.train_and_evaluate(config, workdir)
   config.resume = True
   config.num_clients = 4
@@ -127,8 +128,8 @@ def test_resume_compares_configs_and_fresh_run_refuses_checkpoints(reference, tm
   # A field absent from the stored config counts only away from its default.
   stored = json.load(open(os.path.join(workdir, "config.json")))
   del stored["config"]["eval_every"], stored["config"]["client"]["weight_decay"]
-  diff = ckpt_lib.config_differences(stored["config"], reference[0], multi_stage=False)
-  from fedjax_dg.bench.sweep import library_defaults
+  diff = rundir.config_differences(stored["config"], reference[0], multi_stage=False)
+  library_defaults = rundir.library_defaults
   defaults = library_defaults()
   assert defaults["client.weight_decay"] == reference[0].client.weight_decay
   assert diff == [f"eval_every: {defaults['eval_every']} in the run, 2 now"], diff
