@@ -337,9 +337,9 @@ def _(tmp):
 @case(2, "resume with another config", "a run of `P` with `num_clients=8` stopped after its first evaluation, "
       "resumed as `P --config.resume=True` (4 clients)", "num_clients: 8 in the run, 4 now")
 def _(tmp):
-  from fedjax_dg import checkpoint
+  from fedjax_dg import rundir
   os.makedirs(tmp / "W")
-  checkpoint.write_run_config(_p_config(tmp, num_clients=8), str(tmp / "W"))
+  rundir.write_run_config(_p_config(tmp, num_clients=8), str(tmp / "W"))
   (tmp / "W" / "metrics.jsonl").write_text('{"round": 1, "train_loss": 1.0, "splits": {}}\n')
   return cli(tmp, "--config.resume=True")
 
@@ -466,11 +466,11 @@ def _(tmp):
 @case(9, "torn last line of metrics.jsonl", "a metrics.jsonl whose last line was cut mid-write, read by a resume",
       "line 2 is torn (a write cut short); ignoring it", outcome="warning")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import rundir
   path = tmp / "metrics.jsonl"
   path.write_text('{"round": 2, "train_loss": 0.5, "splits": {}}\n{"round": 4, "train_lo')
   recs = []
-  line = warning_of(lambda: recs.extend(experiment._read_records(str(path))))  # pylint: disable=protected-access
+  line = warning_of(lambda: recs.extend(rundir.read_metrics(str(tmp))))
   assert [r["round"] for r in recs] == [2]
   return line
 # ----------------------------------------------------------------------------- config fields (items 7-9)
