@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
+from fedjax_dg import checks
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
@@ -113,6 +114,7 @@ def setup(config, fold: splits.Fold):
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = engine_defaults(family).strategy
+  checks.check_memory(config, model, fold.train.x.shape[1:], cohort, strategy, steps)  # before compiling
   e = config.engine
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
                                 straggler_fraction=e.get("straggler_fraction", 0.0),

@@ -39,6 +39,9 @@ def main(argv):
   if config is None:
     print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
     return 2
+  if not_a_config(config):
+    print(f"error: {not_a_config(config)}", file=sys.stderr)
+    return 2
   workdir = _WORKDIR.value or config.workdir
   try:
     summary = train_and_evaluate(config, workdir)
@@ -128,6 +131,33 @@ def _config_load_error(e: BaseException) -> str:
   return f"--config {path}: cannot load the config file ({_root_cause(e)})"
 
 
+def _not_a_config() -> str | None:
+  """When --config's get_config returned something other than a ConfigDict (None, a dict):
+  the line saying so; else None. Runs the file again, on the error path only."""
+  import importlib.util
+  import ml_collections
+  path = _config_path()
+  file, _, arg = path.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_fedjax_dg_config_check", file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.get_config(arg) if arg else mod.get_config()
+  except BaseException:  # pylint: disable=broad-except  # then the original error says it
+    return None
+  if isinstance(got, ml_collections.ConfigDict):
+    return None
+  return f"--config {path}: get_config() returned {type(got).__name__}, not an ml_collections.ConfigDict"
+
+
+def not_a_config(config) -> str | None:
+  """The line for a loaded config that is not a ConfigDict, or None."""
+  import ml_collections
+  if config is None or isinstance(config, ml_collections.ConfigDict):
+    return None
+  return f"--config {_config_path()}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict"
+
+
 def one_line_warnings() -> None:
   """Warnings print as `warning: <message>`, one line (Python's format adds the source line)."""
   warnings.formatwarning = lambda message, category, *a, **k: f"warning: {message}\n"
@@ -173,13 +203,27 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(last_overrides(argv))
   except flags.Error as e:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "Error whilst parsing config file" in str(e):  # the file's own error is its cause
+      msg = _config_load_error(e)
+    elif "--config must have a value other than None" in str(e) and _config_path() != "?":
+      msg = _not_a_config() or f"--config {_config_path()}: get_config() returned None"
+    else:
+      msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   except (AttributeError, KeyError) as e:  # ml_collections: an unknown --config.<field>
-    msg = _config_flag_error(e, argv)
+    msg = _not_a_config() or _config_flag_error(e, argv)
+  except SystemExit as e:  # the config file called sys.exit
+    msg = f"--config {_config_path()}: the config file exited (status {e.code}) instead of returning a config"
   except Exception as e:  # pylint: disable=broad-except  # the config file fails to load or run
     msg = _config_load_error(e)
   print(f"error: {msg}", file=sys.stderr)
   sys.exit(2)
+
+
+def _quiet_absl_before_parsing() -> None:
+  """ml_collections logs (through absl, with a "Logging before flag parsing" line) what a
+  config file does wrong; the one error line says it instead."""
+  from absl import logging
+  logging.set_verbosity(logging.ERROR)
 
 
 def _define_flags():
@@ -195,6 +239,7 @@ def run():
     print_help(__name__, USAGE)
     sys.exit(0)
   flags.mark_flag_as_required("config")
+  _quiet_absl_before_parsing()
   app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 

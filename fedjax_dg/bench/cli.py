@@ -63,7 +63,8 @@ def main(argv) -> int:
       if lc.get("compilation_cache", False):
         cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
       if _LAUNCHER.value == "local":
-        counts = launch.run_local(exp, _WORKERS.value or int(lc.get("workers", 1)), cache_dir=cache,
+        workers = _WORKERS.value if _WORKERS.value is not None else int(lc.get("workers", 1))
+        counts = launch.run_local(exp, workers, cache_dir=cache,
                                   ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))

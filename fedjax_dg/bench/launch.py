@@ -304,7 +304,8 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
 
 def status_text(rows: list[dict], verbose: bool = False) -> str:
   counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
-  lines = [", ".join(f"{counts[s]} {s}" for s in STATES) + f" (of {len(rows)} jobs)"]
+  shown = [s for s in STATES if s != "broken" or counts[s]]  # "broken" only when a job is
+  lines = [", ".join(f"{counts[s]} {s}" for s in shown) + f" (of {len(rows)} jobs)"]
   for r in rows:
     if verbose or r["state"] != "done":
       lines.append(f"{r['state']:11s} {r['job']}  {r['workdir']}" + (f"\n            {r['error']}" if r["error"] else ""))
