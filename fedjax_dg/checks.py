@@ -27,8 +27,8 @@ _INT_MAX = 2 ** 31 - 1
 
 # field -> (low, high, low inclusive, high inclusive, what); None: unbounded on that side.
 RANGES = {
-    "seed": (0, _SEED_MAX, True, True, "an integer in [0, 2**32 - 1]"),
-    "data.seed": (0, _SEED_MAX, True, True, "an integer in [0, 2**32 - 1]"),
+    "seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
+    "data.seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
     "server.b1": (0.0, 1.0, True, False, "in [0, 1)"),
     "server.b2": (0.0, 1.0, True, False, "in [0, 1)"),
     "server.eps": (0.0, None, False, True, "> 0"),
@@ -50,7 +50,7 @@ RANGES = {
     "data.femnist_val_writers": (0, _INT_MAX, True, True, ">= 0"),
 }
 # Entries of these sequences lie in [0, 1].
-UNIT_SEQUENCES = ("data.color_flips", "data.correlations")
+UNIT_SEQUENCES = ("data.color_flips",)  # data.correlations: checked by the spurious loader
 
 
 def _kind(default) -> str:

@@ -159,14 +159,19 @@ def _draw(spec, rng: np.random.Generator, path: str):
   kind, args = spec[0], tuple(spec[1:])
   if kind == "choice" and len(args) == 1 and len(args[0]) > 0:
     return args[0][int(rng.integers(len(args[0])))]
-  if kind in ("uniform", "log_uniform", "int_uniform") and len(args) == 2 and args[0] <= args[1]:
+  if kind in ("uniform", "log_uniform", "int_uniform") and len(args) == 2:
     lo, hi = args
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in args):
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: lo and hi must be finite numbers")
+    if kind == "log_uniform" and (lo <= 0 or hi <= 0):
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: log_uniform draws exp(uniform(log lo, log hi)), "
+                       f"so both bounds must be > 0; got lo = {lo}, hi = {hi}")
+    if lo > hi:
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: lo ({lo}) must not exceed hi ({hi})")
     if kind == "uniform":
       return float(rng.uniform(lo, hi))
     if kind == "int_uniform":
       return int(rng.integers(lo, hi + 1))
-    if lo <= 0:
-      raise SweepError(f"sweep.search.distributions.{path}: log_uniform needs 0 < lo, got {lo}")
     return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
   raise SweepError(f"sweep.search.distributions.{path}: unknown or malformed {spec!r}; use "
                    "('uniform'|'log_uniform'|'int_uniform', lo, hi) or ('choice', (values...))")
