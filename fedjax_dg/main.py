@@ -45,8 +45,8 @@ def main(argv):
   workdir = _WORKDIR.value or config.workdir
   try:
     summary = train_and_evaluate(config, workdir)
-  except (ConfigError, FloatingPointError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   print(f"done: {_summary_line(summary)}")
   print(f"results in {workdir}/summary.json")

@@ -473,10 +473,14 @@ def describe_owner(held: dict) -> str:
 
 @contextlib.contextmanager
 def owned(workdir: str):
-  """Holds `workdir`'s LOCK for the block; another live owner -> one line."""
-  os.makedirs(workdir, exist_ok=True)
+  """Holds `workdir`'s LOCK for the block; another live owner, or a workdir that cannot be
+  created or written (below a file, read-only, a device) -> one line."""
   path = _path(workdir, LOCK_FILE)
-  held = try_lock(path)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    held = try_lock(path)
+  except OSError as e:
+    raise RunDirError(f"workdir {workdir!r}: cannot write there ({_why(e)}); choose another --config.workdir") from None
   if held is not None and held.get("pid") == os.getpid() and held.get("host") == socket.gethostname():
     yield  # already ours (an outer block holds it)
     return

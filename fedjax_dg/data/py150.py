@@ -41,6 +41,7 @@ from fedjax_dg.data.splits import Fold, Split
 from fedjax_dg.data.wilds import read_columns
 
 IGNORE = -100  # models.text.IGNORE; token type "masked"
+MAX_TOKEN_ID = 1 << 24  # a token id beyond it would make a vocabulary head of billions of parameters
 TOKEN_TYPES = {"class": 0, "method": 1, "punctuation": 2, "keyword": 3, "builtin": 4, "literal": 5,
                "other_identifier": 6, "masked": -100}
 FOLD_SPLITS = (("train", "train"), ("in_val", "IDval"), ("in_test", "IDtest"), ("heldout_val", "OODval"),
@@ -68,9 +69,14 @@ def _matrix(rows, path: str) -> np.ndarray:
   if n < 2:
     raise DataError(f"{path}: examples need at least 2 tokens, got {n}")
   try:
-    return np.array(rows, np.int64)
+    m = np.array(rows, np.int64)
   except (TypeError, ValueError, OverflowError):
     raise DataError(f"{path}: token lists must hold integers") from None
+  bad = np.argwhere((m < 0) | (m >= MAX_TOKEN_ID))
+  if len(bad):
+    k, j = (int(i) for i in bad[0])
+    raise DataError(f"{path}: example {k} token {j} is {int(m[k, j])}, outside the token ids [0, {MAX_TOKEN_ID})")
+  return m
 
 
 def repo_table(root: str) -> dict[str, int]:
