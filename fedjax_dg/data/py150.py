@@ -69,14 +69,17 @@ def _matrix(rows, path: str) -> np.ndarray:
   if n < 2:
     raise DataError(f"{path}: examples need at least 2 tokens, got {n}")
   try:
-    m = np.array(rows, np.int64)
+    return np.array(rows, np.int64)
   except (TypeError, ValueError, OverflowError):
     raise DataError(f"{path}: token lists must hold integers") from None
-  bad = np.argwhere((m < 0) | (m >= MAX_TOKEN_ID))
+
+
+def _check_ids(tokens: np.ndarray, path: str) -> np.ndarray:
+  bad = np.argwhere((tokens < 0) | (tokens >= MAX_TOKEN_ID))
   if len(bad):
     k, j = (int(i) for i in bad[0])
-    raise DataError(f"{path}: example {k} token {j} is {int(m[k, j])}, outside the token ids [0, {MAX_TOKEN_ID})")
-  return m
+    raise DataError(f"{path}: example {k} token {j} is {int(tokens[k, j])}, outside the token ids [0, {MAX_TOKEN_ID})")
+  return tokens
 
 
 def repo_table(root: str) -> dict[str, int]:
@@ -96,7 +99,7 @@ def read_split(root: str, name: str, repos: dict[str, int]):
   inp = os.path.join(root, "processed", f"{name}_input.json")
   typ = os.path.join(root, "processed", f"{name}_input_tok_type.json")
   txt = os.path.join(root, "metadata", "repo_file_names", f"{name}.txt")
-  tokens, types = _matrix(_json(inp), inp), _matrix(_json(typ), typ)
+  tokens, types = _check_ids(_matrix(_json(inp), inp), inp), _matrix(_json(typ), typ)
   if tokens.shape != types.shape:
     raise DataError(f"{typ}: shape {types.shape} differs from {inp}'s {tokens.shape}")
   if not os.path.isfile(txt):
