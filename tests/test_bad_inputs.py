@@ -10,7 +10,9 @@ cannot go stale; after changing a case or a message, regenerate it with
 
 Adding a case: decorate a function of a `pathlib.Path` (its temporary folder) with
 `@case(item, name, trigger, expect)` anywhere below `case`; the table orders cases by issue
-item, then by their place in this file. Helpers for the function body:
+item, then by their place in this file. A case given a `section` (the run directory,
+untrusted files, config fields, config files, sweeps, data files) shows it in place of
+the item. Helpers for the function body:
 
 - `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
   (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
@@ -1088,6 +1090,154 @@ def _(tmp):
   return error_of(lambda: launch.run_local(exp, workers=0, quiet=True))
 
 
+# ----------------------------------------------------------------------------- data files
+
+def _iwildcam(tmp, rows, raw: bytes | None = None):
+  """An IWildCam release of `rows` (split, y, location) with 5x5 images; `raw` replaces its table."""
+  from PIL import Image
+  root = tmp / "iwildcam_v2.0"
+  os.makedirs(root / "train")
+  text = "split,location_remapped,y,filename\n"
+  for k, (split, y, loc) in enumerate(rows):
+    Image.new("RGB", (5, 5)).save(root / "train" / f"{k}.jpg")
+    text += f"{split},{loc},{y},{k}.jpg\n"
+  (root / "metadata.csv").write_bytes(raw if raw is not None else text.encode())
+  return root
+
+
+for _label in ("nan", "inf", "1e400", "3.7"):
+  case(5, f"WILDS label {_label}", f"`wilds.load_fold` of an IWildCam `metadata.csv` whose row 3 has `y={_label}`",
+       f"metadata.csv row 3: column 'y' holds '{_label}', not an integer", section="data files")(
+           lambda tmp, v=_label: error_of(lambda: __import__("fedjax_dg.data.wilds", fromlist=["w"]).load_fold(
+               _wilds_config(_iwildcam(tmp, [("train", 0, 0), ("train", v, 1), ("val", 1, 2), ("test", 2, 3)]),
+                             "iwildcam"))))
+
+
+@case(5, "WILDS table that is not UTF-8", "an IWildCam `metadata.csv` holding the byte 0xff",
+      "metadata.csv: not UTF-8 text (byte b'\\xff' at offset", section="data files")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = _iwildcam(tmp, [("train", 0, 0)], raw=b"split,location_remapped,y,filename\ntrain,0,\xff,0.jpg\n")
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(5, "WILDS release without its val split", "an IWildCam `metadata.csv` with train and test rows only",
+      "no rows in the official 'val' split (held-out-domain selection needs it)", section="data files")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = _iwildcam(tmp, [("train", 0, 0), ("train", 1, 1), ("test", 2, 3)])
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(5, "CivilComments toxicity NaN", "`all_data_with_identities.csv` whose first comment's toxicity is `nan`",
+      "column 'toxicity' holds 'nan', outside [0, 1]", section="data files")
+def _(tmp):
+  import csv
+  from test_text import write_civilcomments
+  from fedjax_dg.data import civilcomments
+  write_civilcomments(tmp / "cc", n=10)
+  path = tmp / "cc" / civilcomments.FILE
+  rows = list(csv.reader(open(path, newline="")))
+  rows[1][rows[0].index("toxicity")] = "nan"
+  with open(path, "w", newline="") as f:
+    csv.writer(f).writerows(rows)
+  table = civilcomments.read_table(str(tmp / "cc"))
+  return error_of(lambda: civilcomments.labels_and_identities(table, str(path)))
+
+
+@case(5, "Py150 negative token id", "`processed/train_input.json` whose first chunk's second token is -5",
+      "train_input.json: example 0 token 1 is -5, outside the token ids [0, 16777216)", section="data files")
+def _(tmp):
+  from test_text import write_py150
+  from fedjax_dg.data import py150
+  write_py150(str(tmp / "py150_v1.0"))
+  path = tmp / "py150_v1.0" / "processed" / "train_input.json"
+  rows = json.loads(path.read_text())
+  rows[0][1] = -5
+  path.write_text(json.dumps(rows))
+  return error_of(lambda: py150.read_split(str(tmp / "py150_v1.0"), "train", py150.repo_table(
+      str(tmp / "py150_v1.0"))))
+
+
+@case(5, "FEMNIST JSON nested very deep", "a LEAF `train/*.json` of 100000 nested lists",
+      "JSON nested too deeply (LEAF's files nest three levels)", section="data files")
+def _(tmp):
+  from fedjax_dg.data import femnist
+  (tmp / "deep.json").write_text("[" * 100000 + "]" * 100000)
+  return error_of(lambda: femnist.read_leaf_file(str(tmp / "deep.json")))
+
+
+@case(5, "FEMNIST JSON of the wrong shape", "a LEAF file whose `users` is `5`",
+      "not LEAF's layout of users / num_samples / user_data (TypeError:", section="data files")
+def _(tmp):
+  from fedjax_dg.data import femnist
+  (tmp / "f.json").write_text('{"users": 5, "num_samples": [1], "user_data": {}}')
+  return error_of(lambda: femnist.read_leaf_file(str(tmp / "f.json")))
+
+
+@case(5, "IDX images stored as floats", "`train-images-idx3-ubyte` of float32 pixels up to 1e6 (IDX type 0x0D)",
+      "images must be unsigned bytes (IDX type 0x08, pixels 0..255), got float32", section="data files")
+def _(tmp):
+  import struct
+  from fedjax_dg.data import idx
+  root = _idx_dir(tmp / "mnist", [1] * 12)
+  a = np.full((9, 28, 28), 1e6, ">f4")
+  with open(os.path.join(root, "train-images-idx3-ubyte"), "wb") as f:
+    f.write(bytes([0, 0, 0x0D, 3]) + struct.pack(">3I", *a.shape) + a.tobytes())
+  return error_of(lambda: idx.load_mnist_dir(root, num_classes=10))
+
+
+@case(5, "`hf_config` with zero heads", "`model.hf_config` naming a GPT-2 `config.json` with `n_head: 0`",
+      "n_head must be a positive integer, got 0", section="data files")
+def _(tmp):
+  from fedjax_dg.models import text
+  (tmp / "config.json").write_text('{"n_head": 0}')
+  return error_of(lambda: text.read_hf_config("gpt2", str(tmp / "config.json")))
+
+
+@case(5, "`hf_config` with an absurd vocabulary", "a GPT-2 `config.json` with `vocab_size: 10**12`",
+      "vocab_size = 1000000000000 exceeds 4194304 (not a gpt2 size)", section="data files")
+def _(tmp):
+  from fedjax_dg.models import text
+  (tmp / "config.json").write_text('{"vocab_size": 1000000000000}')
+  return error_of(lambda: text.read_hf_config("gpt2", str(tmp / "config.json")))
+
+
+@case(5, "truncated token cache", "a token cache `.npy` cut to 100 bytes, then the texts encoded again",
+      "unreadable token cache (ValueError:", outcome="warning", section="data files")
+def _(tmp):
+  from fedjax_dg.data import text
+  np.save(tmp / "c.npy", np.zeros((4, 12), np.int32))
+  os.truncate(tmp / "c.npy", 100)
+  got = []
+  line = warning_of(lambda: got.append(text._read_cache(str(tmp / "c.npy"), 4, 12)))  # pylint: disable=protected-access
+  assert got == [None]
+  return line
+
+
+@case(5, "workdir below a file", "`P --config.workdir=F/W` where `F` is a file",
+      "cannot write there (NotADirectoryError:", section="data files")
+def _(tmp):
+  from fedjax_dg import rundir
+  (tmp / "F").write_text("")
+
+  def enter():
+    with rundir.owned(str(tmp / "F" / "W")):
+      pass
+  return error_of(enter)
+
+
+@case(5, "workdir /dev/null", "`P --config.workdir=/dev/null`", "workdir '/dev/null': cannot write there",
+      section="data files")
+def _(tmp):
+  from fedjax_dg import rundir
+
+  def enter():
+    with rundir.owned("/dev/null"):
+      pass
+  return error_of(enter)
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)
@@ -1125,7 +1275,7 @@ def render(results: dict[str, str]) -> str:
       "issue 11's refusals of what does not apply to the text datasets (checked before any data is read);",
       "then the run directory (one owner, one identity, nothing mixed or lost on resume), untrusted",
       "files (declared sizes checked before anything is inflated), config fields (types, ranges and a",
-      "memory estimate before compiling), config files, and sweeps.",
+      "memory estimate before compiling), config files, sweeps, and data files.",
       "Generated by `tests/test_bad_inputs.py`, which runs each case and fails when this file",
       f"differs from what the cases print; regenerate with `{REGENERATE}`.",
       "`P` is issue 13's command, `fedjax-dg --config configs/default.py --config.model.name=mlp",
