@@ -112,7 +112,7 @@ def _pair(root: str, prefix: str, split: str, num_classes: int = 0):
     raise ValueError(f"{xpath}: {len(x)} images but {ypath} has {len(y)} labels")
   if x.dtype != np.uint8:
     raise ValueError(f"{xpath}: images must be unsigned bytes (IDX type 0x08, pixels 0..255), got {x.dtype} "
-                     f"(values up to {x.max() if x.size else 0!r})")
+                     f"(values up to {float(x.max()) if x.size else 0.0:g})")
   check_labels(y, num_classes, ypath, "; data.num_classes sets the number of classes")
   return x, y
 
