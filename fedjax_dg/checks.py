@@ -208,7 +208,7 @@ def round_memory(config, model, input_shape, parallel: int, num_steps: int) -> d
   per_client = 4 * P * 4  # parameters, gradients and up to two optimizer moments, float32
   return {"params": P,
           "state": 4 * P * 4 + parallel * per_client,
-          "activations": parallel * B * _activations_per_example(model, params_shape, input_shape) * 4 * 3,
+          "activations": parallel * B * _activations_per_example(model, params_shape, input_shape) * 4 * 2,
           "indices": parallel * num_steps * B * 5}  # int32 indices and a bool mask per step and row
 
 

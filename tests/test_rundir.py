@@ -154,3 +154,29 @@ def test_repeated_tuple_override_replaces_on_the_command_line():
   out = subprocess.run([sys.executable, "-c", code, "--config", "configs/default.py", "--config.model.hidden=(64,)",
                         "--config.model.hidden=(32,)"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert out.stdout.strip() == "(32,)", out.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- layering
+
+def _imports(path: str) -> set:
+  import ast
+  tree = ast.parse(open(path).read())
+  out = set()
+  for node in ast.walk(tree):  # imports inside functions count too
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+  return out
+
+
+def test_the_runner_does_not_import_the_benchmark_layer_and_collect_has_no_cycle():
+  pkg = os.path.join(ROOT, "fedjax_dg")
+  for name in ("experiment.py", "checkpoint.py", "evaluate.py", "rundir.py", "checks.py", "main.py", "provenance.py",
+               "errors.py"):
+    bench = sorted(m for m in _imports(os.path.join(pkg, name)) if m.startswith("fedjax_dg.bench"))
+    assert not bench, f"{name} imports {bench}"
+  rundir_imports = {m for m in _imports(os.path.join(pkg, "rundir.py")) if m.startswith("fedjax_dg")}
+  assert rundir_imports <= {"fedjax_dg.errors", "fedjax_dg.errors.ConfigError"}, rundir_imports
+  difficulty = _imports(os.path.join(pkg, "bench", "difficulty.py"))  # collect imports difficulty, not back
+  assert not any(m.startswith("fedjax_dg.bench.collect") for m in difficulty), difficulty
