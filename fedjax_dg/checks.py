@@ -68,11 +68,13 @@ def _kind(default) -> str:
 
 
 def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
+  import numpy as np
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
+  import numpy as np
+  return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 _WANT = {"bool": "True or False", "int": "an integer", "float": "a finite number", "str": "a string",
