@@ -1,16 +1,15 @@
-"""What a run keeps in its workdir besides its metrics, and the checks that keep it whole.
+"""A run's orbax checkpoints, and the checks that keep them whole and its own.
 
-  config.json         the run's resolved config (and, for a leave-one-domain-out fold, its
-                      domains); a resume must match it in every field that can change results
-  checkpoints/<step>  orbax checkpoints of the round state
-  checkpoint_sums/    next to each checkpoint, the SHA-256 of the state it holds: a restore is
-                      verified against it, and against the expected structure and finiteness
-  selected/<rule>     the model parameters at the round each selection rule has chosen so
-                      far (`<rule>.msgpack`, `<rule>.json`: round, validation metrics, SHA-256)
+  checkpoints/<step>  orbax checkpoints of {"round", "run", "state"}: the round state, with
+                      the round it follows and the run's identity (fedjax_dg/rundir.py)
+  checkpoint_sums/    next to each checkpoint, {"step", "run", "sha256"}: the SHA-256 of the
+                      state it holds; a restore is verified against it, against the round and
+                      identity stored inside the checkpoint, the expected structure and finiteness
 
-A corrupt newest checkpoint is moved to `checkpoints_corrupt/` with a one-line warning and
-the newest good one is used; when none is good the resume fails with one line and nothing
-is moved. Every exit path waits for (or removes) pending background saves.
+A checkpoint that fails any check (corrupt, no checksum file, another round's contents under
+this step, another run's) is moved to `checkpoints_corrupt/` with a one-line warning and the
+newest good one is used; when none is good the resume fails with one line and nothing is
+moved. Every exit path waits for (or removes) pending background saves.
 """
 from __future__ import annotations
 
@@ -27,118 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fedjax_dg.config import ConfigError
+from fedjax_dg import rundir
 
-CONFIG_FILE = "config.json"
-# Fields that steer a run but cannot change its results: a resume may change them
-# (and `num_rounds` may grow, for a single-stage method).
-RESULT_NEUTRAL = ("workdir", "resume", "quiet", "eval_batch_size", "checkpoint_every", "tensorboard")
 
 
 class CheckpointError(ValueError):
   """No checkpoint of a run can be restored intact."""
-
-
-def _json_default(x):
-  if isinstance(x, np.generic):
-    return x.item()
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  return str(x)
-
-
-def _plain(v):
-  """`v` as it reads back from JSON (tuples -> lists, numpy scalars -> numbers)."""
-  return json.loads(json.dumps(v, default=_json_default))
-
-
-def flatten(tree, prefix=""):
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------- the run's config
-
-def read_run_config(workdir: str) -> dict | None:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      stored = json.load(f)
-    return stored if isinstance(stored.get("config"), dict) else None
-  except (OSError, ValueError, AttributeError) as e:
-    raise ConfigError(f"{path}: cannot read the run's stored config ({type(e).__name__}: {e}); "
-                      "restore it or choose another --config.workdir") from None
-
-
-def write_run_config(config, workdir: str, fold: dict | None = None) -> None:
-  record = {"config": _plain(config.to_dict())}
-  if fold:
-    record["fold"] = _plain(fold)
-  _atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(record, indent=2).encode())
-
-
-def config_differences(stored: dict, config, multi_stage: bool) -> list[str]:
-  """Result-changing fields in which `config` differs from the stored config, as
-  'field: <stored> in the run, <new> now'. A field one of them lacks counts only when the
-  other holds a value other than its configs/default.py default."""
-  from fedjax_dg.bench.sweep import library_defaults
-  old, new = flatten(_plain(stored)), flatten(_plain(config.to_dict()))
-  defaults = {k: _plain(v) for k, v in library_defaults().items()}
-  missing = object()
-  out = []
-  for k in sorted(set(old) | set(new)):
-    if k in RESULT_NEUTRAL:
-      continue
-    a, b = old.get(k, defaults.get(k, missing)), new.get(k, defaults.get(k, missing))
-    if a == b:
-      continue
-    if k == "num_rounds" and not multi_stage and isinstance(a, int) and isinstance(b, int) and b > a:
-      continue  # more rounds continue the same run
-    show = lambda v: "(absent)" if v is missing else json.dumps(v)
-    out.append(f"{k}: {show(a)} in the run, {show(b)} now")
-  return out
-
-
-def has_checkpoints(workdir: str) -> bool:
-  d = os.path.join(workdir, "checkpoints")
-  return os.path.isdir(d) and any(n.split(".")[0].isdigit() for n in os.listdir(d))
-
-
-def prepare_workdir(config, workdir: str, multi_stage: bool, fold: dict | None = None) -> None:
-  """Refuses a fresh run over saved results and a resume with a result-changing field
-  changed; then stores the config. Runs before anything compiles."""
-  again = "pass --config.resume=True to continue that run or choose another --config.workdir"
-  if not config.resume:
-    if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-      raise ConfigError(f"workdir {workdir!r} already holds results (metrics.jsonl); {again}")
-    if has_checkpoints(workdir):
-      raise ConfigError(f"workdir {workdir!r} already holds checkpoints (checkpoints/); {again}")
-  elif os.path.exists(os.path.join(workdir, "metrics.jsonl")) or has_checkpoints(workdir):
-    stored = read_run_config(workdir)  # None: a run from before configs were stored
-    if stored is not None:
-      diff = config_differences(stored["config"], config, multi_stage)
-      if diff:
-        more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
-        raise ConfigError(f"workdir {workdir!r} holds a run with another config, which a resume cannot "
-                          f"continue: {'; '.join(diff[:4])}{more}; resume with the run's values or choose "
-                          "another --config.workdir")
-  write_run_config(config, workdir, fold)
 
 
 # ----------------------------------------------------------------------------- state checks
@@ -194,8 +87,9 @@ def _quiet_orbax():
 class Checkpoints:
   """The run's orbax checkpoints, each saved with the digest of its state and verified on restore."""
 
-  def __init__(self, workdir: str, max_to_keep: int = 2):
+  def __init__(self, workdir: str, max_to_keep: int = 2, run: str | None = None):
     self.workdir = os.path.abspath(workdir)
+    self.run = run  # the run's identity (rundir.run_identity); None: not checked
     self.dir = os.path.join(self.workdir, "checkpoints")
     self.sums = os.path.join(self.workdir, "checkpoint_sums")
     self.max_to_keep = max_to_keep
@@ -209,11 +103,16 @@ class Checkpoints:
   def _sum_path(self, step: int) -> str:
     return os.path.join(self.sums, f"{step}.json")
 
+  def _wrap(self, step: int, state):
+    run = bytes.fromhex(self.run) if self.run else bytes(8)
+    return {"round": np.asarray(step, np.int32), "run": np.frombuffer(run, np.uint8).copy(), "state": state}
+
   def save(self, step: int, state) -> None:
     """Writes the digest, then starts orbax's background save."""
     os.makedirs(self.sums, exist_ok=True)
-    _atomic_write(self._sum_path(step), json.dumps({"step": step, "sha256": state_digest(state)}).encode())
-    self.mngr.save(step, args=ocp.args.StandardSave(state))
+    record = {"step": step, "run": self.run, "sha256": state_digest(state)}
+    rundir.atomic_write(self._sum_path(step), json.dumps(record).encode())
+    self.mngr.save(step, args=ocp.args.StandardSave(self._wrap(step, state)))
     keep = {str(s) for s in self.mngr.all_steps()} | {str(step)}
     for name in os.listdir(self.sums):  # digests of checkpoints orbax has since deleted
       if name.endswith(".json") and name[:-5] not in keep:
@@ -226,23 +125,40 @@ class Checkpoints:
       steps |= {int(n) for n in os.listdir(self.dir) if n.isdigit() and os.path.isdir(os.path.join(self.dir, n))}
     return sorted(steps, reverse=True)
 
+  def _read_sum(self, step: int) -> dict:
+    path = self._sum_path(step)
+    if not os.path.exists(path):
+      raise ValueError(f"it has no checksum file ({os.path.relpath(path, self.workdir)})")
+    saved = rundir.read_json(path, "a checkpoint checksum")
+    if not isinstance(saved.get("sha256"), str) or saved.get("step") != step:
+      raise ValueError(f"its checksum file is not this step's (step {saved.get('step')!r})")
+    if self.run and saved.get("run") != self.run:
+      raise ValueError(f"its checksum file is run {saved.get('run')}'s, this is run {self.run}")
+    return saved
+
   def _restore_verified(self, step: int, target):
+    saved = self._read_sum(step)
     path = os.path.join(self.dir, str(step), "default")  # the manager's item folder, read on its own
     if not os.path.isdir(path):
       raise FileNotFoundError(f"no {path}")
+    target = {"round": jax.ShapeDtypeStruct((), np.int32), "run": jax.ShapeDtypeStruct((8,), np.uint8), "state": target}
     with ocp.StandardCheckpointer() as reader:
-      state = reader.restore(path, target)
-    want, got = jax.tree.structure(target), jax.tree.structure(state)
+      whole = reader.restore(path, target)
+    want, got = jax.tree.structure(target), jax.tree.structure(whole)
     if want != got:
       raise ValueError(f"the restored state has structure {got}, expected {want}")
-    for a, b in zip(jax.tree.leaves(target), jax.tree.leaves(state)):
+    for a, b in zip(jax.tree.leaves(target), jax.tree.leaves(whole)):
       if a.shape != b.shape or a.dtype != b.dtype:
         raise ValueError(f"a restored leaf is {b.dtype}{list(b.shape)}, expected {a.dtype}{list(a.shape)}")
-    if os.path.exists(self._sum_path(step)):
-      with open(self._sum_path(step)) as f:
-        saved = json.load(f)["sha256"]
-      if state_digest(state) != saved:
-        raise ValueError("its contents differ from what was saved (SHA-256 mismatch)")
+    stored_round = int(np.asarray(whole["round"]))
+    if stored_round != step:
+      raise ValueError(f"it holds round {stored_round}'s state, not round {step}'s")
+    stored_run = bytes(np.asarray(whole["run"], np.uint8)).hex()
+    if self.run and stored_run != self.run:
+      raise ValueError(f"it holds run {stored_run}'s state, this is run {self.run}")
+    state = whole["state"]
+    if state_digest(state) != saved["sha256"]:
+      raise ValueError("its contents differ from what was saved (SHA-256 mismatch)")
     if not all_finite(state):
       raise ValueError("it holds NaN or inf")
     return state
@@ -300,50 +216,3 @@ class Checkpoints:
         for name in os.listdir(self.dir):
           if "orbax-checkpoint-tmp" in name:
             shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------- selected parameters
-
-def save_selected(workdir: str, rule: str, round_: int, params, val: dict) -> None:
-  """The parameters a selection rule has chosen (at round `round_`), written atomically."""
-  from flax import serialization
-  d = os.path.join(workdir, "selected")
-  os.makedirs(d, exist_ok=True)
-  host = jax.device_get(params)
-  blob = serialization.msgpack_serialize(serialization.to_state_dict(host))
-  _atomic_write(os.path.join(d, f"{rule}.msgpack"), blob)
-  meta = {"rule": rule, "round": int(round_), "val": val, "sha256": hashlib.sha256(blob).hexdigest()}
-  _atomic_write(os.path.join(d, f"{rule}.json"), json.dumps(meta, indent=2).encode())
-
-
-def selected_round(workdir: str, rule: str) -> int | None:
-  path = os.path.join(workdir, "selected", f"{rule}.json")
-  try:
-    with open(path) as f:
-      return int(json.load(f)["round"])
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-
-
-def load_selected(workdir: str, rule: str, target):
-  """(params shaped as `target`, meta) saved for `rule`, verified against its SHA-256."""
-  from flax import serialization
-  base = os.path.join(workdir, "selected", rule)
-  if not os.path.exists(base + ".json") or not os.path.exists(base + ".msgpack"):
-    raise FileNotFoundError(f"{base}.msgpack: no parameters saved for selection rule {rule!r} "
-                            "(a run keeps them from this version on)")
-  with open(base + ".json") as f:
-    meta = json.load(f)
-  with open(base + ".msgpack", "rb") as f:
-    blob = f.read()
-  if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
-    raise ValueError(f"{base}.msgpack: contents differ from what was saved (SHA-256 mismatch)")
-  try:
-    params = serialization.from_state_dict(target, serialization.msgpack_restore(blob))
-  except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{base}.msgpack: does not fit the model ({_first_line(e)})") from None
-  for a, b in zip(jax.tree.leaves(target), jax.tree.leaves(params)):
-    if tuple(a.shape) != tuple(np.shape(b)):
-      raise ValueError(f"{base}.msgpack: does not fit the model (a leaf of shape {list(np.shape(b))}, "
-                       f"the model expects {list(a.shape)}); the data set's input shape or classes differ")
-  return params, meta

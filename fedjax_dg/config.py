@@ -6,6 +6,7 @@ import math
 import os
 
 from fedjax_dg import algorithms
+from fedjax_dg import checks
 from fedjax_dg import models
 from fedjax_dg.data import datasets
 from fedjax_dg.data.datasets import DATASETS
@@ -16,8 +17,7 @@ PARTITIONS = ("heterogeneous", "dirichlet", "iid")
 OPTIMIZERS = ("sgd", "adam", "yogi")  # base.make_optimizer
 
 
-class ConfigError(ValueError):
-  """A config field holds a value outside its accepted range."""
+from fedjax_dg.errors import ConfigError  # noqa: F401  # raised here, caught by the CLI
 
 
 def _check(cond, msg):
@@ -27,6 +27,7 @@ def _check(cond, msg):
 
 def validate(config) -> None:
   """Checks that need no data."""
+  checks.check_config(config)  # types, ranges and sizes of every field first
   tb = config.get("tensorboard", False)
   _check(isinstance(tb, bool), f"tensorboard must be True or False, got {tb!r}")
   if tb:

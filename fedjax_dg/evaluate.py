@@ -3,7 +3,7 @@
   python -m fedjax_dg.evaluate --workdir W [--rule heldout_domain] [--config.data.<field>=<value> ...]
 
 A run keeps, in `W/selected/`, the parameters at the round each selection rule chose
-(fedjax_dg/checkpoint.py), and its resolved config in `W/config.json`. This loads both,
+(fedjax_dg/rundir.py), and its resolved config in `W/config.json`. This loads both,
 applies the `--config.data.*` (and `--config.eval_batch_size`) overrides, builds the data
 set's fold and prints every evaluation split's metrics as JSON. Fields that define the
 model or training (anything outside `data.*`) cannot change: the parameters fit one model.
@@ -17,21 +17,17 @@ import sys
 
 from absl import app, flags
 
-from fedjax_dg.config import ConfigError
-
-# Fields a re-scoring may set differently from the run's config.
-RESCORABLE = ("eval_batch_size", "workdir", "resume", "quiet")
+from fedjax_dg import rundir
+from fedjax_dg.errors import ConfigError
 
 
 def run_config(workdir: str):
   """The config `workdir`'s run stored; a leave-one-domain-out fold's own domains filled in."""
-  from fedjax_dg import checkpoint
-  from fedjax_dg.bench.sweep import from_json_dict
-  stored = checkpoint.read_run_config(workdir)
+  stored = rundir.read_run_config(workdir)
   if stored is None:
-    raise FileNotFoundError(f"{os.path.join(workdir, checkpoint.CONFIG_FILE)}: no stored run config "
+    raise FileNotFoundError(f"{os.path.join(workdir, rundir.CONFIG_FILE)}: no stored run config "
                             "(not a run's workdir, or a run older than this version)")
-  config = from_json_dict(stored["config"])
+  config = rundir.config_from_json(stored["config"])
   fold = stored.get("fold")
   if config.data.get("leave_one_domain_out", False) and fold:
     config.data.leave_one_domain_out = False
@@ -54,7 +50,7 @@ def rescore(workdir: str, rule: str = "heldout_domain", config=None) -> dict:
   """Every evaluation split's metrics for the parameters `rule` selected in `workdir`'s run,
   on `config`'s data (default: the run's own)."""
   import jax
-  from fedjax_dg import algorithms, checkpoint
+  from fedjax_dg import algorithms
   from fedjax_dg import config as config_lib
   from fedjax_dg.eval.evaluate import SELECTION_RULES, Evaluator
   from fedjax_dg.models import build_model
@@ -62,9 +58,9 @@ def rescore(workdir: str, rule: str = "heldout_domain", config=None) -> dict:
     raise ConfigError(f"--rule: unknown selection rule {rule!r}; choose one of {list(SELECTION_RULES)}")
   base = run_config(workdir)
   config = base if config is None else config
-  old, new = checkpoint.flatten(base.to_dict()), checkpoint.flatten(config.to_dict())
+  old, new = rundir.flatten(base.to_dict()), rundir.flatten(config.to_dict())
   changed = [k for k in sorted(set(old) | set(new))
-             if not k.startswith("data.") and k not in RESCORABLE and old.get(k) != new.get(k)]
+             if not k.startswith("data.") and k not in rundir.RESULT_NEUTRAL and old.get(k) != new.get(k)]
   if changed:
     raise ConfigError(f"{changed[0]}: the saved parameters fit the run's model and method; a re-scoring "
                       "may change only data.* and eval_batch_size")
@@ -72,7 +68,7 @@ def rescore(workdir: str, rule: str = "heldout_domain", config=None) -> dict:
   fold = _load_fold(config)
   model = algorithms.model_for(config, build_model(config.model, fold.train.x.shape[1:], fold.num_classes))
   target = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  params, meta = checkpoint.load_selected(workdir, rule, target)
+  params, meta = rundir.load_selected(workdir, rule, target)
   splits = Evaluator(model, fold.eval_splits(), fold.num_classes, config.eval_batch_size)(params)
   return {"workdir": workdir, "rule": rule, "round": meta["round"],
           "domains": {"test": list(fold.test_domains), "val": list(fold.val_domains)}, "splits": splits}

@@ -5,16 +5,18 @@
   summary.json    config, wall time, communication, and per selection rule the selected
                   round and the test metrics there
   checkpoints/    orbax checkpoints of the round state every `checkpoint_every` rounds
-  config.json, checkpoint_sums/, selected/   see fedjax_dg/checkpoint.py
-With `config.resume`, a run restarts from the newest intact checkpoint (or from round 0);
-because round `t` uses the key `fold_in(key, t)`, a killed and resumed run ends with the
-same metrics as an uninterrupted one. A resume must keep every result-changing field of
-the stored config; a fresh run refuses a workdir holding results or checkpoints.
+  LOCK, config.json, selected/   see fedjax_dg/rundir.py; checkpoint_sums/: fedjax_dg/checkpoint.py
+One process owns a workdir at a time (LOCK). With `config.resume`, a run restarts from the
+newest intact checkpoint of its own (or from round 0); because round `t` uses the key
+`fold_in(key, t)`, a killed and resumed run ends with the same metrics as an uninterrupted
+one. A resume must keep every result-changing field of the stored config and every
+evaluation up to its checkpoint (one missing at the checkpoint's own round is evaluated
+again; any other is refused); an extended run keeps one evaluation schedule. A fresh run
+refuses a workdir holding another run's results, checkpoints or selected parameters.
 Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -28,10 +30,12 @@ from tqdm.auto import tqdm
 
 from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
+from fedjax_dg import checks
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
-from fedjax_dg.bench.provenance import provenance
+from fedjax_dg import rundir
+from fedjax_dg.provenance import provenance
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.engine.round import buckets_for, default_unroll, engine_defaults, model_family
@@ -110,6 +114,7 @@ def setup(config, fold: splits.Fold):
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = engine_defaults(family).strategy
+  checks.check_memory(config, model, fold.train.x.shape[1:], cohort, strategy, steps)  # before compiling
   e = config.engine
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
                                 straggler_fraction=e.get("straggler_fraction", 0.0),
@@ -174,35 +179,6 @@ def _split_tuning(parts, fraction: float, seed: int, field: str):
   return train, tune
 
 
-def _read_records(path):
-  """The evaluations in metrics.jsonl; a torn last line (a write cut short) is dropped with a
-  warning, any other unreadable line is an error naming it."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    lines = [(k + 1, line) for k, line in enumerate(f) if line.strip()]
-  recs = []
-  for k, (n, line) in enumerate(lines):
-    try:
-      rec = json.loads(line)
-      rec["round"] = int(rec["round"])
-    except (ValueError, KeyError, TypeError) as e:
-      if k == len(lines) - 1 and not line.endswith("\n"):
-        warnings.warn(f"{path}: line {n} is torn (a write cut short); ignoring it")
-        continue
-      raise config_lib.ConfigError(f"{path}: line {n} is not an evaluation record ({type(e).__name__}: {e})") from None
-    recs.append(rec)
-  return recs
-
-
-def _write_records(path, records) -> None:
-  """Replaces metrics.jsonl in one step (a kill leaves the old file or the new one)."""
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in records)
-  os.replace(tmp, path)
-
-
 def _bytes(tree) -> int:
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
@@ -243,11 +219,42 @@ def _check_state(alg, state, done: int, train_loss: float, config):
 
 
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
-  os.makedirs(workdir, exist_ok=True)
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  """One run in `workdir`, which this process owns (LOCK) while it runs."""
+  with rundir.owned(workdir):
+    return _run_fold(config, fold, workdir)
+
+
+def _on_schedule(stages, eval_every: int):
+  """Whether round `t` is evaluated: every `eval_every` rounds and at each stage's end."""
+  ends = {st.first + st.rounds for st in stages}
+  return lambda t: t % eval_every == 0 or t in ends
+
+
+def _resumed_records(workdir: str, run: str, start: int, on_schedule) -> tuple[list, list, bool]:
+  """(records up to the checkpoint, records past it, whether the checkpoint's own round must
+  be evaluated again). Records of another run are refused; records off the schedule (the end
+  of a shorter run this one extends) are dropped; a missing evaluation before the checkpoint
+  is refused, one missing at the checkpoint's round is evaluated again."""
+  old = rundir.read_metrics(workdir)
+  rundir.check_identity(workdir, old, run)
+  off = [r["round"] for r in old if not on_schedule(r["round"])]
+  if off:
+    warnings.warn(f"{workdir}/metrics.jsonl: dropping the evaluation(s) of round(s) {off}, off this run's "
+                  "schedule (the last round of the shorter run it extends)")
+  old = [r for r in old if on_schedule(r["round"])]
+  have = {r["round"] for r in old}
+  lost = [t for t in range(1, start + 1) if on_schedule(t) and t not in have]
+  if [t for t in lost if t != start]:
+    raise rundir.RunDirError(
+        f"{workdir}/metrics.jsonl lacks the evaluation(s) of round(s) {lost}, which checkpoint {start} follows; "
+        "restore metrics.jsonl, or move checkpoints/ away to rerun from the start")
+  return [r for r in old if r["round"] <= start], [r for r in old if r["round"] > start], start in lost
+
+
+def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   multi_stage = bool(algorithms.spec_of(config).stages)
-  ckpt_lib.prepare_workdir(config, workdir, multi_stage,  # before anything compiles
-                           fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
+  run = rundir.prepare(config, workdir, multi_stage,  # before anything compiles
+                       fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
   t0 = time.time()
   s = setup(config, fold)
   stages = s["stages"]
@@ -275,7 +282,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     return target
 
   comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
-  ckpts = ckpt_lib.Checkpoints(workdir)
+  ckpts = ckpt_lib.Checkpoints(workdir, run=run)
   start = 0
   try:
     if config.resume:
@@ -287,9 +294,36 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     raise
   # Evaluations past the checkpoint stay in metrics.jsonl until this run evaluates those
   # rounds again (with no checkpoint, from round 0): a failing resume loses nothing.
-  old = _read_records(metrics_path)
-  records = [r for r in old if r["round"] <= start]
-  pending = [r for r in old if r["round"] > start]
+  on_schedule = _on_schedule(stages, config.eval_every)
+  try:
+    records, pending, again = _resumed_records(workdir, run, start, on_schedule)
+  except BaseException:
+    ckpts.close(quietly=True)
+    raise
+
+  def evaluate(done, k, state, train_loss, reporters):
+    now = stages[k].algorithm.params_of(state.server)
+    rec = {"round": done, "run": run, "train_loss": train_loss, "splits": evaluator(now)}
+    if reporters:  # one count per round since the last evaluation; a round without reporters kept the server
+      rec["reporters"] = reporters[:]
+      rec["rounds_without_reporters"] = [done - len(reporters) + 1 + i for i, n in enumerate(reporters) if n == 0]
+      reporters.clear()
+    if len(stages) > 1:
+      rec["stage"] = k + 1
+      if hasattr(state.server, "phi"):
+        rec["phi"] = np.asarray(state.server.phi).tolist()
+    records.append(rec)
+    rundir.write_metrics(workdir, records + [r for r in pending if r["round"] > done])
+    if tb:
+      tb.add(rec)
+    if k + 1 == len(stages):  # keep the parameters each selection rule now chooses
+      for rule in SELECTION_RULES:
+        chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
+        if chosen and chosen["round"] == done:
+          rundir.save_selected(workdir, rule, done, now, chosen["val"], run=run)
+    acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
+    bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=acc("heldout_val"),
+                    test=acc("test"))
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
   tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
@@ -298,6 +332,9 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
   try:
+    if again:  # the checkpoint's own evaluation was lost (a torn metrics.jsonl): evaluated again
+      phase("evaluating")
+      evaluate(start, stage_of(start), state, None, [])
     for t in range(start, total):
       k = stage_of(t + 1)
       st = stages[k]
@@ -311,33 +348,13 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
         reporters.append(int(metrics["reporters"]))
       last_of_stage = done == st.first + st.rounds
-      do_eval = done % config.eval_every == 0 or last_of_stage
+      do_eval = on_schedule(done)
       do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
       if do_eval or do_ckpt:  # never evaluate or save a diverged state
         _check_state(st.algorithm, state, done, train_loss, config)
       if do_eval:
         phase("evaluating")
-        now = st.algorithm.params_of(state.server)
-        rec = {"round": done, "train_loss": train_loss, "splits": evaluator(now)}
-        if reporters:  # one count per round since the last evaluation; a round without reporters kept the server
-          rec["reporters"] = reporters[:]
-          rec["rounds_without_reporters"] = [done - len(reporters) + 1 + i for i, n in enumerate(reporters) if n == 0]
-          reporters.clear()
-        if len(stages) > 1:
-          rec["stage"] = k + 1
-          if hasattr(state.server, "phi"):
-            rec["phi"] = np.asarray(state.server.phi).tolist()
-        records.append(rec)
-        _write_records(metrics_path, records + [r for r in pending if r["round"] > done])
-        if tb:
-          tb.add(rec)
-        if k + 1 == len(stages):  # keep the parameters each selection rule now chooses
-          for rule in SELECTION_RULES:
-            chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
-            if chosen and chosen["round"] == done:
-              ckpt_lib.save_selected(workdir, rule, done, now, chosen["val"])
-        acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
-        bar.set_postfix(loss=f"{train_loss:.3f}", val=acc("heldout_val"), test=acc("test"))
+        evaluate(done, k, state, train_loss, reporters)
       if do_ckpt:
         phase("saving")
         ckpts.save(done, state)
@@ -358,6 +375,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   selectable = [r for r in records if r.get("stage", 1) == final_stage]
   metric = config.data.get("select_metric", "accuracy")
   summary = {
+      "run": run,
       "config": config.to_dict(),
       "wall_time_s": time.time() - t0,
       "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(), "devices": jax.device_count(),
@@ -373,10 +391,9 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "final": records[-1] if records else None,
   }
   summary["selected_params"] = {  # kept in selected/ (python -m fedjax_dg.evaluate re-scores them)
-      rule: (f"selected/{rule}.msgpack" if sel and ckpt_lib.selected_round(workdir, rule) == sel["round"] else None)
+      rule: (f"selected/{rule}.msgpack" if sel and rundir.selected_round(workdir, rule, run) == sel["round"] else None)
       for rule, sel in summary["selection"].items()}
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  rundir.write_summary(workdir, summary)
   return summary
 
 
@@ -394,13 +411,16 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
       ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
       test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
       test_domain_train_include=d.get("test_domain_train_include", True))
-  summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
-  out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
-         "selection": {}}
-  for rule in SELECTION_RULES:
-    accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
-    if accs:  # no held-out domain under data.lodo_validation = "in_domain"
-      out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(out, f, indent=2)
+  with rundir.owned(workdir):  # the folds' summary is this workdir's
+    if not config.resume and os.path.exists(os.path.join(workdir, rundir.SUMMARY_FILE)):
+      raise config_lib.ConfigError(f"workdir {workdir!r} already holds results ({rundir.SUMMARY_FILE}); pass "
+                                   "--config.resume=True to continue that run or choose another --config.workdir")
+    summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
+    out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
+           "selection": {}}
+    for rule in SELECTION_RULES:
+      accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
+      if accs:  # no held-out domain under data.lodo_validation = "in_domain"
+        out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
+    rundir.write_summary(workdir, out)
   return out

@@ -39,11 +39,14 @@ def main(argv):
   if config is None:
     print("error: --config is required, e.g. --config configs/default.py", file=sys.stderr)
     return 2
+  if not_a_config(config):
+    print(f"error: {not_a_config(config)}", file=sys.stderr)
+    return 2
   workdir = _WORKDIR.value or config.workdir
   try:
     summary = train_and_evaluate(config, workdir)
-  except (ConfigError, FloatingPointError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   print(f"done: {_summary_line(summary)}")
   print(f"results in {workdir}/summary.json")
@@ -104,12 +107,12 @@ def translate_legacy(argv: list[str]) -> list[str]:
   return out
 
 
-def _config_path() -> str:
+def _config_path(flag: str = "config") -> str:
   args = sys.argv[1:]
   for k, a in enumerate(args):
-    if a.startswith("--config="):
+    if a.startswith(f"--{flag}="):
       return a.split("=", 1)[1]
-    if a == "--config" and k + 1 < len(args):
+    if a == f"--{flag}" and k + 1 < len(args):
       return args[k + 1]
   return "?"
 
@@ -121,11 +124,38 @@ def _root_cause(e: BaseException) -> str:
   return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
-def _config_load_error(e: BaseException) -> str:
-  path = _config_path()
+def _config_load_error(e: BaseException, flag: str = "config") -> str:
+  path = _config_path(flag)
   if not os.path.isfile(path.split(":", 1)[0]):
-    return f"--config {path}: no such config file"
-  return f"--config {path}: cannot load the config file ({_root_cause(e)})"
+    return f"--{flag} {path}: no such config file"
+  return f"--{flag} {path}: cannot load the config file ({_root_cause(e)})"
+
+
+def _not_a_config(flag: str = "config") -> str | None:
+  """When --config's get_config returned something other than a ConfigDict (None, a dict):
+  the line saying so; else None. Runs the file again, on the error path only."""
+  import importlib.util
+  import ml_collections
+  path = _config_path(flag)
+  file, _, arg = path.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_fedjax_dg_config_check", file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.get_config(arg) if arg else mod.get_config()
+  except BaseException:  # pylint: disable=broad-except  # then the original error says it
+    return None
+  if isinstance(got, ml_collections.ConfigDict):
+    return None
+  return f"--{flag} {path}: get_config() returned {type(got).__name__}, not an ml_collections.ConfigDict"
+
+
+def not_a_config(config) -> str | None:
+  """The line for a loaded config that is not a ConfigDict, or None."""
+  import ml_collections
+  if config is None or isinstance(config, ml_collections.ConfigDict):
+    return None
+  return f"--config {_config_path()}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict"
 
 
 def one_line_warnings() -> None:
@@ -133,33 +163,67 @@ def one_line_warnings() -> None:
   warnings.formatwarning = lambda message, category, *a, **k: f"warning: {message}\n"
 
 
-def _config_flag_error(e: Exception, argv: list[str]) -> str:
+def _config_flag_error(e: Exception, argv: list[str], flag: str = "config") -> str:
   """ml_collections' error for an unknown `--config.<field>` (a KeyError with a "did you
   mean", wrapped in an AttributeError, ~50 lines of traceback) as one line."""
   text = str(e)
   m = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
   bad = m.group(2) if m else next(iter(re.findall(r"'([^'\\]+)", text)), text.strip("'\""))
-  flag = next((a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
-               and bad in a.split("=")[0][len("--config."):].split(".")), None)
-  head = f"{flag}: " if flag else ""
+  arg = next((a.split("=")[0] for a in argv[1:] if a.startswith(f"--{flag}.")
+              and bad in a.split("=")[0][len(f"--{flag}."):].split(".")), None)
+  head = f"{arg}: " if arg else ""
   if not m:
     return f"{head}no config field {bad!r}"
-  hint = f"{flag.rsplit('.', 1)[0]}.{m.group(1)}" if flag else m.group(1)
+  hint = ".".join(m.group(1) if part == bad else part for part in arg.split(".")) if arg else m.group(1)
   return f"{head}no config field {bad!r}; did you mean {hint}?"
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag or config override as one line and exit status 2."""
+def last_overrides(argv: list[str]) -> list[str]:
+  """`argv` with each dotted override (`--config.a.b=v`, `--config.a.b v`) kept only at its
+  last occurrence: ml_collections would concatenate a tuple field given twice
+  (`--config.model.hidden=(64,) --config.model.hidden=(32,)` -> (64, 32)) instead of replacing it."""
+  items, k = [], 0
+  while k < len(argv):
+    a = argv[k]
+    head = a.split("=", 1)[0]
+    dotted = k > 0 and a.startswith("--") and "." in head and not a.startswith("---")
+    if dotted and "=" not in a and k + 1 < len(argv) and not argv[k + 1].startswith("--"):
+      items.append((head, [a, argv[k + 1]]))
+      k += 2
+      continue
+    items.append((head if dotted else None, [a]))
+    k += 1
+  last = {h: n for n, (h, _) in enumerate(items) if h}
+  return [x for n, (h, group) in enumerate(items) if h is None or last[h] == n for x in group]
+
+
+def parse_flags(argv: list[str], flag: str = "config") -> list[str]:
+  """absl's flag parsing, with a bad flag or config override as one line and exit status 2;
+  an override given twice takes its last value."""
   try:
-    return flags.FLAGS(argv)
+    return flags.FLAGS(last_overrides(argv))
   except flags.Error as e:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "Error whilst parsing config file" in str(e):  # the file's own error is its cause
+      msg = _config_load_error(e, flag)
+    elif f"--{flag} must have a value other than None" in str(e) and _config_path(flag) != "?":
+      msg = _not_a_config(flag) or f"--{flag} {_config_path(flag)}: get_config() returned None"
+    else:
+      msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   except (AttributeError, KeyError) as e:  # ml_collections: an unknown --config.<field>
-    msg = _config_flag_error(e, argv)
+    msg = _not_a_config(flag) or _config_flag_error(e, argv, flag)
+  except SystemExit as e:  # the config file called sys.exit
+    msg = f"--{flag} {_config_path(flag)}: the config file exited (status {e.code}) instead of returning a config"
   except Exception as e:  # pylint: disable=broad-except  # the config file fails to load or run
-    msg = _config_load_error(e)
+    msg = _config_load_error(e, flag)
   print(f"error: {msg}", file=sys.stderr)
   sys.exit(2)
+
+
+def _quiet_absl_before_parsing() -> None:
+  """ml_collections logs (through absl, with a "Logging before flag parsing" line) what a
+  config file does wrong; the one error line says it instead."""
+  from absl import logging
+  logging.set_verbosity(logging.ERROR)
 
 
 def _define_flags():
@@ -175,6 +239,7 @@ def run():
     print_help(__name__, USAGE)
     sys.exit(0)
   flags.mark_flag_as_required("config")
+  _quiet_absl_before_parsing()
   app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 

@@ -10,7 +10,9 @@ cannot go stale; after changing a case or a message, regenerate it with
 
 Adding a case: decorate a function of a `pathlib.Path` (its temporary folder) with
 `@case(item, name, trigger, expect)` anywhere below `case`; the table orders cases by issue
-item, then by their place in this file. Helpers for the function body:
+item, then by their place in this file. A case given a `section` (the run directory,
+untrusted files, config fields, config files, sweeps, data files) shows it in place of
+the item. Helpers for the function body:
 
 - `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
   (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
 import re
 import subprocess
@@ -60,17 +63,19 @@ class Case:
   run: Callable[..., str]            # tmp folder -> the line the user sees
   outcome: str = "error"             # "error": refused; "warning": goes on after one line; "works": no message
   issue: int = 13                    # the issue the case comes from (issue 11: text datasets)
+  section: str = ""                  # shown instead of the item: the run directory, untrusted files, ...
 
 
 CASES: list[Case] = []
 
 
-def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error", issue: int = 13):
+def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error", issue: int = 13,
+         section: str = ""):
   """Registers the decorated function as a case (see the module docstring)."""
   def register(fn):
     if any(c.name == name for c in CASES):
       raise ValueError(f"two bad-input cases named {name!r}")
-    CASES.append(Case(item, name, trigger, expect, fn, outcome, issue))
+    CASES.append(Case(item, name, trigger, expect, fn, outcome, 26 if section else issue, section))
     return fn
   return register
 
@@ -337,9 +342,9 @@ def _(tmp):
 @case(2, "resume with another config", "a run of `P` with `num_clients=8` stopped after its first evaluation, "
       "resumed as `P --config.resume=True` (4 clients)", "num_clients: 8 in the run, 4 now")
 def _(tmp):
-  from fedjax_dg import checkpoint
+  from fedjax_dg import rundir
   os.makedirs(tmp / "W")
-  checkpoint.write_run_config(_p_config(tmp, num_clients=8), str(tmp / "W"))
+  rundir.write_run_config(_p_config(tmp, num_clients=8), str(tmp / "W"))
   (tmp / "W" / "metrics.jsonl").write_text('{"round": 1, "train_loss": 1.0, "splits": {}}\n')
   return cli(tmp, "--config.resume=True")
 
@@ -466,11 +471,11 @@ def _(tmp):
 @case(9, "torn last line of metrics.jsonl", "a metrics.jsonl whose last line was cut mid-write, read by a resume",
       "line 2 is torn (a write cut short); ignoring it", outcome="warning")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import rundir
   path = tmp / "metrics.jsonl"
   path.write_text('{"round": 2, "train_loss": 0.5, "splits": {}}\n{"round": 4, "train_lo')
   recs = []
-  line = warning_of(lambda: recs.extend(experiment._read_records(str(path))))  # pylint: disable=protected-access
+  line = warning_of(lambda: recs.extend(rundir.read_metrics(str(tmp))))
   assert [r["round"] for r in recs] == [2]
   return line
 # ----------------------------------------------------------------------------- config fields (items 7-9)
@@ -594,6 +599,645 @@ def _(tmp):
   return _validate(tmp, "civilcomments", **{"data.select_metric": "overall_accuracy"})
 
 
+# ----------------------------------------------------------------------------- the run directory
+
+def _pid_host_time(line: str) -> str:
+  """A live owner's PID, host and start time, which differ per run, as <pid>, <host>, <time>."""
+  import socket
+  line = re.sub(r"process \d+", "process <pid>", line).replace(socket.gethostname(), "<host>")
+  return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", line)
+
+
+def _stage(rounds):
+  from fedjax_dg.experiment import Stage
+  return [Stage("stage 1", None, None, 0, rounds)]
+
+
+def _resume_files(tmp, rounds, run_of=None, torn=False):
+  """`P`'s config stored in `tmp/W` (its identity returned) and metrics records of `rounds`."""
+  from fedjax_dg import rundir
+  w = str(tmp / "W")
+  os.makedirs(w, exist_ok=True)
+  run = rundir.write_run_config(_p_config(tmp, eval_every=2), w)
+  recs = [{"round": r, "run": (run_of or {}).get(r, run), "train_loss": 1.0, "splits": {}} for r in rounds]
+  text = "".join(json.dumps(r) + "\n" for r in recs)
+  (tmp / "W" / "metrics.jsonl").write_text(text[:-12] if torn else text)
+  return w, run
+
+
+@case(1, "a second process on the same workdir", "a process holds `W` (`rundir.owned`), then a run on `W` starts",
+      "is in use by process <pid> on <host>", section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  holder = ("import sys, time; from fedjax_dg import rundir\n"
+            "with rundir.owned(sys.argv[1]):\n  print('held', flush=True); time.sleep(60)\n")
+  env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT))
+  p = subprocess.Popen([sys.executable, "-c", holder, str(tmp / "W")], env=env, stdout=subprocess.PIPE, text=True)
+  try:
+    assert p.stdout.readline().strip() == "held"
+
+    def enter():
+      with rundir.owned(str(tmp / "W")):
+        pass
+    return _pid_host_time(error_of(enter))
+  finally:
+    p.kill()
+    p.wait()
+
+
+@case(2, "resume after config.json was deleted", "`W` holds metrics.jsonl and checkpoints/4 but no config.json; "
+      "`P --config.resume=True --config.client.lr=0.05`", "but no config.json, so no resume can tell which config",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  os.makedirs(tmp / "W" / "checkpoints" / "4")
+  (tmp / "W" / "metrics.jsonl").write_text('{"round": 2, "splits": {}}\n')
+  c = _p_config(tmp, resume=True, **{"client.lr": 0.05})
+  return error_of(lambda: rundir.prepare(c, str(tmp / "W"), multi_stage=False))
+
+
+@case(2, "metrics records of another run", "`W/metrics.jsonl`'s second record carries another run's identity; "
+      "resumed from checkpoint 4", "record 2 (round 4) carries run <digest>, this config is run <digest>",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import experiment
+  w, run = _resume_files(tmp, (2, 4), run_of={4: "0" * 16})
+  return error_of(lambda: experiment._resumed_records(w, run, 4, experiment._on_schedule(_stage(6), 2)))  # pylint: disable=protected-access
+
+
+@case(2, "metrics.jsonl deleted, checkpoints kept", "`W` of `P --config.eval_every=2` with checkpoint 4 and no "
+      "metrics.jsonl, resumed", "metrics.jsonl lacks the evaluation(s) of round(s) [2, 4], which checkpoint 4 follows",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import experiment
+  w, run = _resume_files(tmp, ())
+  os.remove(tmp / "W" / "metrics.jsonl")
+  return error_of(lambda: experiment._resumed_records(w, run, 4, experiment._on_schedule(_stage(6), 2)))  # pylint: disable=protected-access
+
+
+@case(2, "torn last evaluation at the checkpoint's round", "`W/metrics.jsonl` with round 4's line cut mid-write and "
+      "checkpoint 4: the resume evaluates round 4 again from the checkpoint", "line 2 is torn", outcome="warning",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import experiment
+  w, run = _resume_files(tmp, (2, 4), torn=True)
+  out = []
+  line = warning_of(lambda: out.append(experiment._resumed_records(  # pylint: disable=protected-access
+      w, run, 4, experiment._on_schedule(_stage(6), 2))))  # pylint: disable=protected-access
+  before, _, again = out[0]
+  assert [r["round"] for r in before] == [2] and again
+  return line
+
+
+@case(2, "a run extended with more rounds", "`P --config.num_rounds=3 --config.eval_every=2` (evaluated at 2 and 3), "
+      "resumed with `--config.num_rounds=6`: evaluated at 2, 4, 6", "dropping the evaluation(s) of round(s) [3], off "
+      "this run's schedule", outcome="warning", section="run directory")
+def _(tmp):
+  from fedjax_dg import experiment
+  w, run = _resume_files(tmp, (2, 3))
+  out = []
+  line = warning_of(lambda: out.append(experiment._resumed_records(  # pylint: disable=protected-access
+      w, run, 3, experiment._on_schedule(_stage(6), 2))))  # pylint: disable=protected-access
+  assert [r["round"] for r in out[0][0]] == [2] and not out[0][2]
+  return line
+
+
+def _two_checkpoints(tmp, run="00112233aabbccdd"):
+  from fedjax_dg import checkpoint
+  ck = checkpoint.Checkpoints(str(tmp / "W"), run=run)
+  for step in (2, 4):
+    ck.save(step, {"w": np.full(3, float(step), np.float32)})
+  ck.close()
+
+
+def _restore_two(tmp, run="00112233aabbccdd"):
+  from fedjax_dg import checkpoint
+  ck = checkpoint.Checkpoints(str(tmp / "W"), run=run)
+  try:
+    step, _ = ck.restore_latest(lambda s: {"w": np.zeros(3, np.float32)})
+  finally:
+    ck.close()
+  assert step == 2
+
+
+@case(2, "older checkpoint under a newer step", "checkpoint 2's folder and checksum file copied over checkpoint 4's, "
+      "then resumed", "checkpoint 4: ValueError: it holds round 2's state, not round 4's", outcome="warning",
+      section="run directory")
+def _(tmp):
+  import shutil
+  _two_checkpoints(tmp)
+  d = tmp / "W" / "checkpoints"
+  shutil.rmtree(d / "4")
+  shutil.copytree(d / "2", d / "4")
+  s = json.loads((tmp / "W" / "checkpoint_sums" / "2.json").read_text())
+  (tmp / "W" / "checkpoint_sums" / "4.json").write_text(json.dumps({**s, "step": 4}))
+  return warning_of(lambda: _restore_two(tmp))
+
+
+@case(2, "checkpoint without its checksum", "`checkpoint_sums/4.json` deleted (a flipped byte would then pass), "
+      "then resumed", "checkpoint 4: ValueError: it has no checksum file (checkpoint_sums/4.json)", outcome="warning",
+      section="run directory")
+def _(tmp):
+  _two_checkpoints(tmp)
+  os.remove(tmp / "W" / "checkpoint_sums" / "4.json")
+  return warning_of(lambda: _restore_two(tmp))
+
+
+@case(2, "checkpoints of another run", "`W`'s checkpoints saved by another run, resumed by this one",
+      "checkpoint 4: ValueError: its checksum file is run <digest>'s, this is run <digest>",
+      section="run directory")
+def _(tmp):
+  _two_checkpoints(tmp)
+  return error_of(lambda: _restore_two(tmp, run="ffffffffffffffff"))
+
+
+@case(2, "fresh run over another run's summary and selected parameters", "`P` on a workdir holding `summary.json` "
+      "and `selected/` (no metrics.jsonl)", "already holds results (summary.json, selected/)", section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  os.makedirs(tmp / "W" / "selected")
+  (tmp / "W" / "summary.json").write_text("{}")
+  return error_of(lambda: rundir.prepare(_p_config(tmp), str(tmp / "W"), multi_stage=False))
+
+
+@case(2, "a tuple field overridden twice", "`P --config.model.hidden=(64,) --config.model.hidden=(32,)` "
+      "(ml_collections alone concatenates them into a 64-32 MLP)", "--config.model.hidden=(32,)", outcome="works",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import main
+  argv = ["fedjax-dg", "--config", "configs/default.py", "--config.model.hidden=(64,)", "--config.model.hidden=(32,)"]
+  kept = [a for a in main.last_overrides(argv) if a.startswith("--config.")]
+  assert kept == ["--config.model.hidden=(32,)"]
+  return f"the last one is kept: {kept[0]}"
+
+
+@case(2, "garbage selected/ record", "`python -m fedjax_dg.evaluate` on a run whose `selected/heldout_domain.json` "
+      "holds `garbage`", "selected/heldout_domain.json: cannot read a selection record", section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  os.makedirs(tmp / "W" / "selected")
+  (tmp / "W" / "selected" / "heldout_domain.json").write_text("garbage")
+  (tmp / "W" / "selected" / "heldout_domain.msgpack").write_bytes(b"\x80")
+  return error_of(lambda: rundir.load_selected(str(tmp / "W"), "heldout_domain", {}))
+
+
+# ----------------------------------------------------------------------------- untrusted files
+
+@case(3, "pickle whose dicts share children", "a `.pth` of under 2 KB: 60 nested dicts, each holding the next twice "
+      "(2**60 paths as a tree), given to the converter or `model.pretrained_path`",
+      "expected a state_dict (a dict of tensors), got dict", section="untrusted files")
+def _(tmp):
+  from test_untrusted_files import _pth_of
+  from fedjax_dg.models import convert
+
+  def dag(tensor):
+    node = {"w": tensor("0", 4)}
+    for _ in range(60):
+      node = {"a": node, "b": node}
+    return node
+  path = _pth_of(tmp / "dag.pth", dag, {"0": np.ones(4, np.float32)})
+  return error_of(lambda: convert.read_state_dict(path))
+
+
+@case(3, "`.pth` storage declaring 4 GiB", "a `.pth` whose pickle declares a storage of 2**30 floats, its record 16 "
+      "bytes", "storage '0' (1073741824 elements) brings the tensors to more than 2147483648 bytes in all",
+      section="untrusted files")
+def _(tmp):
+  import zipfile
+  from test_untrusted_files import _with_numel
+  from test_resnet import write_torch_zip
+  from fedjax_dg.models import convert
+  path = str(tmp / "big.pth")
+  write_torch_zip(path, {"0": np.ones(4, np.float32)}, {"conv1.weight": ("0", 0, (4,), (1,))})
+  with zipfile.ZipFile(path) as zf:
+    members = {n: zf.read(n) for n in zf.namelist()}
+  members["archive/data.pkl"] = _with_numel(members["archive/data.pkl"], 2 ** 30)
+  with zipfile.ZipFile(path, "w") as zf:
+    for n, b in members.items():
+      zf.writestr(n, b)
+  return error_of(lambda: convert.read_state_dict(path))
+
+
+@case(3, "`.pth` record larger than its storage", "a `.pth` whose storage record is deflated and declares 4000 bytes "
+      "for a storage of 4 floats", "record 'archive/data/0' declares 4000 bytes, its storage 16",
+      section="untrusted files")
+def _(tmp):
+  import zipfile
+  from test_resnet import write_torch_zip
+  from fedjax_dg.models import convert
+  path = str(tmp / "mismatch.pth")
+  write_torch_zip(path, {"0": np.ones(4, np.float32)}, {"conv1.weight": ("0", 0, (4,), (1,))})
+  with zipfile.ZipFile(path) as zf:
+    members = {n: zf.read(n) for n in zf.namelist()}
+  members["archive/data/0"] = bytes(4000)
+  with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+    for n, b in members.items():
+      zf.writestr(n, b)
+  return script(tmp, "scripts/convert_torchvision_weights.py", path, str(tmp / "out.npz"))
+
+
+@case(3, "`.npz` member declaring 8 GiB", "a converted `.npz` whose `conv1/kernel.npy` header says `(2**31,)` "
+      "float32 over 64 bytes of data", "member 'conv1/kernel.npy' declares 192 bytes, its array header [2147483648] "
+      "float32 needs", section="untrusted files")
+def _(tmp):
+  import io
+  import zipfile
+  from fedjax_dg.models import convert
+  header = io.BytesIO()
+  np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2 ** 31,)})
+  path = str(tmp / "w.npz")
+  with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+    zf.writestr("conv1/kernel.npy", header.getvalue() + bytes(64))
+  return error_of(lambda: convert.load_converted(path))
+
+
+@case(3, "gzipped IDX declaring 60 GB", "`train-images-idx3-ubyte.gz` whose header says `(60000, 1000, 1000)`",
+      "its IDX header declares shape (60000, 1000, 1000) (60000000016 bytes), more than the 2147483648 allowed",
+      section="untrusted files")
+def _(tmp):
+  from test_untrusted_files import _gz_idx
+  from fedjax_dg.data import idx
+  path = _gz_idx(tmp / "train-images-idx3-ubyte.gz", (60000, 1000, 1000), bytes(1000))
+  return error_of(lambda: idx.read_idx(path))
+
+
+@case(3, "gzipped IDX inflating past its header", "a `.gz` whose header says `(10, 28, 28)` and whose data inflates "
+      "to 50 MiB: read to 7841 bytes only", "IDX data size 7841 bytes does not match its header shape (10, 28, 28)",
+      section="untrusted files")
+def _(tmp):
+  from test_untrusted_files import _gz_idx
+  from fedjax_dg.data import idx
+  path = _gz_idx(tmp / "x.gz", (10, 28, 28), bytes(50 * 2 ** 20))
+  return error_of(lambda: idx.read_idx(path))
+
+
+@case(3, "corrupt gzipped IDX", "`train-images-idx3-ubyte.gz` with its last 100 bytes cut",
+      "corrupt gzip data (Compressed file ended before the end-of-stream marker was reached)",
+      section="untrusted files")
+def _(tmp):
+  from test_untrusted_files import _gz_idx
+  from fedjax_dg.data import idx
+  path = _gz_idx(tmp / "train-images-idx3-ubyte.gz", (10, 28, 28), np.random.default_rng(0).bytes(7840))
+  os.truncate(path, os.path.getsize(path) - 100)
+  return error_of(lambda: idx.read_idx(path))
+
+
+# ----------------------------------------------------------------------------- config fields: types and ranges
+
+def _typed(tmp, **fields):
+  """`configs/default.py` rebuilt from its dict with `fields` set (as a config file building its
+  own ConfigDict may hold any type), then `config.validate`."""
+  from fedjax_dg import config as config_lib
+  d = _text_config("default", workdir=str(tmp / "W")).to_dict()
+  for path, v in fields.items():
+    node = d
+    *head, last = path.split(".")
+    for part in head:
+      node = node[part]
+    if v is _DELETE:
+      del node[last]
+    else:
+      node[last] = v
+  return error_of(lambda: config_lib.validate(ml_collections.ConfigDict(d)))
+
+
+_DELETE = object()
+
+for _field, _value, _expect in (
+    ("seed", 2 ** 64, "seed must be an integer >= 0 and < 2**32, got"),
+    ("seed", True, "seed must be an integer, got True (bool)"),
+    ("model.hidden", "abc", "model.hidden must be a tuple, got 'abc' (str)"),
+    ("num_clients", None, "num_clients must be an integer, got None"),
+    ("algorithm.name", None, "algorithm.name must be a string, got None"),
+    ("data.angles", (0.0, float("nan")), "data.angles: every entry must be a finite number, got nan"),
+    ("data.angles", (0.0, float("inf")), "data.angles: every entry must be a finite number, got inf"),
+    ("engine", _DELETE, "the config lacks the 'engine' block"),
+    ("server.b1", 2.0, "server.b1 must be in [0, 1), got 2.0"),
+    ("server.eps", -1e-3, "server.eps must be > 0, got -0.001"),
+    ("server.b2", float("nan"), "server.b2 must be a finite number, got nan"),
+    ("client.weight_decay", float("inf"), "client.weight_decay must be a finite number, got inf"),
+    ("algorithm.name", "irm+", "algorithm.name: 'irm+' names no method in one of its parts"),
+    ("data.test_domains", 5, "data.test_domains must be a tuple, got 5 (int), e.g. (5,)"),
+    ("data.test_domains", (5.0,), "data.test_domains: every entry must be an integer, got 5.0 (float)"),
+    ("engine.unroll", -5, "engine.unroll must be >= 1, or -1 (the measured default), got -5"),
+    ("data.num_workers", -1, "data.num_workers must be in [0, 1024] (0: no worker threads), got -1"),
+    ("data.max_per_domain", -3, "data.max_per_domain must be >= 0 (0: all), got -3"),
+    ("data.color_flips", (0.1, 1.5), "data.color_flips: every entry must lie in [0, 1], got 1.5"),
+    ("data.label_noise", -0.1, "data.label_noise must be in [0, 1], got -0.1"),
+    ("data.image_size", 100000, "data.image_size must be in [1, 4096], got 100000"),
+    ("num_rounds", 2.0, "num_rounds must be an integer, got 2.0 (float)"),
+):
+  _shown = "deleted" if _value is _DELETE else repr(_value)
+  case(4, f"`{_field}` = {_shown}", f"a config file (a ConfigDict built from a dict) with `{_field}` {_shown}, "
+       "validated before anything is read", _expect, section="config fields")(
+           lambda tmp, f=_field, v=_value: _typed(tmp, **{f: v}))
+
+
+@case(4, "a round that cannot fit in memory", "`P --config.client.batch_size=100000000` on a device of 8 GiB "
+      "(the estimate runs once the data's shape is known, before compiling)",
+      "client.batch_size, data.image_size: the round needs about", section="config fields")
+def _(tmp):
+  from fedjax_dg import checks
+  from fedjax_dg.models import build_model
+  c = _p_config(tmp, **{"client.batch_size": 10 ** 8})
+  model = build_model(c.model, (16, 16, 1), 6)
+  return error_of(lambda: checks.check_memory(c, model, (16, 16, 1), 4, "vmap", 1, available=8 << 30))
+
+
+@case(4, "absurd local steps", "`P --config.client.local_steps=1000000000` on a device of 8 GiB",
+      "client.local_steps, client.batch_size: the round needs about", section="config fields")
+def _(tmp):
+  from fedjax_dg import checks
+  from fedjax_dg.models import build_model
+  c = _p_config(tmp, **{"client.local_steps": 10 ** 9})
+  model = build_model(c.model, (16, 16, 1), 6)
+  return error_of(lambda: checks.check_memory(c, model, (16, 16, 1), 4, "vmap", 10 ** 9, available=8 << 30))
+
+
+@case(4, "absurd embedded image size", "`P --config.data.image_size=4000` on a machine of 8 GiB (before the images "
+      "are generated)", "data.image_size: 400 x 6 images of 4000^2 pixels need", section="config fields")
+def _(tmp):
+  from fedjax_dg import checks
+  c = _p_config(tmp, **{"data.image_size": 4000})
+  return error_of(lambda: checks._check_data_size(c, available=8 << 30))  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------- config files
+
+def _config_file(tmp, body: str) -> str:
+  path = tmp / "cfg.py"
+  path.write_text(body)
+  return str(path)
+
+
+@case(4, "a config file's own error", "`fedjax-dg --config configs/pacs.py:bogus`",
+      "cannot load the config file (ValueError: configs/pacs.py: unknown setting 'bogus'", section="config files")
+def _(tmp):
+  return cli(tmp, config="configs/pacs.py:bogus")
+
+
+@case(4, "a config file that exits", "`fedjax-dg --config F` where `get_config` calls `sys.exit(3)`",
+      "the config file exited (status 3) instead of returning a config", section="config files")
+def _(tmp):
+  return cli(tmp, config=_config_file(tmp, "import sys\ndef get_config():\n  sys.exit(3)\n"))
+
+
+@case(4, "a config file returning None", "`fedjax-dg --config F P` where `get_config` returns None",
+      "get_config() returned NoneType, not an ml_collections.ConfigDict", section="config files")
+def _(tmp):
+  return cli(tmp, config=_config_file(tmp, "def get_config():\n  return None\n"))
+
+
+@case(4, "a config file returning a dict", "`fedjax-dg --config F P` where `get_config` returns `{'a': 1}`",
+      "get_config() returned dict, not an ml_collections.ConfigDict", section="config files")
+def _(tmp):
+  return cli(tmp, config=_config_file(tmp, "def get_config():\n  return {'a': 1}\n"))
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+def _tiny_sweep(tmp):
+  from fedjax_dg.bench import launch, sweep as sweep_lib
+  s = sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "tiny.py"))
+  s.root = str(tmp / "sweep")
+  exp = sweep_lib.expand(s)
+  launch.prepare(exp)
+  return s, exp, list(exp.jobs.values())[0].workdir
+
+
+def _status_of(exp, workdir):
+  from fedjax_dg.bench import launch
+  row = next(r for r in launch.status(exp) if r["workdir"] == workdir)
+  return f"{row['state']}: {row['error']}" if row["error"] else row["state"]
+
+
+@case(5, "torn summary.json in a sweep job", "a finished job's `summary.json` cut mid-write; `bench status`",
+      "broken: <tmp>/sweep/<digest>/summary.json: cannot read the run's summary", section="sweeps")
+def _(tmp):
+  _, exp, w = _tiny_sweep(tmp)
+  with open(os.path.join(w, "summary.json"), "w") as f:
+    f.write('{"selection": {"heldout')
+  return _status_of(exp, w)
+
+
+@case(5, "garbage line inside a job's metrics.jsonl", "a finished job whose `metrics.jsonl` line 2 is `garbage`; "
+      "`bench status` (and `collect` leaves it out)", "broken: <tmp>/sweep/<digest>/metrics.jsonl: line 2 is not an "
+      "evaluation record", section="sweeps")
+def _(tmp):
+  from fedjax_dg.bench import collect
+  s, exp, w = _tiny_sweep(tmp)
+  with open(os.path.join(w, "summary.json"), "w") as f:
+    f.write('{"selection": {}}')
+  with open(os.path.join(w, "metrics.jsonl"), "w") as f:
+    f.write('{"round": 1, "splits": {}}\ngarbage\n')
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    assert collect.load_results(exp) == {}
+  return _status_of(exp, w)
+
+
+@case(5, "malformed RUNNING lock", "a job's `RUNNING` lock holding `{\"pid\": 1` (cut short); `bench status`",
+      "pending", outcome="works", section="sweeps")
+def _(tmp):
+  _, exp, w = _tiny_sweep(tmp)
+  with open(os.path.join(w, "RUNNING"), "w") as f:
+    f.write('{"pid": 1')
+  return _status_of(exp, w)
+
+
+@case(5, "job folder replaced by a file", "a job's folder replaced by a file; `bench run`",
+      "the job's folder is not a folder; move it away so the job can run", section="sweeps")
+def _(tmp):
+  import shutil
+  from fedjax_dg.bench import launch
+  _, exp, w = _tiny_sweep(tmp)
+  shutil.rmtree(w)
+  with open(w, "w") as f:
+    f.write("x")
+  assert _status_of(exp, w).startswith("broken: ")
+  return error_of(lambda: launch.run_local(exp, workers=1, quiet=True))
+
+
+@case(5, "typo in a sweep override", "`python -m fedjax_dg.bench status --sweep configs/sweeps/tiny.py "
+      "--sweep.bse.num_rounds=3`", "--sweep.bse.num_rounds: no config field 'bse'; did you mean --sweep.base.num_rounds?",
+      section="sweeps")
+def _(tmp):
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg.bench", "status", "--sweep", "configs/sweeps/tiny.py",
+                    "--sweep.bse.num_rounds=3"])
+
+
+@case(5, "missing sweep file", "`python -m fedjax_dg.bench status --sweep configs/sweeps/nope.py`",
+      "--sweep configs/sweeps/nope.py: no such config file", section="sweeps")
+def _(tmp):
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg.bench", "status", "--sweep", "configs/sweeps/nope.py"])
+
+
+@case(5, "`log_uniform` with a bound <= 0", "`sweep.search.distributions.client.lr = ('log_uniform', 0.0, 1.0)`, "
+      "a trial drawn", "log_uniform draws exp(uniform(log lo, log hi)), so both bounds must be > 0; got lo = 0.0",
+      section="sweeps")
+def _(tmp):
+  from fedjax_dg.bench import sweep as sweep_lib
+  s = sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "tiny.py"))
+  s.search = ml_collections.ConfigDict({"distributions": {"client": {"lr": ("log_uniform", 0.0, 1.0)}}})
+  return error_of(lambda: sweep_lib.trial_overrides(s, "fedavg", 1))
+
+
+@case(5, "`bench run --workers=0`", "`python -m fedjax_dg.bench run --sweep configs/sweeps/tiny.py --workers=0`",
+      "workers must be >= 1, got 0", section="sweeps")
+def _(tmp):
+  from fedjax_dg.bench import launch
+  _, exp, _ = _tiny_sweep(tmp)
+  return error_of(lambda: launch.run_local(exp, workers=0, quiet=True))
+
+
+# ----------------------------------------------------------------------------- data files
+
+def _iwildcam(tmp, rows, raw: bytes | None = None):
+  """An IWildCam release of `rows` (split, y, location) with 5x5 images; `raw` replaces its table."""
+  from PIL import Image
+  root = tmp / "iwildcam_v2.0"
+  os.makedirs(root / "train")
+  text = "split,location_remapped,y,filename\n"
+  for k, (split, y, loc) in enumerate(rows):
+    Image.new("RGB", (5, 5)).save(root / "train" / f"{k}.jpg")
+    text += f"{split},{loc},{y},{k}.jpg\n"
+  (root / "metadata.csv").write_bytes(raw if raw is not None else text.encode())
+  return root
+
+
+for _label in ("nan", "inf", "1e400", "3.7"):
+  case(5, f"WILDS label {_label}", f"`wilds.load_fold` of an IWildCam `metadata.csv` whose row 3 has `y={_label}`",
+       f"metadata.csv row 3: column 'y' holds '{_label}', not an integer", section="data files")(
+           lambda tmp, v=_label: error_of(lambda: __import__("fedjax_dg.data.wilds", fromlist=["w"]).load_fold(
+               _wilds_config(_iwildcam(tmp, [("train", 0, 0), ("train", v, 1), ("val", 1, 2), ("test", 2, 3)]),
+                             "iwildcam"))))
+
+
+@case(5, "WILDS table that is not UTF-8", "an IWildCam `metadata.csv` holding the byte 0xff",
+      "metadata.csv: not UTF-8 text (byte b'\\xff' at offset", section="data files")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = _iwildcam(tmp, [("train", 0, 0)], raw=b"split,location_remapped,y,filename\ntrain,0,\xff,0.jpg\n")
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(5, "WILDS release without its val split", "an IWildCam `metadata.csv` with train and test rows only",
+      "no rows in the official 'val' split (held-out-domain selection needs it)", section="data files")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = _iwildcam(tmp, [("train", 0, 0), ("train", 1, 1), ("test", 2, 3)])
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(5, "CivilComments toxicity NaN", "`all_data_with_identities.csv` whose first comment's toxicity is `nan`",
+      "column 'toxicity' holds 'nan', outside [0, 1]", section="data files")
+def _(tmp):
+  import csv
+  from test_text import write_civilcomments
+  from fedjax_dg.data import civilcomments
+  write_civilcomments(tmp / "cc", n=10)
+  path = tmp / "cc" / civilcomments.FILE
+  rows = list(csv.reader(open(path, newline="")))
+  rows[1][rows[0].index("toxicity")] = "nan"
+  with open(path, "w", newline="") as f:
+    csv.writer(f).writerows(rows)
+  table = civilcomments.read_table(str(tmp / "cc"))
+  return error_of(lambda: civilcomments.labels_and_identities(table, str(path)))
+
+
+@case(5, "Py150 negative token id", "`processed/train_input.json` whose first chunk's second token is -5",
+      "train_input.json: example 0 token 1 is -5, outside the token ids [0, 16777216)", section="data files")
+def _(tmp):
+  from test_text import write_py150
+  from fedjax_dg.data import py150
+  write_py150(str(tmp / "py150_v1.0"))
+  path = tmp / "py150_v1.0" / "processed" / "train_input.json"
+  rows = json.loads(path.read_text())
+  rows[0][1] = -5
+  path.write_text(json.dumps(rows))
+  return error_of(lambda: py150.read_split(str(tmp / "py150_v1.0"), "train", py150.repo_table(
+      str(tmp / "py150_v1.0"))))
+
+
+@case(5, "FEMNIST JSON nested very deep", "a LEAF `train/*.json` of 100000 nested lists",
+      "JSON nested too deeply (LEAF's files nest three levels)", section="data files")
+def _(tmp):
+  from fedjax_dg.data import femnist
+  (tmp / "deep.json").write_text("[" * 100000 + "]" * 100000)
+  return error_of(lambda: femnist.read_leaf_file(str(tmp / "deep.json")))
+
+
+@case(5, "FEMNIST JSON of the wrong shape", "a LEAF file whose `users` is `5`",
+      "not LEAF's layout of users / num_samples / user_data (TypeError:", section="data files")
+def _(tmp):
+  from fedjax_dg.data import femnist
+  (tmp / "f.json").write_text('{"users": 5, "num_samples": [1], "user_data": {}}')
+  return error_of(lambda: femnist.read_leaf_file(str(tmp / "f.json")))
+
+
+@case(5, "IDX images stored as floats", "`train-images-idx3-ubyte` of float32 pixels up to 1e6 (IDX type 0x0D)",
+      "images must be unsigned bytes (IDX type 0x08, pixels 0..255), got float32", section="data files")
+def _(tmp):
+  import struct
+  from fedjax_dg.data import idx
+  root = _idx_dir(tmp / "mnist", [1] * 12)
+  a = np.full((9, 28, 28), 1e6, ">f4")
+  with open(os.path.join(root, "train-images-idx3-ubyte"), "wb") as f:
+    f.write(bytes([0, 0, 0x0D, 3]) + struct.pack(">3I", *a.shape) + a.tobytes())
+  return error_of(lambda: idx.load_mnist_dir(root, num_classes=10))
+
+
+@case(5, "`hf_config` with zero heads", "`model.hf_config` naming a GPT-2 `config.json` with `n_head: 0`",
+      "n_head must be a positive integer, got 0", section="data files")
+def _(tmp):
+  from fedjax_dg.models import text
+  (tmp / "config.json").write_text('{"n_head": 0}')
+  return error_of(lambda: text.read_hf_config("gpt2", str(tmp / "config.json")))
+
+
+@case(5, "`hf_config` with an absurd vocabulary", "a GPT-2 `config.json` with `vocab_size: 10**12`",
+      "vocab_size = 1000000000000 exceeds 4194304 (not a gpt2 size)", section="data files")
+def _(tmp):
+  from fedjax_dg.models import text
+  (tmp / "config.json").write_text('{"vocab_size": 1000000000000}')
+  return error_of(lambda: text.read_hf_config("gpt2", str(tmp / "config.json")))
+
+
+@case(5, "truncated token cache", "a token cache `.npy` cut to 100 bytes, then the texts encoded again",
+      "unreadable token cache (ValueError:", outcome="warning", section="data files")
+def _(tmp):
+  from fedjax_dg.data import text
+  np.save(tmp / "c.npy", np.zeros((4, 12), np.int32))
+  os.truncate(tmp / "c.npy", 100)
+  got = []
+  line = warning_of(lambda: got.append(text._read_cache(str(tmp / "c.npy"), 4, 12)))  # pylint: disable=protected-access
+  assert got == [None]
+  return line
+
+
+@case(5, "workdir below a file", "`P --config.workdir=F/W` where `F` is a file",
+      "cannot write there (NotADirectoryError:", section="data files")
+def _(tmp):
+  from fedjax_dg import rundir
+  (tmp / "F").write_text("")
+
+  def enter():
+    with rundir.owned(str(tmp / "F" / "W")):
+      pass
+  return error_of(enter)
+
+
+@case(5, "workdir /dev/null", "`P --config.workdir=/dev/null`", "workdir '/dev/null': cannot write there",
+      section="data files")
+def _(tmp):
+  from fedjax_dg import rundir
+
+  def enter():
+    with rundir.owned("/dev/null"):
+      pass
+  return error_of(enter)
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)
@@ -628,7 +1272,10 @@ def render(results: dict[str, str]) -> str:
       "# Bad inputs and what they get",
       "",
       "Every bad input and fault of issue 13 that is handled, and the line the user now sees; then",
-      "issue 11's refusals of what does not apply to the text datasets (checked before any data is read).",
+      "issue 11's refusals of what does not apply to the text datasets (checked before any data is read);",
+      "then the run directory (one owner, one identity, nothing mixed or lost on resume), untrusted",
+      "files (declared sizes checked before anything is inflated), config fields (types, ranges and a",
+      "memory estimate before compiling), config files, sweeps, and data files.",
       "Generated by `tests/test_bad_inputs.py`, which runs each case and fails when this file",
       f"differs from what the cases print; regenerate with `{REGENERATE}`.",
       "`P` is issue 13's command, `fedjax-dg --config configs/default.py --config.model.name=mlp",
@@ -643,7 +1290,7 @@ def render(results: dict[str, str]) -> str:
   order = sorted(range(len(CASES)), key=lambda k: (CASES[k].issue != 13, CASES[k].issue, CASES[k].item, k))
   for k in order:
     c = CASES[k]
-    item = c.item if c.issue == 13 else f"issue {c.issue}"
+    item = c.section or (c.item if c.issue == 13 else f"issue {c.issue}")
     lines.append(f"| {item} | {c.name} | {c.trigger} | {c.outcome} | {_cell(results[c.name])} |")
   return "\n".join(lines) + "\n"
 

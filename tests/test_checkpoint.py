@@ -19,6 +19,7 @@ import helpers
 
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import experiment
+from fedjax_dg import rundir
 from fedjax_dg.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,7 +112,7 @@ def test_resume_compares_configs_and_fresh_run_refuses_checkpoints(reference, tm
   os.remove(os.path.join(workdir, "metrics.jsonl"))
   os.remove(os.path.join(workdir, "summary.json"))
   # Item 3: checkpoints and no metrics.jsonl: a fresh run is refused.
-  with pytest.raises(ConfigError, match=r"already holds checkpoints \(checkpoints/\)"):
+  with pytest.raises(ConfigError, match=r"already holds checkpoints \(checkpoints/, selected/\)"):
     experiment.train_and_evaluate(config, workdir)
   config.resume = True
   config.num_clients = 4
@@ -127,8 +128,8 @@ def test_resume_compares_configs_and_fresh_run_refuses_checkpoints(reference, tm
   # A field absent from the stored config counts only away from its default.
   stored = json.load(open(os.path.join(workdir, "config.json")))
   del stored["config"]["eval_every"], stored["config"]["client"]["weight_decay"]
-  diff = ckpt_lib.config_differences(stored["config"], reference[0], multi_stage=False)
-  from fedjax_dg.bench.sweep import library_defaults
+  diff = rundir.config_differences(stored["config"], reference[0], multi_stage=False)
+  library_defaults = rundir.library_defaults
   defaults = library_defaults()
   assert defaults["client.weight_decay"] == reference[0].client.weight_decay
   assert diff == [f"eval_every: {defaults['eval_every']} in the run, 2 now"], diff
@@ -346,3 +347,87 @@ def test_orbax_errors_read_as_one_line_without_tensorstore_decorations():
          "[source locations='tensorstore/kvstore/batch_util.h:439\ntensorstore/internal/cache/kvs.h:229']")
   assert _first_line(ValueError(msg)) == ('ValueError: OUT_OF_RANGE: Error reading "w/0": Requested byte range '
                                           '[0, 5) is not valid for value of size 3')
+
+
+# ----------------------------------------------------------------------------- one run per directory, nothing lost
+
+def test_resume_refuses_files_no_config_json_describes(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  os.remove(os.path.join(workdir, "config.json"))
+  config.resume, config.client.lr = True, 0.05
+  with pytest.raises(ConfigError, match=r"holds metrics.jsonl, summary.json, checkpoints/, selected/ but no "
+                                        r"config.json, so no resume can tell which config made them"):
+    experiment.train_and_evaluate(config, workdir)
+
+
+def test_resume_refuses_metrics_of_another_run(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  recs = _records(workdir)
+  recs[1]["run"] = "0" * 16
+  rundir.write_metrics(workdir, recs)
+  config.resume = True
+  with pytest.raises(ConfigError, match=r"record 2 \(round 4\) carries run 0{16}, this config is run [0-9a-f]{16}"):
+    experiment.train_and_evaluate(config, workdir)
+
+
+def test_resume_refuses_lost_evaluations_and_rebuilds_a_torn_last_one(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  path = os.path.join(workdir, "metrics.jsonl")
+  full = open(path, "rb").read()
+  os.remove(path)
+  config.resume = True
+  with pytest.raises(ConfigError, match=r"metrics.jsonl lacks the evaluation\(s\) of round\(s\) \[2, 4, 6\], which "
+                                        r"checkpoint 6 follows"):
+    experiment.train_and_evaluate(config, workdir)
+  assert not os.path.exists(path)
+  # Round 6's line torn: the warning, then round 6 evaluated again from checkpoint 6.
+  with open(path, "wb") as f:
+    f.write(full[:-20])
+  with pytest.warns(UserWarning, match=r"line 3 is torn"):
+    summary = experiment.train_and_evaluate(config, workdir)
+  want = [json.loads(l) for l in full.decode().splitlines()]
+  got = _records(workdir)
+  assert [r["round"] for r in got] == [2, 4, 6] and got[:2] == want[:2]
+  assert got[2]["splits"] == want[2]["splits"] and got[2]["train_loss"] is None
+  assert summary["selection"] == reference[2]["selection"]
+
+
+def test_older_checkpoint_under_a_newer_step_is_set_aside_and_the_run_redone(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  d, sums = os.path.join(workdir, "checkpoints"), os.path.join(workdir, "checkpoint_sums")
+  shutil.rmtree(os.path.join(d, "6"))
+  shutil.copytree(os.path.join(d, "4"), os.path.join(d, "6"))
+  s = json.load(open(os.path.join(sums, "4.json")))
+  json.dump({**s, "step": 6}, open(os.path.join(sums, "6.json"), "w"))
+  config.resume = True
+  with pytest.warns(UserWarning, match=r"checkpoint 6: ValueError: it holds round 4's state, not round 6's"):
+    experiment.train_and_evaluate(config, workdir)
+  assert _records(workdir) == _records(reference[1])
+
+
+def test_extended_run_keeps_one_evaluation_schedule(reference, tmp_path):
+  config, _, full = reference
+  short = config.copy_and_resolve_references()
+  short.num_rounds, short.workdir = 3, str(tmp_path / "w")
+  experiment.train_and_evaluate(short, short.workdir)
+  assert [r["round"] for r in _records(short.workdir)] == [2, 3]
+  short.num_rounds, short.resume = 6, True
+  with pytest.warns(UserWarning, match=r"dropping the evaluation\(s\) of round\(s\) \[3\], off this run's schedule"):
+    summary = experiment.train_and_evaluate(short, short.workdir)
+  assert _records(short.workdir) == _records(reference[1])  # rounds 2, 4, 6, as uninterrupted
+  assert summary["selection"] == full["selection"]
+
+
+def test_fresh_run_never_overwrites_another_runs_summary_or_selected(reference, tmp_path):
+  config, workdir = _copy(reference, tmp_path)
+  for name in ("metrics.jsonl", "config.json"):
+    os.remove(os.path.join(workdir, name))
+  for name in ("checkpoints", "checkpoint_sums"):
+    shutil.rmtree(os.path.join(workdir, name))
+  before = open(os.path.join(workdir, "summary.json"), "rb").read()
+  with pytest.raises(ConfigError, match=r"already holds results \(summary.json, selected/\)"):
+    experiment.train_and_evaluate(config, workdir)
+  os.remove(os.path.join(workdir, "summary.json"))
+  with pytest.raises(ConfigError, match=r"already holds selected parameters \(selected/\)"):
+    experiment.train_and_evaluate(config, workdir)
+  assert before  # untouched files stay

@@ -46,7 +46,14 @@ def main(argv) -> int:
     print(f"error: give one command of {', '.join(COMMANDS)}, e.g. "
           "python -m fedjax_dg.bench status --sweep configs/sweeps/tiny.py", file=sys.stderr)
     return 2
-  cmd, sweep = args[0], _SWEEP.value
+  from fedjax_dg import main as main_lib
+  try:
+    cmd, sweep = args[0], _SWEEP.value
+    if sweep is not None:
+      sweep.keys()  # a file that failed to load raises here, on first use
+  except Exception as e:  # pylint: disable=broad-except  # ml_collections loads the file lazily
+    print(f"error: {main_lib._config_load_error(e, 'sweep')}", file=sys.stderr)  # pylint: disable=protected-access
+    return 2
   if sweep is None:
     print("error: --sweep is required, e.g. --sweep configs/sweeps/tiny.py", file=sys.stderr)
     return 2
@@ -63,7 +70,8 @@ def main(argv) -> int:
       if lc.get("compilation_cache", False):
         cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
       if _LAUNCHER.value == "local":
-        counts = launch.run_local(exp, _WORKERS.value or int(lc.get("workers", 1)), cache_dir=cache,
+        workers = _WORKERS.value if _WORKERS.value is not None else int(lc.get("workers", 1))
+        counts = launch.run_local(exp, workers, cache_dir=cache,
                                   ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))
@@ -98,8 +106,9 @@ def run():
     from fedjax_dg.main import print_help
     print_help(__name__, __doc__)
     sys.exit(0)
+  from fedjax_dg import main as main_lib
   flags.mark_flag_as_required("sweep")
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=lambda argv: main_lib.parse_flags(argv, flag="sweep"))
 
 
 if __name__ == "__main__":

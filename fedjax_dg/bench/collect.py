@@ -20,12 +20,15 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
+
+import warnings
 
 import numpy as np
 
-from fedjax_dg.bench import sweep as sweep_lib
+from fedjax_dg.bench import difficulty, launch, sweep as sweep_lib
+from fedjax_dg.bench.runs import _metric, load_run, read_records, rule_scores, selectable  # noqa: F401
+from fedjax_dg.rundir import RunDirError
 
 RULES = ("heldout_domain", "in_domain", "oracle")
 RULE_TITLES = {"heldout_domain": "held-out-domain validation (seed 001's protocol)",
@@ -33,72 +36,25 @@ RULE_TITLES = {"heldout_domain": "held-out-domain validation (seed 001's protoco
                "oracle": "oracle: test-domain selection, an UPPER BOUND only, not a result"}
 
 
-# ---------------------------------------------------------------------------- one run
-
-def read_records(workdir: str) -> list[dict]:
-  p = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(p):
-    return []
-  with open(p) as f:
-    return [json.loads(l) for l in f if l.strip()]
-
-
-def load_run(workdir: str) -> dict | None:
-  """{"summary", "records"} of a finished run, None before it finishes."""
-  p = os.path.join(workdir, "summary.json")
-  if not os.path.exists(p):
-    return None
-  with open(p) as f:
-    summary = json.load(f)
-  return {"summary": summary, "records": read_records(workdir)}
-
-
-def _metric(split_metrics, metric):
-  if not split_metrics or metric not in split_metrics:
-    return None
-  v = split_metrics[metric]
-  return None if v is None or not math.isfinite(v) else float(v)
-
-
-def selectable(run: dict) -> list[dict]:
-  """The evaluations selection may pick: those of the final stage of a multi-stage method
-  (the runner's `selection_scope`; a record's `stage` counts from 1)."""
-  stages = run["summary"].get("stages") or [None]
-  return [r for r in run["records"] if r.get("stage", 1) == len(stages)]
-
-
-def rule_scores(run: dict, rule: str, metric: str) -> dict | None:
-  """{"round", "val", "test", "in_test"} for one selection rule, or None where the run has
-  no validation split for it. The oracle takes the round of the best test score (earliest
-  on ties) from metrics.jsonl."""
-  records = selectable(run)
-  at = {r["round"]: r for r in records}
-  if rule == "oracle":
-    best = None
-    for r in records:
-      t = _metric(r["splits"].get("test"), metric)
-      if t is not None and (best is None or t > best[1]):
-        best = (r, t)
-    if best is None:
-      return None
-    r, t = best
-    return {"round": r["round"], "val": t, "test": t, "in_test": _metric(r["splits"].get("in_test"), metric)}
-  sel = run["summary"]["selection"].get(rule)
-  if not sel:
-    return None
-  rec = at.get(sel["round"], {"splits": {}})
-  return {"round": sel["round"], "val": _metric(sel.get("val"), metric), "test": _metric(sel.get("test"), metric),
-          "in_test": _metric(rec["splits"].get("in_test"), metric)}
-
+# ---------------------------------------------------------------------------- runs
 
 def load_results(exp: sweep_lib.Expansion) -> dict:
-  """key -> finished run (jobs not finished are absent)."""
+  """key -> finished run (jobs not finished, or whose files do not parse, are absent; the
+  latter with a one-line warning naming the file)."""
   out = {}
   for key, job in exp.jobs.items():
-    run = load_run(job.workdir)
+    run = _load(job.workdir)
     if run is not None:
       out[key] = run
   return out
+
+
+def _load(workdir: str) -> dict | None:
+  try:
+    return load_run(workdir)
+  except RunDirError as e:
+    warnings.warn(f"{e}; leaving the job out")
+    return None
 
 
 # ---------------------------------------------------------------------------- cells
@@ -290,7 +246,6 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
   """One row per job: its axes (the first grid entry's; every grid and method naming it),
   state, the selected rounds and scores under each rule, the final round's test score,
   wall time and bytes communicated."""
-  from fedjax_dg.bench import launch
   by_key = {}
   for e in exp.entries:
     by_key.setdefault(e.key, []).append(e)
@@ -306,7 +261,7 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
       row[a] = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else ("" if v is None else v)
     row["overrides"] = json.dumps(ax.get("overrides", {}), sort_keys=True)
     row["metric"] = metric
-    run = load_run(job.workdir)
+    run = _load(job.workdir) if row["state"] == "done" else None
     for rule in RULES:
       s = rule_scores(run, rule, metric) if run else None
       for f in ("round", "val", "test", "in_test"):
@@ -352,7 +307,6 @@ def report_settings(sweep) -> dict:
 def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None) -> dict:
   """Writes tables.md, tables.tex, difficulty.md / .tex (when the sweep has a difficulty
   grid) and jobs.csv into `out_dir`; returns the markdown texts by name."""
-  from fedjax_dg.bench import difficulty
   exp = exp or sweep_lib.expand(sweep)
   results = load_results(exp)
   st = report_settings(sweep)

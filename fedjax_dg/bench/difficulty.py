@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dg.bench.collect import rule_scores
+from fedjax_dg.bench.runs import rule_scores
 
 
 def _scores(entries, results, role: str, rule: str, metric: str, field: str, lam=None) -> dict:

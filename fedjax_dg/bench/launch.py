@@ -9,7 +9,8 @@ checkpoints/):
   error.txt    the traceback of the last failure (removed when the job later succeeds)
   log.txt      the job's Python-level stdout and stderr
 
-A finished job (summary.json present) is skipped; an interrupted one restarts with
+A finished job (its summary.json and metrics.jsonl parse) is skipped; a job whose files do
+not parse is "broken" (status names the file) and runs again; an interrupted one restarts with
 `config.resume=True`, i.e. from its latest orbax checkpoint, which gives the metrics of an
 uninterrupted run (the runner's kill-and-resume guarantee).
 """
@@ -17,17 +18,17 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import datetime
 import json
 import multiprocessing
 import os
-import socket
 import time
 import traceback
+import warnings
 
+from fedjax_dg import rundir
 from fedjax_dg.bench import sweep as sweep_lib
 
-STATES = ("done", "running", "failed", "interrupted", "pending")
+STATES = ("done", "running", "failed", "interrupted", "pending", "broken")
 MAX_CRASHES = 2  # a job whose worker process died this many times is recorded as failed
 
 
@@ -39,6 +40,8 @@ def _path(workdir, name):
 
 def write_job(job: sweep_lib.Job, entries) -> None:
   """job.json: what `execute` runs, and where the job sits in the sweep."""
+  if os.path.lexists(job.workdir) and not os.path.isdir(job.workdir):
+    raise sweep_lib.SweepError(f"{job.workdir}: the job's folder is not a folder; move it away so the job can run")
   os.makedirs(job.workdir, exist_ok=True)
   doc = {"key": job.key, "config": job.config.to_dict(),
          "entries": [{"grid": e.grid, "axes": e.axes} for e in entries]}
@@ -49,67 +52,51 @@ def write_job(job: sweep_lib.Job, entries) -> None:
 
 
 def _event(workdir, kind: str, **extra) -> None:
-  rec = {"event": kind, "host": socket.gethostname(), "pid": os.getpid(),
-         "time": datetime.datetime.now().isoformat(timespec="seconds"), **extra}
-  with open(_path(workdir, "events.jsonl"), "a") as f:
-    f.write(json.dumps(rec) + "\n")
+  rundir.append_event(workdir, kind, **extra)
 
 
 def read_events(workdir) -> list[dict]:
-  p = _path(workdir, "events.jsonl")
-  if not os.path.exists(p):
-    return []
-  with open(p) as f:
-    return [json.loads(l) for l in f if l.strip()]
-
-
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
+  return rundir.read_events(workdir)
 
 
 def read_lock(workdir) -> dict | None:
-  try:
-    with open(_path(workdir, "RUNNING")) as f:
-      return json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
-    return None
+  """The RUNNING lock's owner record (rundir.read_lock)."""
+  return rundir.read_lock(_path(workdir, "RUNNING"))
 
 
-def lock_is_live(lock: dict | None) -> bool:
-  """A lock of a process on this host that still exists; a lock from another host (a
-  cluster node) is taken as live."""
-  if lock is None:
-    return False
-  if lock.get("host") != socket.gethostname():
-    return True
-  return _pid_alive(int(lock.get("pid", -1)))
+lock_is_live = rundir.lock_is_live
 
 
 def _acquire(workdir, ignore_locks: bool) -> bool:
   path = _path(workdir, "RUNNING")
-  for _ in range(2):
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-      if not ignore_locks and lock_is_live(read_lock(workdir)):
-        return False
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)  # stale: its process is gone
-      continue
-    with os.fdopen(fd, "w") as f:
-      json.dump({"host": socket.gethostname(), "pid": os.getpid(), "start": time.time()}, f)
-    return True
-  return False
+  held = rundir.try_lock(path)
+  if held is not None and ignore_locks and held.get("pid") != os.getpid():
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+    held = rundir.try_lock(path)
+  return held is None or held.get("pid") == os.getpid()
+
+
+def problem(workdir) -> str | None:
+  """Why a job's folder cannot be read (one line naming the file), or None."""
+  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+    return f"{workdir}: the job's folder is not a folder; move it away so the job can run again"
+  try:
+    with warnings.catch_warnings():  # a torn last line is dropped, as the runner does
+      warnings.simplefilter("ignore")
+      if rundir.read_summary(workdir) is not None:
+        rundir.read_metrics(workdir)
+      rundir.read_events(workdir)
+  except rundir.RunDirError as e:
+    return str(e)
+  return None
 
 
 def job_state(workdir) -> str:
-  """done | running | failed | interrupted (started, not running, no error) | pending."""
+  """done (its summary and metrics parse) | running | failed | interrupted (started, not
+  running, no error) | pending | broken (a file of it does not parse: `problem`)."""
+  if problem(workdir):
+    return "broken"
   if os.path.exists(_path(workdir, "summary.json")):
     return "done"
   if lock_is_live(read_lock(workdir)):
@@ -140,7 +127,7 @@ def execute(workdir: str, ignore_locks: bool = False) -> str:
   """Runs the job in `workdir` (its job.json) in this process unless it is done or another
   process holds it. Returns "skipped", "busy", "done" or "failed"; never raises for a
   failing job: its traceback goes to error.txt."""
-  if os.path.exists(_path(workdir, "summary.json")):
+  if job_state(workdir) == "done":
     return "skipped"
   if not _acquire(workdir, ignore_locks):
     return "busy"
@@ -309,13 +296,16 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
     if state == "failed":
       ev = [e for e in read_events(job.workdir) if e["event"] == "failed"]
       err = ev[-1].get("error", "") if ev else ""
+    elif state == "broken":
+      err = problem(job.workdir)
     rows.append({"key": key, "state": state, "job": label[key], "workdir": job.workdir, "error": err})
   return rows
 
 
 def status_text(rows: list[dict], verbose: bool = False) -> str:
   counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
-  lines = [", ".join(f"{counts[s]} {s}" for s in STATES) + f" (of {len(rows)} jobs)"]
+  shown = [s for s in STATES if s != "broken" or counts[s]]  # "broken" only when a job is
+  lines = [", ".join(f"{counts[s]} {s}" for s in shown) + f" (of {len(rows)} jobs)"]
   for r in rows:
     if verbose or r["state"] != "done":
       lines.append(f"{r['state']:11s} {r['job']}  {r['workdir']}" + (f"\n            {r['error']}" if r["error"] else ""))

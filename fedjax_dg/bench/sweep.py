@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -42,8 +41,12 @@ import zlib
 import ml_collections
 import numpy as np
 
-# Fields that steer a run but not its results; they do not enter the job key.
-RUN_CONTROL_FIELDS = ("workdir", "resume", "quiet", "tensorboard")
+from fedjax_dg import rundir
+
+# Result-neutral fields (rundir.RESULT_NEUTRAL) never distinguish two jobs. The key scheme was
+# fixed while two of them still entered it; they enter every key at the values the committed
+# runs were keyed with, so those runs keep their keys.
+_NEUTRAL_KEY_VALUES = {"checkpoint_every": 10, "eval_batch_size": 512}
 DIFFICULTY_ROLES = ("dg_without", "dg_with", "fl_erm", "fl_fedavg")
 
 
@@ -75,20 +78,13 @@ class Expansion:
 
 # ---------------------------------------------------------------------------- configs
 
-def canonical_json(tree) -> str:
-  """Sorted keys, no spaces, tuples as lists: equal configs give equal strings."""
-  return json.dumps(tree, sort_keys=True, separators=(",", ":"), default=_json_default)
-
-
-def _json_default(x):
-  if isinstance(x, np.generic):
-    return x.item()
-  raise TypeError(f"cannot serialise {type(x).__name__} in a config")
+canonical_json = rundir.canonical_json
+_json_default = rundir._strict_default  # pylint: disable=protected-access
+flatten = rundir.flatten
+from_json_dict = rundir.config_from_json
 
 
 KEYED_FIELDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keyed_fields.json")
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "configs", "default.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,19 +95,13 @@ def keyed_fields() -> frozenset:
     return frozenset(json.load(f))
 
 
-@functools.lru_cache(maxsize=None)
 def library_defaults() -> dict:
-  """`configs/default.py`'s config, flattened ({} when the package runs without its repo)."""
-  if not os.path.isfile(_DEFAULT_CONFIG):
-    return {}
-  spec = importlib.util.spec_from_file_location("_fedjax_dg_default_config", _DEFAULT_CONFIG)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return {k: json.loads(canonical_json(v)) for k, v in flatten(mod.get_config()).items()}
+  """`configs/default.py`'s config, flattened (rundir.library_defaults)."""
+  return rundir.library_defaults()
 
 
 def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
-  """sha256 of the config's fields (canonical JSON), without the run-control fields.
+  """sha256 of the config's fields (canonical JSON), without the result-neutral fields.
 
   A field added to the library after the key scheme was fixed enters the key only where
   its value differs from its default in `configs/default.py`, so adding a field (with a
@@ -119,23 +109,11 @@ def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
   a job sets differently still makes it a new job. A change of a default's value or of
   the code is not seen by the key: rerun the sweep into a new `root` after one."""
   flat = {k: json.loads(canonical_json(v)) for k, v in flatten(config).items()
-          if k.split(".")[0] not in RUN_CONTROL_FIELDS}
+          if k.split(".")[0] not in rundir.RESULT_NEUTRAL}
+  flat.update(_NEUTRAL_KEY_VALUES)
   keyed, defaults = keyed_fields(), library_defaults()
   kept = {k: v for k, v in flat.items() if k in keyed or k not in defaults or v != defaults[k]}
   return hashlib.sha256(canonical_json(kept).encode()).hexdigest()[:length]
-
-
-def flatten(tree, prefix: str = "") -> dict:
-  """Nested dicts / ConfigDicts -> {"a.b.c": leaf}."""
-  items = tree.items() if hasattr(tree, "items") else ()
-  out = {}
-  for k, v in items:
-    path = f"{prefix}{k}"
-    if isinstance(v, (dict, ml_collections.ConfigDict)):
-      out.update(flatten(v, path + "."))
-    else:
-      out[path] = v
-  return out
 
 
 def set_path(config: ml_collections.ConfigDict, path: str, value, what: str = "override") -> None:
@@ -160,17 +138,6 @@ def get_path(config, path: str):
   return node
 
 
-def from_json_dict(d) -> ml_collections.ConfigDict:
-  """A config back from its JSON form (lists become the tuples config files use)."""
-  def fix(v):
-    if isinstance(v, dict):
-      return {k: fix(x) for k, x in v.items()}
-    if isinstance(v, list):
-      return tuple(fix(x) for x in v)
-    return v
-  return ml_collections.ConfigDict(fix(d))
-
-
 def load_config_file(path: str, fn: str = "get_config") -> ml_collections.ConfigDict:
   """`get_config()` of a config file, as `config_flags` loads it."""
   import importlib.util
@@ -192,14 +159,19 @@ def _draw(spec, rng: np.random.Generator, path: str):
   kind, args = spec[0], tuple(spec[1:])
   if kind == "choice" and len(args) == 1 and len(args[0]) > 0:
     return args[0][int(rng.integers(len(args[0])))]
-  if kind in ("uniform", "log_uniform", "int_uniform") and len(args) == 2 and args[0] <= args[1]:
+  if kind in ("uniform", "log_uniform", "int_uniform") and len(args) == 2:
     lo, hi = args
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in args):
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: lo and hi must be finite numbers")
+    if kind == "log_uniform" and (lo <= 0 or hi <= 0):
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: log_uniform draws exp(uniform(log lo, log hi)), "
+                       f"so both bounds must be > 0; got lo = {lo}, hi = {hi}")
+    if lo > hi:
+      raise SweepError(f"sweep.search.distributions.{path}: {spec!r}: lo ({lo}) must not exceed hi ({hi})")
     if kind == "uniform":
       return float(rng.uniform(lo, hi))
     if kind == "int_uniform":
       return int(rng.integers(lo, hi + 1))
-    if lo <= 0:
-      raise SweepError(f"sweep.search.distributions.{path}: log_uniform needs 0 < lo, got {lo}")
     return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
   raise SweepError(f"sweep.search.distributions.{path}: unknown or malformed {spec!r}; use "
                    "('uniform'|'log_uniform'|'int_uniform', lo, hi) or ('choice', (values...))")

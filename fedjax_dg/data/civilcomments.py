@@ -51,6 +51,13 @@ def read_table(root: str) -> dict[str, list[str]]:
     raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked civilcomments_v1.0 folder")
   csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))  # comments can be long
   columns = ("comment_text", "toxicity", "split") + IDENTITIES
+  try:
+    return _read_table(path, columns)
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+
+
+def _read_table(path: str, columns) -> dict[str, list[str]]:
   with open(path, newline="", encoding="utf-8") as f:
     reader = csv.reader(f)
     header = next(reader, [])
@@ -70,13 +77,20 @@ def read_table(root: str) -> dict[str, list[str]]:
   return out
 
 
-def scores(values, column: str, path: str) -> np.ndarray:
-  """Floats of a score column; an empty cell is NaN (so `>= 0.5` is False, as in WILDS)."""
-  try:
-    return np.array([float(v) if v.strip() else np.nan for v in values], np.float64)
-  except ValueError:
-    k = next(k for k, v in enumerate(values) if v.strip() and not _is_float(v))
-    raise DataError(f"{path} row {k + 2}: column {column!r} holds {values[k]!r}, not a number") from None
+def scores(values, column: str, path: str, required: bool = False) -> np.ndarray:
+  """Floats of a score column, each in [0, 1]; an empty cell is NaN (so `>= 0.5` is False,
+  as in WILDS) unless `required`. A value that is not a number in [0, 1] ('nan', 'inf',
+  '1.5', '-0.1') is a one-line error naming its row."""
+  out = np.full(len(values), np.nan)
+  for k, v in enumerate(values):
+    if not v.strip() and not required:
+      continue
+    f = float(v) if v.strip() and _is_float(v) else None
+    if f is None or not 0.0 <= f <= 1.0:  # NaN fails the comparison too
+      what = "not a number" if f is None else "outside [0, 1]"
+      raise DataError(f"{path} row {k + 2}: column {column!r} holds {v!r}, {what}")
+    out[k] = f
+  return out
 
 
 def _is_float(v: str) -> bool:
@@ -90,7 +104,7 @@ def _is_float(v: str) -> bool:
 def labels_and_identities(table, path: str):
   """`(y [N] int32, identities [N, 8] bool)` by WILDS's `>= 0.5` rule."""
   with np.errstate(invalid="ignore"):
-    y = (scores(table["toxicity"], "toxicity", path) >= 0.5).astype(np.int32)
+    y = (scores(table["toxicity"], "toxicity", path, required=True) >= 0.5).astype(np.int32)
     ident = np.stack([scores(table[c], c, path) >= 0.5 for c in IDENTITIES], 1)
   return y, ident
 

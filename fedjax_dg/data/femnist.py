@@ -41,10 +41,22 @@ PIXELS = 784
 def read_leaf_file(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """`{writer: (x [n, 784] float32, y [n] int32)}` of one LEAF JSON file."""
   try:
-    with open(path) as f:
-      obj = json.load(f)
-  except ValueError as e:
-    raise DataError(f"{path}: not valid JSON ({e})") from None
+    with open(path, "rb") as f:
+      obj = json.loads(f.read().decode("utf-8"))
+  except ValueError as e:  # UnicodeDecodeError included
+    raise DataError(f"{path}: not valid JSON ({' '.join(str(e).split())})") from None
+  except RecursionError:
+    raise DataError(f"{path}: JSON nested too deeply (LEAF's files nest three levels)") from None
+  try:
+    return _writers(obj, path)
+  except (TypeError, ValueError, AttributeError) as e:
+    if isinstance(e, DataError):
+      raise
+    raise DataError(f"{path}: not LEAF's layout of users / num_samples / user_data ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())})") from None
+
+
+def _writers(obj, path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   for key in ("users", "num_samples", "user_data"):
     if not isinstance(obj, dict) or key not in obj:
       raise DataError(f"{path}: no key {key!r} (LEAF's users / num_samples / user_data)")
@@ -61,7 +73,10 @@ def read_leaf_file(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     bad = next((k for k, row in enumerate(x) if len(row) != PIXELS), None)
     if bad is not None:
       raise DataError(f"{path}: writer {writer!r} image {bad} has {len(x[bad])} pixels, not {PIXELS}")
-    x, y = np.asarray(x, np.float32).reshape(n, PIXELS), np.asarray(y, np.int64).reshape(n)
+    y = np.asarray(y)
+    if n and (y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and not np.all(y == np.round(y)))):
+      raise DataError(f"{path}: writer {writer!r} has labels that are not whole numbers (e.g. {y.reshape(-1)[0]!r})")
+    x, y = np.asarray(x, np.float32).reshape(n, PIXELS), y.astype(np.int64).reshape(n)
     if n and (y.min() < 0 or y.max() >= NUM_CLASSES):
       raise DataError(f"{path}: writer {writer!r} has label {int(y[(y < 0) | (y >= NUM_CLASSES)][0])}, "
                       f"not in 0..{NUM_CLASSES - 1}")

@@ -7,12 +7,15 @@ Fashion-MNIST (Debian package `dataset-fashion-mnist`, installed to
 recipes pool the training and test files (70000 images for MNIST) before dealing them out
 to domains. Labels must lie in `[0, data.num_classes)` (default 10: MNIST, Fashion-MNIST,
 KMNIST, EMNIST digits; set it for other EMNIST splits). Every unreadable file, and a label
-file holding a label outside that range, is a one-line ValueError that names it.
+file holding a label outside that range, is a one-line ValueError that names it. A gzipped
+file is inflated only up to the size its IDX header declares, and a header declaring more
+than `MAX_IDX_BYTES` is refused before anything is inflated.
 """
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
 
 import numpy as np
 
@@ -29,17 +32,45 @@ _FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ub
           "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
 
 
+MAX_IDX_BYTES = 2 << 30  # one IDX file, inflated (EMNIST ByClass's training images: 547 MB)
+
+
+def _declared_bytes(head: bytes, name: str) -> int:
+  """Header and data bytes the IDX header `head` declares (one line if it is bad or too large)."""
+  if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPES:
+    raise ValueError(f"{name}: not an IDX file (bad magic bytes {head[:4].hex() or 'none'})")
+  header = 4 + 4 * head[3]
+  if len(head) < header:
+    raise ValueError(f"{name}: truncated IDX header ({len(head)} bytes, need {header})")
+  shape = tuple(int(d) for d in np.frombuffer(head, ">u4", head[3], offset=4))
+  total = header + int(np.prod(shape, dtype=object)) * np.dtype(_IDX_DTYPES[head[2]]).itemsize
+  if total > MAX_IDX_BYTES:
+    raise ValueError(f"{name}: its IDX header declares shape {shape} ({total} bytes), more than the "
+                     f"{MAX_IDX_BYTES} allowed for one file")
+  return total
+
+
 def _read_bytes(path: str) -> bytes:
+  """The IDX bytes of `path`; a gzipped file is inflated no further than its header declares
+  (one byte more, to tell a file longer than its header)."""
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such IDX file")
   with open(path, "rb") as f:
-    raw = f.read()
-  if path.endswith(".gz") or raw[:2] == b"\x1f\x8b":
-    try:
-      return gzip.decompress(raw)
-    except (OSError, EOFError) as e:
-      raise ValueError(f"{path}: corrupt gzip data ({e})") from None
-  return raw
+    magic = f.read(2)
+  if not (path.endswith(".gz") or magic == b"\x1f\x8b"):
+    with open(path, "rb") as f:
+      head = f.read(4)
+      head += f.read(4 * head[3]) if len(head) == 4 else b""
+      _declared_bytes(head, path)
+      return head + f.read(os.path.getsize(path) - len(head))
+  try:
+    with gzip.open(path, "rb") as g:
+      head = g.read(4)
+      head += g.read(4 * head[3]) if len(head) == 4 else b""
+      total = _declared_bytes(head, path)
+      return head + g.read(total - len(head) + 1)
+  except (OSError, EOFError, zlib.error) as e:
+    raise ValueError(f"{path}: corrupt gzip data ({' '.join(str(e).split())})") from None
 
 
 def parse_idx(raw: bytes, name: str = "<bytes>") -> np.ndarray:
@@ -79,6 +110,9 @@ def _pair(root: str, prefix: str, split: str, num_classes: int = 0):
     raise ValueError(f"{xpath}: expected images [N, H, W] and labels [N], got {x.shape} and {y.shape}")
   if len(x) != len(y):
     raise ValueError(f"{xpath}: {len(x)} images but {ypath} has {len(y)} labels")
+  if x.dtype != np.uint8:
+    raise ValueError(f"{xpath}: images must be unsigned bytes (IDX type 0x08, pixels 0..255), got {x.dtype} "
+                     f"(values up to {float(x.max()) if x.size else 0.0:g})")
   check_labels(y, num_classes, ypath, "; data.num_classes sets the number of classes")
   return x, y
 

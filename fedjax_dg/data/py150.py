@@ -41,6 +41,7 @@ from fedjax_dg.data.splits import Fold, Split
 from fedjax_dg.data.wilds import read_columns
 
 IGNORE = -100  # models.text.IGNORE; token type "masked"
+MAX_TOKEN_ID = 1 << 24  # a token id beyond it would make a vocabulary head of billions of parameters
 TOKEN_TYPES = {"class": 0, "method": 1, "punctuation": 2, "keyword": 3, "builtin": 4, "literal": 5,
                "other_identifier": 6, "masked": -100}
 FOLD_SPLITS = (("train", "train"), ("in_val", "IDval"), ("in_test", "IDtest"), ("heldout_val", "OODval"),
@@ -73,6 +74,14 @@ def _matrix(rows, path: str) -> np.ndarray:
     raise DataError(f"{path}: token lists must hold integers") from None
 
 
+def _check_ids(tokens: np.ndarray, path: str) -> np.ndarray:
+  bad = np.argwhere((tokens < 0) | (tokens >= MAX_TOKEN_ID))
+  if len(bad):
+    k, j = (int(i) for i in bad[0])
+    raise DataError(f"{path}: example {k} token {j} is {int(tokens[k, j])}, outside the token ids [0, {MAX_TOKEN_ID})")
+  return tokens
+
+
 def repo_table(root: str) -> dict[str, int]:
   """`repo_ids.csv`: repository name -> id."""
   path = os.path.join(root, "metadata", "repo_file_names", "repo_ids.csv")
@@ -90,7 +99,7 @@ def read_split(root: str, name: str, repos: dict[str, int]):
   inp = os.path.join(root, "processed", f"{name}_input.json")
   typ = os.path.join(root, "processed", f"{name}_input_tok_type.json")
   txt = os.path.join(root, "metadata", "repo_file_names", f"{name}.txt")
-  tokens, types = _matrix(_json(inp), inp), _matrix(_json(typ), typ)
+  tokens, types = _check_ids(_matrix(_json(inp), inp), inp), _matrix(_json(typ), typ)
   if tokens.shape != types.shape:
     raise DataError(f"{typ}: shape {types.shape} differs from {inp}'s {tokens.shape}")
   if not os.path.isfile(txt):

@@ -71,7 +71,9 @@ def cached_encode(texts, tokenizer_path: str, max_len: int, cache_dir: str, name
     h.update(b"\0")
   path = os.path.join(cache_dir, f"{name}_{h.hexdigest()[:20]}.npy") if cache_dir else ""
   if path and os.path.isfile(path):
-    return np.load(path)
+    cached = _read_cache(path, len(texts), max_len)
+    if cached is not None:
+      return cached
   ids = encode(load_tokenizer(tokenizer_path), texts, max_len)
   if path:
     os.makedirs(cache_dir, exist_ok=True)
@@ -79,3 +81,18 @@ def cached_encode(texts, tokenizer_path: str, max_len: int, cache_dir: str, name
     np.save(tmp, ids)
     os.replace(tmp, path)
   return ids
+
+
+def _read_cache(path: str, n: int, max_len: int):
+  """The cached ids, or None (with a one-line warning; the texts are encoded again) when
+  the file is cut short, corrupt or of another shape."""
+  import warnings
+  try:
+    ids = np.load(path, allow_pickle=False)
+    if ids.shape == (n, max_len) and ids.dtype.kind in "iu":
+      return ids
+    why = f"holds {ids.dtype}{list(ids.shape)}, expected [{n}, {max_len}] integers"
+  except (OSError, ValueError, EOFError) as e:
+    why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+  warnings.warn(f"{path}: unreadable token cache ({why}); encoding the texts again")
+  return None

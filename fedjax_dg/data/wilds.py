@@ -37,6 +37,7 @@ worst-group accuracy over `(male, y)`.
 from __future__ import annotations
 
 import csv
+import math
 import os
 from typing import NamedTuple
 
@@ -70,6 +71,15 @@ def read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
   one-line errors for a missing file or column."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path}: not found; data.root must be the unpacked WILDS release folder")
+  try:
+    return _read_columns(path, columns, optional)
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})") from None
+  except csv.Error as e:
+    raise DataError(f"{path}: not a CSV table ({e})") from None
+
+
+def _read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
   with open(path, newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the header
     reader = csv.reader(f)
     header = next(reader, [])
@@ -88,11 +98,15 @@ def read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
 
 
 def _ints(values, column: str, path: str) -> np.ndarray:
-  try:
-    return np.array([int(float(v)) for v in values], np.int64)
-  except ValueError:
-    k = next(k for k, v in enumerate(values) if not _is_number(v))
-    raise DataError(f"{path} row {k + 2}: column {column!r} holds {values[k]!r}, not an integer") from None
+  """The column as integers; a value that is not a whole finite number ('3.7', 'nan',
+  'inf', '1e400') is a one-line error naming its row."""
+  out = np.empty(len(values), np.int64)
+  for k, v in enumerate(values):
+    f = float(v) if _is_number(v) else math.nan
+    if not math.isfinite(f) or f != round(f) or abs(f) >= 2 ** 62:
+      raise DataError(f"{path} row {k + 2}: column {column!r} holds {v!r}, not an integer")
+    out[k] = int(f)
+  return out
 
 
 def _in_range(values: np.ndarray, column: str, path: str, allowed: str, ok) -> np.ndarray:
@@ -239,6 +253,9 @@ def load_fold(data_config) -> Fold:
   for field, split in FOLD_SPLITS:
     idx = _rows(table, split, max_per_split, seed)
     parts[field] = Split(_images(data_config, table, idx, split), table.y[idx], ids[idx])
+  if not len(parts["heldout_val"].y) and (table.split == "val").sum() == 0:
+    raise DataError(f"{table.source}: no rows in the official 'val' split (held-out-domain selection needs it); "
+                    "use the complete WILDS release")
   doms = lambda s: tuple(int(d) for d in np.unique(s.domain))
   fold = Fold(**parts, train_domains=doms(parts["train"]), val_domains=doms(parts["heldout_val"]),
               test_domains=doms(parts["test"]), domain_names=names, num_classes=table.num_classes)

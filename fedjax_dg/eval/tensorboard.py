@@ -13,7 +13,6 @@ Needs the `tensorboard` extra (`pip install fedjax-dg[tensorboard]`).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -63,16 +62,8 @@ class RunWriter:
 def convert_run(workdir: str) -> int:
   """Writes `<workdir>/tensorboard/` from `<workdir>/metrics.jsonl` anew (older event files
   there are removed, so a converted run holds each step once). Returns the records written."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  records = []
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if line:
-        try:
-          records.append(json.loads(line))
-        except json.JSONDecodeError:
-          break  # a torn last line of a killed run
+  from fedjax_dg import rundir
+  records = rundir.read_metrics(workdir)
   out = os.path.join(workdir, SUBDIR)
   if os.path.isdir(out):
     for name in os.listdir(out):

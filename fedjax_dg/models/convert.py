@@ -18,6 +18,12 @@ Conversion. `conv1.weight` -> `conv1/kernel` (OIHW -> HWIO), `bn1.{weight, bias,
 running_mean, running_var}` -> `bn1/{scale, bias, running_mean, running_var}`,
 `layer1.0.conv1.weight` -> `layer1_0/conv1/kernel`, `layer1.0.downsample.{0,1}` ->
 `layer1_0/downsample_{conv,bn}`; `fc.*` and `num_batches_tracked` are dropped.
+
+Untrusted files are bounded: every size a file declares (a zip member's uncompressed size,
+a storage's element count, an `.npz` member's array header) is checked against the others
+and against `MAX_WEIGHT_BYTES` in all before anything is inflated or allocated, and a
+pickle's shared structure (a dict referenced many times) is walked once. A ResNet-50's
+weights are about 100 MB; a file declaring more than the cap is refused in one line.
 """
 from __future__ import annotations
 
@@ -43,6 +49,24 @@ _STORAGE_DTYPES = {
 }
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 CONVERTED_SUFFIXES = (".npz", ".msgpack")
+MAX_WEIGHT_BYTES = 2 << 30  # all tensors of one weights file, inflated (2 GiB)
+MAX_PICKLE_BYTES = 64 << 20  # the pickled object graph itself (a ResNet-50's is ~50 KB)
+
+
+class _Budget:
+  """Bytes a file may still make this process allocate (`MAX_WEIGHT_BYTES` in all)."""
+
+  def __init__(self, cap: int | None = None):
+    self.cap = MAX_WEIGHT_BYTES if cap is None else cap
+    self.left = self.cap
+
+  def take(self, n: int, what: str) -> None:
+    if n < 0:
+      raise BadTensor(f"{what} declares a negative size ({n})")
+    self.left -= n
+    if self.left < 0:
+      raise BadTensor(f"{what} brings the tensors to more than {self.cap} bytes in all (the cap on one weights "
+                      "file's inflated size); not a ResNet's weights")
 
 
 class BadTensor(ValueError):
@@ -142,7 +166,21 @@ class _TorchUnpickler(pickle.Unpickler):
     return self._storage(dtype, str(key), int(numel), pid[5] if len(pid) > 5 else None)
 
 
-def _read_torch_zip(path: str):
+def _member(zf: zipfile.ZipFile, name: str, size: int | None = None, cap: int | None = None) -> bytes:
+  """A zip member's bytes, its declared size checked first (`size`: exactly; `cap`: at most).
+  zipfile stops inflating at the declared size, so the check bounds the allocation."""
+  try:
+    info = zf.getinfo(name)
+  except KeyError:
+    raise BadTensor(f"no record {name!r} in the archive") from None
+  if size is not None and info.file_size != size:
+    raise BadTensor(f"record {name!r} declares {info.file_size} bytes, its storage {size}")
+  if cap is not None and info.file_size > cap:
+    raise BadTensor(f"record {name!r} declares {info.file_size} bytes, more than the {cap} allowed")
+  return zf.read(name)
+
+
+def _read_torch_zip(path: str, budget: _Budget):
   """The object in a zip-format `torch.save` file, tensors as `_Tensor`s."""
   with zipfile.ZipFile(path) as zf:
     names = zf.namelist()
@@ -150,22 +188,25 @@ def _read_torch_zip(path: str):
     if pkl is None:
       raise ValueError("zip archive without data.pkl (not a torch.save file)")
     prefix = pkl[:-len("data.pkl")]
-    order = zf.read(prefix + "byteorder").decode().strip() if prefix + "byteorder" in names else "little"
+    order = _member(zf, prefix + "byteorder", cap=16).decode().strip() if prefix + "byteorder" in names else "little"
     storages = {}
 
     def storage(dtype, key, numel, view):
       del view  # always None in the zip format
       if key not in storages:
+        nbytes = numel * np.dtype(dtype).itemsize
+        budget.take(nbytes, f"storage {key!r} ({numel} elements)")
         storages[key] = _Storage(dtype, numel)
         byte_dtype = dtype.newbyteorder("<" if order == "little" else ">")
-        storages[key].data = np.frombuffer(zf.read(f"{prefix}data/{key}"), byte_dtype, count=numel)
+        storages[key].data = np.frombuffer(_member(zf, f"{prefix}data/{key}", size=nbytes), byte_dtype, count=numel)
       return storages[key]
 
-    return _TorchUnpickler(io.BytesIO(zf.read(pkl)), storage).load()
+    return _TorchUnpickler(io.BytesIO(_member(zf, pkl, cap=MAX_PICKLE_BYTES)), storage).load()
 
 
-def _read_torch_legacy(path: str):
+def _read_torch_legacy(path: str, budget: _Budget):
   """The object in a legacy (non-zip) `torch.save` file, tensors as `_Tensor`s."""
+  size = os.path.getsize(path)
   with open(path, "rb") as f:
     magic, _, _ = (_TorchUnpickler(f).load() for _ in range(3))  # magic, protocol, sys_info
     if magic != _LEGACY_MAGIC:
@@ -180,24 +221,39 @@ def _read_torch_legacy(path: str):
     for key in _TorchUnpickler(f).load():
       root = roots[str(key)]
       (count,) = struct.unpack("<q", f.read(8))
-      raw = f.read(count * root.dtype.itemsize)
+      nbytes = count * root.dtype.itemsize
+      if count < 0 or nbytes > size - f.tell():
+        raise BadTensor(f"storage {key!r} declares {count} elements, more than the file holds")
+      budget.take(nbytes, f"storage {key!r}")
+      raw = f.read(nbytes)
       root.data = np.frombuffer(raw, root.dtype.newbyteorder("<"), count=count)
   return obj
 
 
-def _materialize(obj, key: str = ""):
+def _materialize(obj, budget: _Budget, key: str = "", memo: dict | None = None):
   """`obj` with every `_Tensor` replaced by a numpy array (dicts become plain dicts); a
-  bad tensor is a `BadTensor` whose message starts with its key (`a.b` for nested dicts)."""
+  bad tensor is a `BadTensor` whose message starts with its key (`a.b` for nested dicts).
+  An object the pickle shares (a memo reference) is converted once (`memo`, by id), so a
+  small pickle whose dicts share children is not walked as the tree it unfolds into; each
+  copy a tensor makes counts against `budget`."""
+  memo = {} if memo is None else memo
+  if id(obj) in memo:
+    return memo[id(obj)][1]
   if isinstance(obj, _Tensor):
     try:
-      return obj.numpy()
+      budget.take(math.prod(obj.size) * obj.storage.dtype.itemsize if min(obj.size, default=1) >= 0 else 0,
+                  f"a view of size {obj.size}")
+      out = obj.numpy()
     except BadTensor as e:
       raise BadTensor(f"tensor {key or '<top level>'!r}: {e}") from None
-  if isinstance(obj, dict):
-    return {k: _materialize(v, f"{key}.{k}" if key else str(k)) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return type(obj)(_materialize(v, f"{key}[{i}]") for i, v in enumerate(obj))
-  return obj
+  elif isinstance(obj, dict):
+    out = {k: _materialize(v, budget, f"{key}.{k}" if key else str(k), memo) for k, v in obj.items()}
+  elif isinstance(obj, (list, tuple)):
+    out = type(obj)(_materialize(v, budget, f"{key}[{i}]", memo) for i, v in enumerate(obj))
+  else:
+    return obj
+  memo[id(obj)] = (obj, out)  # holding `obj` keeps its id from being reused meanwhile
+  return out
 
 
 def _check_file(path: str):
@@ -218,7 +274,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if path.endswith(".safetensors"):
       from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
       return dict(load_file(path))
-    obj = _materialize(_read_torch_zip(path) if zipfile.is_zipfile(path) else _read_torch_legacy(path))
+    budget = _Budget()
+    obj = _materialize(_read_torch_zip(path, budget) if zipfile.is_zipfile(path) else _read_torch_legacy(path, budget),
+                       _Budget())
   except BadTensor as e:
     raise ValueError(f"{path}: {e}") from None
   except Exception as e:  # pylint: disable=broad-except  # any parse failure is a bad file
@@ -279,12 +337,35 @@ def load_converted(path: str) -> dict:
   _check_file(path)
   try:
     if path.endswith(".npz"):
+      _check_npz(path)
       with np.load(path, allow_pickle=False) as f:
         return traverse_util.unflatten_dict({k: f[k] for k in f.files}, sep="/")
     with open(path, "rb") as f:
       return serialization.msgpack_restore(f.read())
+  except BadTensor as e:
+    raise ValueError(f"{path}: {e}") from None
   except Exception as e:  # pylint: disable=broad-except
     raise _unreadable(path, e) from e
+
+
+def _check_npz(path: str, cap: int | None = None) -> None:
+  """Each `.npy` member's array header against its zip entry's declared size, and their
+  total against `cap`, before any member is inflated."""
+  budget = _Budget(cap)
+  with zipfile.ZipFile(path) as zf:
+    for info in zf.infolist():
+      with zf.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        shape, _, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)(f)
+        header = f.tell() if f.seekable() else None
+      if dtype.hasobject:
+        raise BadTensor(f"member {info.filename!r} holds Python objects, not numbers")
+      nbytes = math.prod(shape) * dtype.itemsize
+      if header is not None and info.file_size != header + nbytes:
+        raise BadTensor(f"member {info.filename!r} declares {info.file_size} bytes, its array header "
+                        f"{list(shape)} {dtype} needs {header + nbytes}")
+      budget.take(nbytes, f"member {info.filename!r} ({list(shape)} {dtype})")
 
 
 def load_featurizer_weights(path: str) -> dict:

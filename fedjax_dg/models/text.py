@@ -69,6 +69,9 @@ DEFAULTS = {  # distilbert-base-uncased; GPT-2 small (CodeGPT-small-py's vocabul
     "distilbert": TextConfig(30522, 512, 768, 6, 12, 3072, 1e-12),
     "gpt2": TextConfig(50257, 1024, 768, 12, 12, 3072, 1e-5),
 }
+# The largest size accepted per TextConfig field (vocabulary, positions, width, layers, heads,
+# feed-forward width): a config beyond them is not a DistilBERT or GPT-2 (and would not fit).
+SIZE_CAPS = (1 << 22, 1 << 16, 1 << 15, 256, 256, 1 << 17, None)
 # HF config.json field names per architecture, in TextConfig order.
 HF_FIELDS = {
     "distilbert": ("vocab_size", "max_position_embeddings", "dim", "n_layers", "n_heads", "hidden_dim", None),
@@ -85,14 +88,24 @@ def read_hf_config(name: str, path: str) -> TextConfig:
       raw = json.load(f)
   except (OSError, ValueError) as e:
     raise ValueError(f"{path}: not a JSON config ({e})") from None
+  if not isinstance(raw, dict):
+    raise ValueError(f"{path}: not a JSON object of model sizes")
   base = DEFAULTS[name]
   vals = []
   for field, default in zip(HF_FIELDS[name], base):
     v = raw.get(field) if field else None
     if field in ("n_inner",) and v is None:
       v = 4 * int(raw.get("n_embd", base.dim))
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 and (
+        isinstance(default, float) or float(v) == int(v))
+    if v is not None and not ok:
+      raise ValueError(f"{path}: {field} must be a positive {'number' if isinstance(default, float) else 'integer'}, "
+                       f"got {v!r}")
     vals.append(default if v is None else type(default)(v))
   cfg = TextConfig(*vals)
+  for field, v, cap in zip(HF_FIELDS[name], cfg, SIZE_CAPS):
+    if cap and v > cap:
+      raise ValueError(f"{path}: {field} = {v} exceeds {cap} (not a {name} size)")
   if cfg.dim % cfg.num_heads:
     raise ValueError(f"{path}: hidden size {cfg.dim} is not a multiple of the {cfg.num_heads} heads")
   return cfg

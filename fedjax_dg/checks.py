@@ -1,0 +1,241 @@
+"""Type, range and size checks of a config, run before any data is read or anything compiles.
+
+`check_config` runs first in `config.validate`: every field of `configs/default.py` must
+keep its type there (an integer stays an integer, `True` is not a seed, a tuple is not a
+string, nothing is None, no float is NaN or infinite), and the fields below keep their
+ranges, in config files as on the command line. `check_memory` runs once the data's shape
+is known, before the round compiles: an estimate of the round's memory (parameters,
+gradients and optimizer state per client in parallel; activations of a batch; the
+`[steps, batch]` index arrays of the local loop) against the device's memory, naming the
+fields that dominate it. Each failure is one `ConfigError` line naming the field.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from fedjax_dg.errors import ConfigError
+from fedjax_dg.rundir import library_defaults
+
+# Sequences whose entries may be any finite number (the others keep their default's type).
+NUMBER_SEQUENCES = ("data.angles", "data.correlations", "data.color_flips")
+# The top-level blocks every config holds.
+BLOCKS = ("data", "model", "client", "server", "algorithm", "partition", "engine")
+
+_SEED_MAX = 2 ** 32 - 1  # jax.random.PRNGKey and NumPy's generators take 32-bit seeds here
+_INT_MAX = 2 ** 31 - 1
+
+# field -> (low, high, low inclusive, high inclusive, what); None: unbounded on that side.
+RANGES = {
+    "seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
+    "data.seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
+    "server.b1": (0.0, 1.0, True, False, "in [0, 1)"),
+    "server.b2": (0.0, 1.0, True, False, "in [0, 1)"),
+    "server.eps": (0.0, None, False, True, "> 0"),
+    "client.weight_decay": (0.0, None, True, True, ">= 0"),
+    "engine.unroll": (-1, _INT_MAX, True, True, ">= 1, or -1 (the measured default)"),
+    "data.num_workers": (0, 1024, True, True, "in [0, 1024] (0: no worker threads)"),
+    "data.max_per_domain": (0, _INT_MAX, True, True, ">= 0 (0: all)"),
+    "data.max_per_split": (0, _INT_MAX, True, True, ">= 0 (0: all)"),
+    "data.n_per_domain": (1, 10 ** 7, True, True, "in [1, 10**7]"),
+    "data.label_noise": (0.0, 1.0, True, True, "in [0, 1]"),
+    "data.downsample": (1, 64, True, True, "in [1, 64]"),
+    "data.image_size": (1, 4096, True, True, "in [1, 4096]"),
+    "data.max_tokens": (1, 1 << 20, True, True, "in [1, 2**20]"),
+    "data.pad_id": (0, 1 << 24, True, True, "a token id in [0, 2**24]"),
+    "data.in_val_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
+    "data.in_test_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
+    "data.test_domain_train_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
+    "data.femnist_test_writers": (0, _INT_MAX, True, True, ">= 0"),
+    "data.femnist_val_writers": (0, _INT_MAX, True, True, ">= 0"),
+}
+# Entries of these sequences lie in [0, 1].
+UNIT_SEQUENCES = ("data.color_flips",)  # data.correlations: checked by the spurious loader
+
+
+def _kind(default) -> str:
+  if isinstance(default, bool):
+    return "bool"
+  if isinstance(default, int):
+    return "int"
+  if isinstance(default, float):
+    return "float"
+  if isinstance(default, str):
+    return "str"
+  if isinstance(default, list):
+    return "seq"
+  return "any"
+
+
+def _is_int(v) -> bool:
+  import numpy as np
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_number(v) -> bool:
+  import numpy as np
+  return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+_WANT = {"bool": "True or False", "int": "an integer", "float": "a finite number", "str": "a string",
+         "seq": "a tuple"}
+
+
+def _check_type(path: str, v, default) -> None:
+  kind = _kind(default)
+  if kind == "any":
+    return
+  if v is None:
+    raise ConfigError(f"{path} must be {_WANT[kind]}, got None")
+  ok = {"bool": lambda: isinstance(v, bool), "int": lambda: _is_int(v),
+        "float": lambda: _is_number(v) and math.isfinite(v), "str": lambda: isinstance(v, str),
+        "seq": lambda: isinstance(v, (tuple, list))}[kind]()
+  if not ok:
+    hint = f", e.g. ({v!r},)" if kind == "seq" and not isinstance(v, str) and _is_number(v) else ""
+    raise ConfigError(f"{path} must be {_WANT[kind]}, got {v!r} ({type(v).__name__}){hint}")
+  if kind == "seq":
+    _check_entries(path, tuple(v), default)
+
+
+def _check_entries(path: str, v: tuple, default: list) -> None:
+  if path in NUMBER_SEQUENCES:
+    bad = next((x for x in v if not (_is_number(x) and math.isfinite(x))), None)
+    if bad is not None:
+      raise ConfigError(f"{path}: every entry must be a finite number, got {bad!r} in {v!r}")
+    if path in UNIT_SEQUENCES:
+      out = next((x for x in v if not 0.0 <= x <= 1.0), None)
+      if out is not None:
+        raise ConfigError(f"{path}: every entry must lie in [0, 1], got {out!r} in {v!r}")
+    return
+  if default and all(_is_int(x) for x in default):
+    bad = next((x for x in v if not _is_int(x)), None)
+    if bad is not None:
+      raise ConfigError(f"{path}: every entry must be an integer, got {bad!r} ({type(bad).__name__}) in {v!r}")
+  elif default and all(isinstance(x, str) for x in default):
+    bad = next((x for x in v if not isinstance(x, str)), None)
+    if bad is not None:
+      raise ConfigError(f"{path}: every entry must be a string, got {bad!r} in {v!r}")
+
+
+def _check_range(path: str, v) -> None:
+  lo, hi, lo_in, hi_in, what = RANGES[path]
+  if not _is_number(v):
+    return  # its type was checked, or the field is not a library field
+  below = lo is not None and (v < lo if lo_in else v <= lo)
+  above = hi is not None and (v > hi if hi_in else v >= hi)
+  if below or above or (isinstance(v, float) and not math.isfinite(v)):
+    raise ConfigError(f"{path} must be {what}, got {v!r}")
+
+
+def _flat(config) -> dict:
+  from fedjax_dg.rundir import flatten
+  return flatten(config)
+
+
+def check_config(config) -> None:
+  """Types of every library field, the ranges above, the method name's form."""
+  if not hasattr(config, "items"):
+    raise ConfigError(f"the config must be an ml_collections.ConfigDict, got {type(config).__name__}")
+  missing = [b for b in BLOCKS if b not in config]
+  if missing:
+    raise ConfigError(f"the config lacks the {missing[0]!r} block{' (and ' + ', '.join(missing[1:]) + ')' if missing[1:] else ''}; "
+                      "build it on configs/default.py's get_config()")
+  flat = _flat(config)
+  defaults = library_defaults()
+  for path, v in flat.items():
+    if path in defaults:
+      _check_type(path, v, defaults[path])
+    elif isinstance(v, float) and not math.isfinite(v):
+      raise ConfigError(f"{path} must be a finite number, got {v!r}")
+  for path in RANGES:
+    if path in flat:
+      _check_range(path, flat[path])
+  _check_data_size(config)
+  name = config.algorithm.get("name", "")
+  if isinstance(name, str) and (not name or any(not part.strip() for part in name.split("+"))):
+    raise ConfigError(f"algorithm.name: {name!r} names no method in one of its parts; write METHOD or "
+                      "METHOD+RULE, e.g. 'fediir' or 'fediir+omg'")
+
+
+# ----------------------------------------------------------------------------- memory
+
+def _check_data_size(config, available: int | None = None) -> None:
+  """The embedded data set's float32 images (`data.n_per_domain` per angle at
+  `data.image_size` squared) must fit in memory before they are generated."""
+  d = config.data
+  if d.name != "rotated_digits":
+    return
+  nbytes = int(d.n_per_domain) * len(d.angles) * int(d.image_size) ** 2 * 4
+  available = device_memory() if available is None else available
+  if nbytes > available:
+    raise ConfigError(f"data.image_size: {d.n_per_domain} x {len(d.angles)} images of {d.image_size}^2 pixels need "
+                      f"{nbytes / 2 ** 30:.1f} GiB, more than the {available / 2 ** 30:.1f} GiB of memory; lower "
+                      "data.image_size or data.n_per_domain")
+
+
+def device_memory() -> int:
+  """Bytes of memory of the first device (a GPU's limit; on CPU the machine's memory)."""
+  import jax
+  stats = None
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # pylint: disable=broad-except  # CPU backends have none
+    pass
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _activations_per_example(model, params_shape, input_shape) -> int:
+  """Elements of every module's output for one example (flax `capture_intermediates`)."""
+  import jax
+  import jax.numpy as jnp
+  x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
+  try:
+    _, inter = jax.eval_shape(lambda p, x: model.module.apply(
+        {"params": p}, model._in(x), capture_intermediates=True, mutable=["intermediates"]), params_shape, x)  # pylint: disable=protected-access
+    return int(sum(math.prod(a.shape) for a in jax.tree.leaves(inter)))
+  except Exception:  # pylint: disable=broad-except  # a model that does not take the keyword: its input, scaled
+    return 64 * math.prod(input_shape)
+
+
+def round_memory(config, model, input_shape, parallel: int, num_steps: int) -> dict:
+  """Bytes of the round's main terms: per-client state, activations, the loop's index arrays."""
+  import jax
+  import jax.numpy as jnp
+  x = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
+  params_shape = jax.eval_shape(lambda r: model.module.init(r, model._in(x))["params"], jax.random.PRNGKey(0))  # pylint: disable=protected-access
+  P = int(sum(math.prod(a.shape) for a in jax.tree.leaves(params_shape)))
+  B = int(config.client.batch_size)
+  per_client = 4 * P * 4  # parameters, gradients and up to two optimizer moments, float32
+  return {"params": P,
+          "state": 4 * P * 4 + parallel * per_client,
+          "activations": parallel * B * _activations_per_example(model, params_shape, input_shape) * 4 * 2,
+          "indices": parallel * num_steps * B * 5}  # int32 indices and a bool mask per step and row
+
+
+def check_memory(config, model, input_shape, cohort: int, strategy: str, num_steps: int,
+                 available: int | None = None) -> None:
+  """Refuses a round whose estimated memory exceeds the device's, naming the fields."""
+  parallel = {"vmap": cohort, "chunked": min(cohort, int(config.engine.chunk_size))}.get(strategy, 1)
+  try:
+    m = round_memory(config, model, input_shape, parallel, num_steps)
+  except Exception:  # pylint: disable=broad-except  # a model the estimate cannot trace: no estimate
+    return
+  total = m["state"] + m["activations"] + m["indices"]
+  available = device_memory() if available is None else available
+  if total <= available:
+    return
+  steps = "client.local_steps" if config.client.local_steps > 0 else "client.local_epochs"
+  why = {"state": (f"{m['params']:,} parameters x {parallel} client(s) in parallel",
+                   f"model.{'hidden' if config.model.name == 'mlp' else 'name'}"),
+         "activations": (f"batches of {config.client.batch_size} of inputs {tuple(input_shape)} x {parallel} client(s)",
+                         "client.batch_size" + (", data.image_size" if len(input_shape) == 3 else "")),
+         "indices": (f"{num_steps:,} local steps x batch {config.client.batch_size} x {parallel} client(s)",
+                     f"{steps}, client.batch_size")}
+  worst = max(("state", "activations", "indices"), key=m.get)
+  more = "" if strategy in ("sequential", "host_loop") or parallel == 1 else \
+      " (or fewer clients in parallel: cohort_size, engine.strategy='chunked' or 'sequential')"
+  raise ConfigError(f"{why[worst][1]}: the round needs about {total / 2 ** 30:.1f} GiB ({why[worst][0]}: "
+                    f"{m[worst] / 2 ** 30:.1f} GiB), more than the device's {available / 2 ** 30:.1f} GiB; "
+                    f"lower {why[worst][1]}{more}")
