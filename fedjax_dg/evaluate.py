@@ -113,6 +113,7 @@ def run():
 
   def main(argv):
     del argv
+    main_lib.quiet_logs()
     main_lib.one_line_warnings()
     try:
       out = rescore(workdir, rule.value, cfg.value)

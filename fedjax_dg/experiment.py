@@ -14,6 +14,7 @@ Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -242,7 +243,21 @@ def _check_state(alg, state, done: int, train_loss: float, config):
                            f"or server.lr (now {config.server.lr})")
 
 
+def with_loader(config):
+  """`config` with a registered dataset's loader path in `data.loader` (a copy), so the run's
+  config.json names the loader and `python -m fedjax_dg.evaluate` can load the data again."""
+  name = config.data.name
+  if name in datasets.BUILTIN or name not in datasets.DATASETS or config.data.get("loader", "") == datasets.DATASETS[name]:
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.data.loader = datasets.DATASETS[name]
+  return config
+
+
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
+  """Trains and evaluates on one fold; `config.data` is what the run records as its data."""
+  config = with_loader(config)
   os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   multi_stage = bool(algorithms.spec_of(config).stages)
@@ -382,6 +397,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
 
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
   config_lib.validate(config)
+  config = with_loader(config)
   workdir = workdir or config.workdir
   d = config.data
   if d.name == "wilds":  # the official split scheme, not a split by domains

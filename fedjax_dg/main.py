@@ -27,8 +27,7 @@ def main(argv):
   del argv
   from fedjax_dg.config import ConfigError
   from fedjax_dg.experiment import train_and_evaluate
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  quiet_logs()
   one_line_warnings()
   try:
     config = _CONFIG.value
@@ -126,6 +125,14 @@ def _config_load_error(e: BaseException) -> str:
   if not os.path.isfile(path.split(":", 1)[0]):
     return f"--config {path}: no such config file"
   return f"--config {path}: cannot load the config file ({_root_cause(e)})"
+
+
+def quiet_logs() -> None:
+  """absl's log level to WARNING: `app.run` logs at INFO, where JAX reports every backend it
+  could not start ("Unable to initialize backend 'tpu'") and orbax every checkpoint step.
+  The platforms JAX may use are left alone."""
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
 
 
 def one_line_warnings() -> None:
