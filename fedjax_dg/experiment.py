@@ -255,6 +255,27 @@ def with_loader(config):
   return config
 
 
+def progress_val(scores: dict) -> str:
+  """The progress bar's validation accuracy: the held-out validation domain's, else the
+  in-domain validation split's. Never the test domain's: a DG run must not peek at it."""
+  for k in ("heldout_val", "in_val"):
+    if k in scores and "accuracy" in scores[k]:
+      return f"{scores[k]['accuracy']:.3f}"
+  return "-"
+
+
+def reporter_bytes(comm: dict, reporters: list[int]) -> dict:
+  """`comm` with `bytes_per_round` counting only the clients that reported (engine.dropout):
+  the mean number of reporters per round times a client's bytes. A dropped client takes
+  part in no exchange of its round. `sampled_clients_per_round` keeps the cohort size."""
+  if not reporters:
+    return comm
+  per_client = comm["bytes_per_round"] / comm["clients_per_round"]
+  mean = float(np.mean(reporters))
+  return {**comm, "sampled_clients_per_round": comm["clients_per_round"], "clients_per_round": mean,
+          "bytes_per_round": mean * per_client}
+
+
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   """Trains and evaluates on one fold; `config.data` is what the run records as its data."""
   config = with_loader(config)
@@ -351,8 +372,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
             chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
             if chosen and chosen["round"] == done:
               ckpt_lib.save_selected(workdir, rule, done, now, chosen["val"])
-        acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
-        bar.set_postfix(loss=f"{train_loss:.3f}", val=acc("heldout_val"), test=acc("test"))
+        bar.set_postfix(loss=f"{train_loss:.3f}", val=progress_val(rec["splits"]))  # the test split only at the end
       if do_ckpt:
         phase("saving")
         ckpts.save(done, state)
@@ -379,7 +399,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "provenance": provenance(),
-      "communication": comm,
+      "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
       "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
                   "val": list(fold.val_domains), "test": list(fold.test_domains)},
@@ -393,6 +413,20 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
   return summary
+
+
+def lodo_summary(rule: str, folds, summaries, names) -> dict:
+  """`{rule: {...}}`: the leave-one-domain-out test accuracy under `rule` over the folds,
+  mean and sample std (ddof 1; 0 for one fold), and per test domain by name. Empty where no
+  fold has that rule (no held-out domain under `data.lodo_validation = "in_domain"`)."""
+  per = {names[f.test_domains[0]]: sm["selection"][rule]["test"]["accuracy"]
+         for f, sm in zip(folds, summaries) if sm["selection"][rule]}
+  if not per:
+    return {}
+  accs = list(per.values())
+  std = float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0
+  return {rule: {"test": {"accuracy": float(np.mean(accs)), "accuracy_std": std},
+                 "per_fold_test_accuracy": accs, "per_domain_test_accuracy": per}}
 
 
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
@@ -414,9 +448,7 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
          "selection": {}}
   for rule in SELECTION_RULES:
-    accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
-    if accs:  # no held-out domain under data.lodo_validation = "in_domain"
-      out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
+    out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(out, f, indent=2)
   return out
