@@ -1,9 +1,9 @@
 """Dataset preparation: where each dataset comes from, how its release unpacks into the
 layout the loaders read, and a check of what is on disk.
 
-  python -m fedjax_dg.data.prepare list
-  python -m fedjax_dg.data.prepare NAME --root DIR [--archive FILE ...] [--download]
-  python -m fedjax_dg.data.prepare verify NAME --root DIR [--fast]
+    python -m fedjax_dg.data.prepare list
+    python -m fedjax_dg.data.prepare NAME --root DIR [--archive FILE ...] [--download]
+    python -m fedjax_dg.data.prepare verify NAME --root DIR [--fast]
 
 `NAME --root DIR` unpacks the release archives (given with `--archive`, or found in `DIR`
 under their release file names) into `DIR/<folder>`, the folder the dataset's config reads
