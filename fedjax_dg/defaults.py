@@ -38,7 +38,7 @@ def default_config() -> ml_collections.ConfigDict:
   # keeps the rest); with _include it joins training as a training domain, else it is set aside.
   c.data.test_domain_train_fraction = 0.0
   c.data.test_domain_train_include = True
-  # On-disk datasets (configs/rotated_mnist.py, colored_mnist.py, pacs.py, ...; README "Datasets").
+  # On-disk datasets (configs/rotated_mnist.py, colored_mnist.py, pacs.py, ...; docs/datasets/index.md).
   c.data.path = ""               # root of the files; "" for the embedded datasets
   c.data.fallback_path = ""      # searched when data.path has no files (e.g. Debian's package location)
   c.data.prefix = ""             # IDX file-name prefix (EMNIST's "emnist-digits-")
@@ -63,7 +63,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.augment = False         # DomainBed's training augmentation, inside the jitted local step
   c.data.augment_preset = "domainbed"  # domainbed | celeba | camelyon17
   c.data.select_metric = "accuracy"    # model selection metric (WILDS: macro_f1, worst_group_accuracy)
-  # Text (configs/civilcomments.py, py150.py) and FEMNIST (configs/femnist.py); README "Text and FEMNIST".
+  # Text (configs/civilcomments.py, py150.py) and FEMNIST (configs/femnist.py); docs/datasets/index.md.
   c.data.tokenizer = ""          # civilcomments: a local tokenizer.json (distilbert-base-uncased's)
   c.data.max_tokens = 300        # civilcomments: tokens per comment after truncation
   c.data.pad_id = 1              # py150: the pad id in the WILDS token files (CodeGPT's <pad>)
@@ -92,7 +92,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   # The method (`fedavg`, or a method and a server rule: `fediir+omg`, `irm+omg`) and one block
   # of hyperparameters per method and rule, with the papers' defaults, generated from the
-  # method specs (README "Methods"; e.g. --config.algorithm.fedprox.mu=0.1).
+  # method specs (docs/methods/index.md; e.g. --config.algorithm.fedprox.mu=0.1).
   c.algorithm = algorithms.default_hparams()
   c.algorithm.name = "fedavg"
   # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set

@@ -1,5 +1,4 @@
-"""What produced a run: package versions and the project's git commit (issue 9, "runs keep
-what was selected"). The runner can record it in summary.json (`"provenance": provenance()`);
+"""What produced a run: package versions and the project's git commit. The runner can record it in summary.json (`"provenance": provenance()`);
 collect's CSV reads it when present."""
 from __future__ import annotations
 

@@ -159,6 +159,7 @@ DATASETS = {
     "femnist": "fedjax_dg.data.femnist:load",
 }
 BUILTIN = tuple(DATASETS)
+LOADERS = {}  # name -> the function `register_dataset` was given, in this process
 # What each dataset's inputs are (config validation refuses image-only methods on text).
 # CivilComments and Py150 are WILDS releases: `data.name="wilds"` with `data.dataset` in
 # `wilds.TEXT_LOADERS` is text; see `modality`.
@@ -216,6 +217,8 @@ def register_dataset(name: str, loader) -> str:
   if name in BUILTIN and DATASETS[name] != path:
     raise ValueError(f"register_dataset: {name!r} is a built-in dataset; choose another name")
   DATASETS[name] = path
+  if callable(loader):  # this process calls the function itself; another one imports `path`
+    LOADERS[name] = loader
   return path
 
 
@@ -253,7 +256,8 @@ def load_dataset(data_config) -> DomainDataset:
   if not path:
     raise ValueError(f"data.name: unknown dataset {name!r}; choose one of {sorted(DATASETS)} "
                      "or register one with fedjax_dg.register_dataset")
-  ds = _import(path, name)(data_config)
+  fn = LOADERS[name] if name in LOADERS and DATASETS.get(name) == path else _import(path, name)
+  ds = fn(data_config)
   if not isinstance(ds, DomainDataset):
     raise ValueError(f"data.name: the loader of {name!r} returned {type(ds).__name__}, not a DomainDataset")
   return ds
