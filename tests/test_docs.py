@@ -69,8 +69,9 @@ def test_readme_blocks_run(tmp_path):
 @pytest.mark.slow
 def test_readme_sweep_draws_figures(tmp_path):
   run_blocks("README.md", tmp_path, keep=lambda code: "fedjax_dg.bench" in code)
-  figures = os.listdir(tmp_path / "runs" / "tiny" / "report" / "figures")
-  assert any(f.endswith(".png") for f in figures)
+  figures = tmp_path / "runs" / "tiny" / "report" / "figures"
+  assert (figures / "fig4_curves_C4.png").exists()
+  assert len([f for f in os.listdir(figures / "runs") if f.endswith(".png")]) == 4  # 2 methods x 2 lambdas, seed 0
 
 
 def test_site_builds_with_warnings_as_errors(tmp_path):
