@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: install demo test test-slow bench fashion-mnist
+.PHONY: install demo test test-slow bench fashion-mnist docs
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m slow
+
+# The documentation site (docs/ -> site/), warnings as errors.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json

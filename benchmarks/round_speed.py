@@ -1,6 +1,6 @@
 """Times one FedAvg round for each client-execution strategy.
 
-Workloads (issue 2):
+Workloads:
   cnn: C = 100 clients, 5 local steps, batch 32, DomainBed's MNIST CNN on 28x28 inputs;
   mlp: C = 1000 clients, 2 local steps, batch 10, an MLP 784-200-200-10.
 Data are random arrays of the right shapes (speed does not depend on their values); each
@@ -54,8 +54,8 @@ def _args(argv=None):
   p.add_argument("--cnn-strategies", default=None, help="the cnn workload's strategies (default: --strategies)")
   p.add_argument("--mlp-strategies", default=None, help="the mlp workload's strategies (default: --strategies)")
   p.add_argument("--chunk-size", type=int, default=0, help="chunked strategy; 0: min(10, max(2, C // 2))")
-  p.add_argument("--cnn-clients", type=int, default=100, help="clients in the cnn workload (issue: 100)")
-  p.add_argument("--mlp-clients", type=int, default=1000, help="clients in the mlp workload (issue: 1000)")
+  p.add_argument("--cnn-clients", type=int, default=100, help="clients in the cnn workload (default: 100)")
+  p.add_argument("--mlp-clients", type=int, default=1000, help="clients in the mlp workload (default: 1000)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--host-devices", type=int, default=1, help="force N XLA host devices (CPU)")
   p.add_argument("--also-host-devices", type=int, default=0,

@@ -1,5 +1,4 @@
 """Round time and peak memory against the total number of clients, and ragged cohorts
-(issue 12).
 
   total_clients: C = 1,000, 10,000, 100,000 clients of `--per-client` (20) examples each,
       a cohort of 100, FedAvg (or `--algorithm scaffold`, whose controls then live in host

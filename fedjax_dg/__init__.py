@@ -1,2 +1,59 @@
-"""fedjax-dg: federated domain generalization in JAX/Flax."""
+"""fedjax-dg: federated domain generalization in JAX/Flax.
+
+The entry points, importable from the package (each loads its module on first use, so
+`import fedjax_dg` stays light):
+
+  default_config()                    the default experiment config (an ml_collections ConfigDict)
+  train_and_evaluate(config, workdir) a whole run: data, clients, rounds, evaluation, selection
+  run_fold(config, fold, workdir)     the same on a fold you built
+  load_fold, pack, build_method, local_schedule, cohort_size   the run's pieces (`fedjax_dg.api`)
+  make_round, init_round_state        the round engine
+  build_model, Model, SplitModel      models (a featurizer and a classifier)
+  DomainDataset, Fold, register_dataset   data types and custom datasets
+  register_method, MethodSpec         custom methods (`fedjax_dg.algorithms.spec`)
+  Algorithm, ClientData               the engine's contract
+"""
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "default_config": "fedjax_dg.defaults",
+    "train_and_evaluate": "fedjax_dg.experiment",
+    "run_fold": "fedjax_dg.experiment",
+    "load_fold": "fedjax_dg.api",
+    "pack": "fedjax_dg.api",
+    "build_method": "fedjax_dg.api",
+    "local_schedule": "fedjax_dg.api",
+    "cohort_size": "fedjax_dg.api",
+    "make_round": "fedjax_dg.engine.round",
+    "init_round_state": "fedjax_dg.engine.round",
+    "build_model": "fedjax_dg.models",
+    "Model": "fedjax_dg.models",
+    "SplitModel": "fedjax_dg.models",
+    "Classifier": "fedjax_dg.models",
+    "DomainDataset": "fedjax_dg.data.datasets",
+    "register_dataset": "fedjax_dg.data.datasets",
+    "Fold": "fedjax_dg.data.splits",
+    "MethodSpec": "fedjax_dg.algorithms.spec",
+    "Algorithm": "fedjax_dg.algorithms.base",
+    "ClientData": "fedjax_dg.algorithms.base",
+}
+_RENAMED = {"register_method": ("fedjax_dg.algorithms", "register")}
+
+__all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  if name in _RENAMED:
+    module, attr = _RENAMED[name]
+    return getattr(importlib.import_module(module), attr)
+  raise AttributeError(f"module 'fedjax_dg' has no attribute {name!r}")
+
+
+def __dir__():
+  return __all__

@@ -34,7 +34,8 @@ def validate(config) -> None:
     import importlib.util
     _check(importlib.util.find_spec("tensorboardX") is not None,
            "tensorboard: event files need tensorboardX; pip install 'fedjax-dg[tensorboard]'")
-  _check(config.data.name in DATASETS, f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)}")
+  _check(datasets.known(config.data), f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)} "
+         "or register one with fedjax_dg.register_dataset")
   path = config.model.get("pretrained_path", "")
   _check(not path or os.path.isfile(path), f"model.pretrained_path: no such file {path!r}")
   _check(config.model.name in MODELS, f"model.name: unknown model {config.model.name!r}; choose one of {list(MODELS)}")

@@ -1,6 +1,6 @@
 """Re-scores a finished run's selected parameters on any split, or on another data set config.
 
-  python -m fedjax_dg.evaluate --workdir W [--rule heldout_domain] [--config.data.<field>=<value> ...]
+    python -m fedjax_dg.evaluate --workdir W [--rule heldout_domain] [--config.data.<field>=<value> ...]
 
 A run keeps, in `W/selected/`, the parameters at the round each selection rule chose
 (fedjax_dg/rundir.py), and its resolved config in `W/config.json`. This loads both,
@@ -109,6 +109,7 @@ def run():
 
   def main(argv):
     del argv
+    main_lib.quiet_logs()
     main_lib.one_line_warnings()
     try:
       out = rescore(workdir, rule.value, cfg.value)

@@ -17,6 +17,7 @@ Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -218,8 +219,43 @@ def _check_state(alg, state, done: int, train_loss: float, config):
                            f"or server.lr (now {config.server.lr})")
 
 
+def with_loader(config):
+  """`config` with a registered dataset's loader path in `data.loader` (a copy), so the run's
+  config.json names the loader and `python -m fedjax_dg.evaluate` can load the data again."""
+  name = config.data.name
+  if name in datasets.BUILTIN or name not in datasets.DATASETS or config.data.get("loader", "") == datasets.DATASETS[name]:
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.data.loader = datasets.DATASETS[name]
+  return config
+
+
+def progress_val(scores: dict) -> str:
+  """The progress bar's validation accuracy: the held-out validation domain's, else the
+  in-domain validation split's. Never the test domain's: a DG run must not peek at it."""
+  for k in ("heldout_val", "in_val"):
+    if k in scores and "accuracy" in scores[k]:
+      return f"{scores[k]['accuracy']:.3f}"
+  return "-"
+
+
+def reporter_bytes(comm: dict, reporters: list[int]) -> dict:
+  """`comm` with `bytes_per_round` counting only the clients that reported (engine.dropout):
+  the mean number of reporters per round times a client's bytes. A dropped client takes
+  part in no exchange of its round. `sampled_clients_per_round` keeps the cohort size."""
+  if not reporters:
+    return comm
+  per_client = comm["bytes_per_round"] / comm["clients_per_round"]
+  mean = float(np.mean(reporters))
+  return {**comm, "sampled_clients_per_round": comm["clients_per_round"], "clients_per_round": mean,
+          "bytes_per_round": mean * per_client}
+
+
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
-  """One run in `workdir`, which this process owns (LOCK) while it runs."""
+  """One run in `workdir`, which this process owns (LOCK) while it runs; `config.data` is
+  what the run records as its data."""
+  config = with_loader(config)
   with rundir.owned(workdir):
     return _run_fold(config, fold, workdir)
 
@@ -321,9 +357,8 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
         chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
         if chosen and chosen["round"] == done:
           rundir.save_selected(workdir, rule, done, now, chosen["val"], run=run)
-    acc = lambda k: f"{rec['splits'][k]['accuracy']:.3f}" if k in rec["splits"] else "-"
-    bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=acc("heldout_val"),
-                    test=acc("test"))
+    # the test split only at the end: a DG run must not watch its test domain
+    bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=progress_val(rec["splits"]))
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
   tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
@@ -382,7 +417,7 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "provenance": provenance(),
-      "communication": comm,
+      "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
       "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
                   "val": list(fold.val_domains), "test": list(fold.test_domains)},
@@ -397,8 +432,23 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   return summary
 
 
+def lodo_summary(rule: str, folds, summaries, names) -> dict:
+  """`{rule: {...}}`: the leave-one-domain-out test accuracy under `rule` over the folds,
+  mean and sample std (ddof 1; 0 for one fold), and per test domain by name. Empty where no
+  fold has that rule (no held-out domain under `data.lodo_validation = "in_domain"`)."""
+  per = {names[f.test_domains[0]]: sm["selection"][rule]["test"]["accuracy"]
+         for f, sm in zip(folds, summaries) if sm["selection"][rule]}
+  if not per:
+    return {}
+  accs = list(per.values())
+  std = float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0
+  return {rule: {"test": {"accuracy": float(np.mean(accs)), "accuracy_std": std},
+                 "per_fold_test_accuracy": accs, "per_domain_test_accuracy": per}}
+
+
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
   config_lib.validate(config)
+  config = with_loader(config)
   workdir = workdir or config.workdir
   d = config.data
   if d.name == "wilds":  # the official split scheme, not a split by domains
@@ -419,8 +469,6 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
     out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
            "selection": {}}
     for rule in SELECTION_RULES:
-      accs = [sm["selection"][rule]["test"]["accuracy"] for sm in summaries if sm["selection"][rule]]
-      if accs:  # no held-out domain under data.lodo_validation = "in_domain"
-        out["selection"][rule] = {"test": {"accuracy": float(np.mean(accs))}, "per_fold_test_accuracy": accs}
+      out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
     rundir.write_summary(workdir, out)
   return out

@@ -15,20 +15,43 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Overrides config.workdir.")
 
 
 def _summary_line(summary) -> str:
+  """One line: each rule's selected test accuracy; over leave-one-domain-out folds the mean
+  +- sample std and each test domain's accuracy by name."""
   parts = []
   for rule, sel in summary["selection"].items():
     if sel and sel.get("test"):
+      test = sel["test"]
+      if "per_domain_test_accuracy" in sel:
+        each = ", ".join(f"{name} {acc:.4f}" for name, acc in sel["per_domain_test_accuracy"].items())
+        parts.append(f"{rule}-selected test accuracy {test['accuracy']:.4f} +- {test['accuracy_std']:.4f} "
+                     f"over {len(sel['per_domain_test_accuracy'])} test domains ({each})")
+        continue
       rnd = f" (round {sel['round']})" if "round" in sel else ""
-      parts.append(f"{rule}-selected test accuracy {sel['test']['accuracy']:.4f}{rnd}")
+      parts.append(f"{rule}-selected test accuracy {test['accuracy']:.4f}{rnd}")
   return "; ".join(parts)
+
+
+def _workdir_given(argv) -> bool:
+  return any(a.split("=", 1)[0] in ("--workdir", "--config.workdir") for a in argv[1:])
+
+
+def default_workdir(config, argv, now=None) -> str:
+  """The run's workdir: `--workdir`, or `--config.workdir`, as given; otherwise the config
+  file's `workdir` with the UTC start time appended (`runs/default-20250101-120000`), so two
+  plain runs never collide. A resume (`--config.resume=True`) uses the config's as is."""
+  import time
+  if _WORKDIR.value:
+    return _WORKDIR.value
+  if _workdir_given(argv) or config.resume:
+    return config.workdir
+  return f"{config.workdir}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}"
 
 
 def main(argv):
   del argv
   from fedjax_dg.config import ConfigError
   from fedjax_dg.experiment import train_and_evaluate
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  quiet_logs()
   one_line_warnings()
   try:
     config = _CONFIG.value
@@ -42,7 +65,7 @@ def main(argv):
   if not_a_config(config):
     print(f"error: {not_a_config(config)}", file=sys.stderr)
     return 2
-  workdir = _WORKDIR.value or config.workdir
+  workdir = default_workdir(config, sys.argv)
   try:
     summary = train_and_evaluate(config, workdir)
   except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
@@ -62,24 +85,37 @@ USAGE = """fedjax-dg: federated domain generalization runs from an ml_collection
 
 Every field of the config file is a flag --config.<field> (configs/default.py documents
 each). The main ones:
-  data.name                        rotated_digits (embedded), spurious, rotated_mnist, colored_mnist,
-                                   image_folder, wilds, tfds
+  data.name                        {datasets}
   data.test_domains, data.val_domains   test and held-out validation domain ids
   data.leave_one_domain_out        every domain as the test domain once
   partition.method, partition.lam  heterogeneous (seed 001, lam in [0, 1]), dirichlet, iid
   num_clients, cohort_size, cohort_fraction
-  algorithm.name                   the method (README "Methods"); its hyperparameters are
-                                   algorithm.<method>.<field>, e.g. algorithm.fedprox.mu
+  algorithm.name                   {methods}
+                                   or method+rule, rule one of {rules};
+                                   hyperparameters: algorithm.<method>.<field>, e.g. algorithm.fedprox.mu
   client.optimizer, client.lr, client.momentum, client.batch_size, client.local_epochs, client.local_steps
   server.lr, server.momentum       eta_g, FedAvgM momentum (server.b1, b2, eps: FedAdam / FedYogi)
-  model.name                       cnn, mlp, resnet18, resnet50
+  model.name                       {models}
   engine.strategy                  auto, vmap, chunked, sequential, host_loop
   num_rounds, eval_every, checkpoint_every, resume, workdir, quiet
-Writes metrics.jsonl, summary.json and checkpoints/ in the workdir. Sweeps, tables and
-figures: python -m fedjax_dg.bench --help.
+Writes metrics.jsonl, summary.json and checkpoints/ in the workdir: --workdir or
+--config.workdir as given, otherwise the config's workdir plus the UTC start time
+(runs/default-<YYYYmmdd-HHMMSS>). Sweeps, tables and figures: python -m fedjax_dg.bench --help.
 """
 
 HELP_FLAGS = ("-h", "--help", "-help", "-?")
+
+
+def usage_text() -> str:
+  """USAGE with every dataset, model, method and server rule the library knows."""
+  import textwrap
+  from fedjax_dg import algorithms
+  from fedjax_dg.data.datasets import DATASETS
+  from fedjax_dg.models import MODELS
+  wrap = lambda items: textwrap.fill(", ".join(items), 100, initial_indent=" " * 35,
+                                    subsequent_indent=" " * 35).lstrip()
+  return USAGE.format(datasets=wrap(["rotated_digits (embedded)", *[d for d in DATASETS if d != "rotated_digits"]]),
+                      models=wrap(MODELS), methods=wrap(algorithms.METHODS), rules=", ".join(algorithms.RULES))
 
 
 def print_help(module: str, usage: str) -> None:
@@ -156,6 +192,14 @@ def not_a_config(config) -> str | None:
   if config is None or isinstance(config, ml_collections.ConfigDict):
     return None
   return f"--config {_config_path()}: get_config() returned {type(config).__name__}, not an ml_collections.ConfigDict"
+
+
+def quiet_logs() -> None:
+  """absl's log level to WARNING: `app.run` logs at INFO, where JAX reports every backend it
+  could not start ("Unable to initialize backend 'tpu'") and orbax every checkpoint step.
+  The platforms JAX may use are left alone."""
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
 
 
 def one_line_warnings() -> None:
@@ -236,7 +280,7 @@ def run():
   sys.argv[:] = translate_legacy(sys.argv)   # before the config flag reads its overrides
   _define_flags()
   if any(a in HELP_FLAGS for a in sys.argv[1:]):
-    print_help(__name__, USAGE)
+    print_help(__name__, usage_text())
     sys.exit(0)
   flags.mark_flag_as_required("config")
   _quiet_absl_before_parsing()

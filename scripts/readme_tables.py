@@ -1,5 +1,6 @@
-"""Regenerates the README's tables that come from the method specs (between
-`<!-- BEGIN name -->` and `<!-- END name -->` markers): `python scripts/readme_tables.py`."""
+"""Regenerates the documentation's tables that come from the method specs (between
+`<!-- BEGIN name -->` and `<!-- END name -->` markers in docs/methods/index.md):
+`python scripts/readme_tables.py`."""
 import os
 import re
 import sys
@@ -9,8 +10,19 @@ sys.path.insert(0, ROOT)
 
 from fedjax_dg import algorithms  # noqa: E402
 
+PAGES = (os.path.join("docs", "methods", "index.md"),)  # the pages holding generated tables
+
+
+def pages_list() -> str:
+  """Links to every method's page, by benchmark group."""
+  groups = {}
+  for name, spec in algorithms.METHODS.items():
+    groups.setdefault(spec.group, []).append(f"[`{name}`]({name}.md)")
+  return "\n".join(f"- **{g}**: " + ", ".join(links) for g, links in groups.items())
+
+
 TABLES = {"methods": algorithms.methods_table, "hparams": algorithms.hparams_table,
-          "communication": algorithms.communication_table}
+          "communication": algorithms.communication_table, "pages": pages_list}
 
 
 def render(text: str) -> str:
@@ -22,8 +34,9 @@ def render(text: str) -> str:
 
 
 if __name__ == "__main__":
-  path = os.path.join(ROOT, "README.md")
-  with open(path) as f:
-    text = f.read()
-  with open(path, "w") as f:
-    f.write(render(text))
+  for rel in PAGES:
+    path = os.path.join(ROOT, rel)
+    with open(path) as f:
+      text = f.read()
+    with open(path, "w") as f:
+      f.write(render(text))

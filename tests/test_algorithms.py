@@ -184,13 +184,13 @@ def test_registry_builds_the_named_method(tiny_config):
 
 
 def test_readme_communication_table_matches_the_declarations(tiny_config):
-  """The README's table is `communication_table()`, and every built algorithm carries the
-  declaration the table shows (so summary.json reports the same)."""
+  """The documentation's table is `communication_table()`, and every built algorithm carries
+  the declaration the table shows (so summary.json reports the same)."""
   import os
   from fedjax_dg.algorithms import COMMUNICATION, build_algorithm, communication_table
   from fedjax_dg.algorithms.base import make_schedule as sched_of
-  readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
-  assert communication_table() in readme
+  page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "methods", "index.md")
+  assert communication_table() in open(page).read()
   model = tiny_mlp(dim=64, classes=10)
   store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))
   for name in ALGORITHMS:
@@ -209,8 +209,10 @@ def test_readme_tables_are_generated_from_the_specs():
   spec = importlib.util.spec_from_file_location("readme_tables", os.path.join(root, "scripts", "readme_tables.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
-  readme = open(os.path.join(root, "README.md")).read()
-  assert mod.render(readme) == readme, "README tables are stale: run python scripts/readme_tables.py"
+  for rel in mod.PAGES:
+    text = open(os.path.join(root, rel)).read()
+    assert "<!-- BEGIN methods -->" in text or rel != mod.PAGES[0]
+    assert mod.render(text) == text, f"{rel}: tables are stale: run python scripts/readme_tables.py"
 
 
 def test_no_method_name_outside_the_algorithms_package():

@@ -1,4 +1,4 @@
-"""Issue 9's report: seed 001's Tables 3 and 6 and Figs. 2-4 on the embedded rotated digits.
+"""The benchmark report: seed 001's Tables 3 and 6 and Figs. 2-4 on the embedded rotated digits.
 
   python -m fedjax_dg.bench run    --sweep configs/sweeps/report.py   # resumable; any number of sittings
   python -m fedjax_dg.bench status --sweep configs/sweeps/report.py
@@ -65,7 +65,7 @@ def get_config(variant: str = "digits"):
   s.method_overrides.update(sweep_common.omg_overrides(CLIENTS))
   # IRM under SGD diverges (NaN) once its penalty weight jumps from 1 to 100 after annealing:
   # at lr 0.1 in 15 of its 48 runs, at 0.01 in 12 (centralised and C = 2, 5; measured
-  # 2026-11-23). It runs with Adam at lr 1e-3, seed 001's optimizer for every method (Sec. 4,
+  # on the embedded digits). It runs with Adam at lr 1e-3, seed 001's optimizer for every method (Sec. 4,
   # Table 7 lists IRM lr 1e-3 for CelebA and FEMNIST).
   s.method_overrides["irm"] = {"client": {"optimizer": "adam", "lr": 1e-3}}
   s.grids = ml_collections.ConfigDict({

@@ -6,7 +6,7 @@
 S''_DG-test is a random `fraction` of each test domain moved into training and S'_DG-test
 the rest, which both R_DG runs are tested on (`data.test_domain_train_fraction`, with
 `data.test_domain_train_include` False for the numerator: that run trains exactly as the
-plain one). The issue takes the fraction as 20% moved in; seed 001's sentence ("S', S'' are
+plain one). The report's sweep moves 20% in; seed 001's sentence ("S', S'' are
 20%, 80% partition respectively") can also be read the other way round, so the fraction is
 a field of the grid. S_IN-test is the in-domain test split (`in_test`). Every performance
 is the metric at the round the run's selection rule picks (held-out-domain validation by

@@ -158,6 +158,8 @@ DATASETS = {
     "tfds": "fedjax_dg.data.tfds_source:load",
     "femnist": "fedjax_dg.data.femnist:load",
 }
+BUILTIN = tuple(DATASETS)
+LOADERS = {}  # name -> the function `register_dataset` was given, in this process
 # What each dataset's inputs are (config validation refuses image-only methods on text).
 # CivilComments and Py150 are WILDS releases: `data.name="wilds"` with `data.dataset` in
 # `wilds.TEXT_LOADERS` is text; see `modality`.
@@ -187,10 +189,75 @@ def select_metrics(data_config) -> tuple[str, ...]:
   return SELECT_METRICS
 
 
+def loader_path(fn) -> str:
+  """Where `fn` can be imported from again, in another process: `"package.module:function"`,
+  or `"/abs/path/script.py:function"` for a function defined in a script run as `__main__`."""
+  import inspect
+  import os
+  qual = getattr(fn, "__qualname__", "")
+  if not callable(fn) or not qual or "<" in qual or "." in qual:
+    raise ValueError(f"register_dataset: the loader must be a module-level function, got {fn!r}")
+  module = fn.__module__
+  if module == "__main__":
+    return f"{os.path.abspath(inspect.getfile(fn))}:{qual}"
+  return f"{module}:{qual}"
+
+
+def register_dataset(name: str, loader) -> str:
+  """Makes `config.data.name = name` load the dataset `loader(config.data) -> DomainDataset`.
+
+  `loader` is a module-level function (or its `"module:function"` / `"/path/file.py:function"`
+  path). The runner stores this path in the run's `config.json` as `data.loader`, so
+  `python -m fedjax_dg.evaluate --workdir W` finds the loader again in a new process.
+  Returns the path. A name of a built-in dataset cannot be replaced.
+  """
+  if not isinstance(name, str) or not name or ":" in name:
+    raise ValueError(f"register_dataset: the name must be a non-empty string without ':', got {name!r}")
+  path = loader if isinstance(loader, str) else loader_path(loader)
+  if name in BUILTIN and DATASETS[name] != path:
+    raise ValueError(f"register_dataset: {name!r} is a built-in dataset; choose another name")
+  DATASETS[name] = path
+  if callable(loader):  # this process calls the function itself; another one imports `path`
+    LOADERS[name] = loader
+  return path
+
+
+def _import(path: str, name: str):
+  """The function at `"module:function"` or `"/path/file.py:function"`."""
+  module, _, fn = path.rpartition(":")
+  if module.endswith(".py"):
+    import os
+    from importlib import util
+    if not os.path.isfile(module):
+      raise FileNotFoundError(f"data.loader: no such file {module!r} (the loader of dataset {name!r})")
+    spec = util.spec_from_file_location(f"fedjax_dg_user_{os.path.basename(module)[:-3]}", module)
+    mod = util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+  else:
+    try:
+      mod = importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"data.loader: cannot import {module!r} for dataset {name!r} ({e})") from None
+  if not hasattr(mod, fn):
+    raise ValueError(f"data.loader: {module!r} has no function {fn!r} (the loader of dataset {name!r})")
+  return getattr(mod, fn)
+
+
+def known(data_config) -> bool:
+  """Whether `config.data` names a dataset this process can load (built in, registered, or
+  carrying the `data.loader` path that a registered dataset's run recorded)."""
+  return data_config.name in DATASETS or bool(data_config.get("loader", ""))
+
+
 def load_dataset(data_config) -> DomainDataset:
   """Builds the classification dataset that `config.data` names."""
   name = data_config.name
-  if name not in DATASETS:
-    raise ValueError(f"data.name: unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
-  module, fn = DATASETS[name].split(":")
-  return getattr(importlib.import_module(module), fn)(data_config)
+  path = DATASETS.get(name) or data_config.get("loader", "")
+  if not path:
+    raise ValueError(f"data.name: unknown dataset {name!r}; choose one of {sorted(DATASETS)} "
+                     "or register one with fedjax_dg.register_dataset")
+  fn = LOADERS[name] if name in LOADERS and DATASETS.get(name) == path else _import(path, name)
+  ds = fn(data_config)
+  if not isinstance(ds, DomainDataset):
+    raise ValueError(f"data.name: the loader of {name!r} returned {type(ds).__name__}, not a DomainDataset")
+  return ds

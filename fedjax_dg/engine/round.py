@@ -21,7 +21,7 @@ order; `make_round`'s `strategy` picks one:
                dispatch, no host sync); the server-side pieces are jitted once each. On
                XLA:CPU this is the fast way to run convolutions: a convolution's weight
                gradient inside any XLA while loop (`lax.scan` over clients or rolled local
-               steps) runs tens of times slower there (JAX issue 12868).
+               steps) runs tens of times slower there (jax-ml/jax#12868).
 The first three jit the whole round once. With more than one local device they are
 wrapped in `ShardedExecutor`, which shards the cohort axis over a `Mesh` axis named
 "clients" through `jax.shard_map`; each device reduces its share and a `psum` finishes
@@ -33,7 +33,7 @@ Each member's randomness is `fold_in(round_key, client_id)` (its report's is
 `fold_in(that, 1)`), so a client draws the same batches whichever strategy, cohort padding
 or device count runs it.
 
-Scale (issue 12; `make_round`'s arguments): clients that drop out or straggle
+Scale (`make_round`'s arguments): clients that drop out or straggle
 (`dropout`, `straggler_fraction`), local-step buckets so ragged clients cost their own
 steps (`buckets`), client states in host memory (`init_round_state(host_states=True)`,
 host_state.py), and the jitted strategies over every process's devices under
@@ -81,13 +81,13 @@ class EngineDefaults(NamedTuple):
 # Measured on the 2-core CPU machine (benchmarks/results/round_speed_cpu.json, DomainBed's
 # MNIST CNN and the 784-200-200-10 MLP): with convolutions the host loop is 35x faster
 # than the `lax.scan` over clients ("sequential"), since XLA:CPU runs a convolution's weight
-# gradient inside any while loop tens of times slower (JAX issue 12868), which is also why
+# gradient inside any while loop tens of times slower (jax-ml/jax#12868), which is also why
 # the local loop is unrolled there; for dense models the scan is fastest (host loop 1.46x,
 # vmap 4.5x slower).
 ENGINE_DEFAULTS = {
     ("cpu", "conv"): EngineDefaults("host_loop", 64, "round_speed_cpu.json: cnn, host_loop 0.028x sequential"),
     ("cpu", "dense"): EngineDefaults("sequential", 64, "round_speed_cpu.json: mlp, sequential fastest"),
-    # Measured on an H100 (round_speed_gpu.json, 2026-11-23): the CNN's cohort of 100 runs
+    # Measured on an H100 (round_speed_gpu.json): the CNN's cohort of 100 runs
     # 0.235 s per round client by client in one scan, 0.284 s in the host loop and 0.465 s
     # under vmap (a vmapped convolution with per-client weights lowers to a grouped one);
     # the 1000-client MLP runs 22x faster under vmap than client by client.

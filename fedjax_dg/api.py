@@ -1,0 +1,78 @@
+"""The library's building blocks, each reading what it needs from one config.
+
+`fedjax_dg.train_and_evaluate(config, workdir)` runs a whole experiment. These functions
+are its pieces, for a loop of your own (a custom model, a custom round schedule, gradients
+through rounds):
+
+    fold = load_fold(config)                      # the data, split by domains
+    store = pack(config, fold)                    # partitioned and padded per client
+    model = build_model(config.model, fold.train.x.shape[1:], fold.num_classes)
+    algorithm = build_method(config, model, store, fold)
+    round_fn = make_round(algorithm, store.counts.shape[0], cohort_size(config, ...), "vmap")
+
+The local schedule (batch size, local steps or epochs) comes from `config.client` only, so
+the batch size is given once.
+"""
+from __future__ import annotations
+
+import math
+
+from fedjax_dg import algorithms
+from fedjax_dg import config as config_lib
+from fedjax_dg.algorithms.base import LocalSchedule, make_schedule
+from fedjax_dg.data import splits
+from fedjax_dg.data import store as store_lib
+
+
+def load_fold(config) -> splits.Fold:
+  """The fold `config.data` describes: training, validation and test splits by domain (a
+  WILDS release: its official splits). Leave-one-domain-out is the runner's loop."""
+  from fedjax_dg.data import datasets
+  d = config.data
+  if d.name == "wilds":
+    from fedjax_dg.data import wilds
+    return wilds.load_fold(d)
+  return splits.fold_from_config(datasets.load_dataset(d), d)
+
+
+def pack(config, fold: splits.Fold) -> store_lib.ClientStore:
+  """The training split partitioned over `config.num_clients` clients (`config.partition`)
+  and packed as the padded client store `[C, N_max, ...]` the round reads."""
+  from fedjax_dg.experiment import partition_clients
+  num_clients = 1 if algorithms.spec_of(config).centralised else int(config.num_clients)
+  config_lib.validate_data(config, len(fold.train), num_clients)
+  return store_lib.pack_clients(fold.train, partition_clients(config, fold, num_clients))
+
+
+def local_schedule(config, counts, unroll: int | bool = 1, augment=None) -> LocalSchedule:
+  """The clients' local loop from `config.client` (`batch_size`, `local_steps` or
+  `local_epochs`) and the clients' example counts (`store.counts`)."""
+  c = config.client
+  n_max, n_min = int(max(counts)), int(min(counts))
+  return make_schedule(int(c.batch_size), int(c.local_steps), int(c.local_epochs), n_max, n_min, unroll, augment)
+
+
+def local_steps(config, counts) -> int:
+  """The compiled local loop's length: `client.local_steps`, or the largest client's epochs."""
+  c = config.client
+  return int(c.local_steps) if c.local_steps > 0 else math.ceil(c.local_epochs * int(max(counts)) / c.batch_size)
+
+
+def build_method(config, model, store: store_lib.ClientStore, fold: splits.Fold | None = None,
+                 sched: LocalSchedule | None = None):
+  """The engine's `Algorithm` for `config.algorithm.name` (a method, or `method+rule`) with
+  its hyperparameters from `config.algorithm.<method>`: `model`'s clients on `store`, the
+  local schedule from `config.client` unless `sched` is given. `fold` gives the domains
+  (methods that work per domain read them); without it every client is one domain."""
+  config_lib.validate(config)
+  num_clients = int(store.counts.shape[0])
+  sched = sched or local_schedule(config, store.counts)
+  num_domains = len(fold.domain_names) if fold is not None else 1
+  train_domains = fold.train_domains if fold is not None else None
+  return algorithms.build_algorithm(config, model, sched, num_clients, config_lib.cohort_size(config, num_clients),
+                                    num_domains=num_domains, train_domains=train_domains, store=store)
+
+
+def cohort_size(config, num_clients: int) -> int:
+  """Clients sampled per round: `config.cohort_size`, else `cohort_fraction * num_clients`."""
+  return config_lib.cohort_size(config, num_clients)

@@ -1,0 +1,453 @@
+"""Dataset preparation: where each dataset comes from, how its release unpacks into the
+layout the loaders read, and a check of what is on disk.
+
+    python -m fedjax_dg.data.prepare list
+    python -m fedjax_dg.data.prepare NAME --root DIR [--archive FILE ...] [--download]
+    python -m fedjax_dg.data.prepare verify NAME --root DIR [--fast]
+
+`NAME --root DIR` unpacks the release archives (given with `--archive`, or found in `DIR`
+under their release file names) into `DIR/<folder>`, the folder the dataset's config reads
+(`--config.data.root=DIR/<folder>` or `data.path`), checks each archive's SHA-256 where the
+source publishes one (and its size where it states one), and writes a manifest of every
+unpacked file (`.fedjax_dg_manifest.json`: size and SHA-256). `--download` first fetches
+the archives from their official URLs with `urllib` (a thin call; Google Drive and Kaggle
+links need a browser or `gdown`, and this library never downloads at run time).
+
+`verify NAME --root DIR` prints one line naming what is missing, extra or corrupt, and
+exits 1 if anything is: with a manifest, every file against its size and SHA-256 (`--fast`:
+size only); always, the files the loader needs, the published image count per domain, and
+that every image decodes and every CSV / JSON file parses.
+
+No source here publishes SHA-256 checksums of its archives (DomainBed's download script
+has none, WILDS' dataset classes state a download URL and an approximate compressed size,
+LEAF and MNIST publish none): `Archive.sha256` is empty for each, and the manifest
+written at extraction is what later verifications compare against.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+MANIFEST = ".fedjax_dg_manifest.json"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+IGNORED = (MANIFEST, ".fedjax_dg_cache")  # written by this library, never extra
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+  """One release file: `url` to fetch, `filename` it is saved as, its SHA-256 where the
+  source publishes one ("" otherwise) and its size in bytes where the source states one."""
+  url: str
+  filename: str
+  sha256: str = ""
+  size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A dataset: its archives, the folder under `--root` its loader reads, how the archives
+  unpack (`rename`: the archive's top folder -> `folder`; `unpack`: a special step), the
+  files the loader needs, and the published count of images per domain folder."""
+  name: str
+  configs: tuple[str, ...]
+  folder: str
+  archives: tuple[Archive, ...]
+  reference: str
+  rename: str = ""
+  unpack: str = "archive"            # archive | copy (files used as they are) | terra_incognita
+  required: tuple[str, ...] = ()
+  domains: tuple[tuple[str, int | None], ...] = ()  # None: no published count
+  note: str = ""
+
+
+_GDRIVE = "https://drive.google.com/uc?id="
+_CODALAB = "https://worksheets.codalab.org/rest/bundles/{}/contents/blob/"
+_MNIST = tuple(Archive(f"https://ossci-datasets.s3.amazonaws.com/mnist/{f}", f) for f in (
+    "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz"))
+_MNIST_FILES = tuple(a.filename for a in _MNIST)
+
+SOURCES = {s.name: s for s in (
+    Source("pacs", ("pacs.py",), "PACS", (Archive(_GDRIVE + "1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd", "PACS.zip"),),
+           "DomainBed's download script (domainbed/scripts/download.py); original: "
+           "http://www.eecs.qmul.ac.uk/~dl307/project_iccv2017", rename="kfold",
+           domains=(("art_painting", 2048), ("cartoon", 2344), ("photo", 1670), ("sketch", 3929))),
+    Source("vlcs", ("vlcs.py",), "VLCS", (Archive(_GDRIVE + "1skwblH1_okBwxWxmRsp9_qi15hyPpxg8", "VLCS.tar.gz"),),
+           "DomainBed's download script", rename="VLCS",
+           domains=(("Caltech101", 1415), ("LabelMe", 2656), ("SUN09", 3282), ("VOC2007", 3376))),
+    Source("office_home", ("office_home.py",), "office_home",
+           (Archive(_GDRIVE + "1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC", "office_home.zip"),),
+           "DomainBed's download script; original: http://hemanthdv.org/OfficeHome-Dataset/",
+           rename="OfficeHomeDataset_10072016",
+           domains=(("Art", 2427), ("Clipart", 4365), ("Product", 4439), ("Real World", 4357))),
+    Source("terra_incognita", ("terra_incognita.py",), "terra_incognita", (
+        Archive("https://lilablobssc.blob.core.windows.net/caltechcameratraps/eccv_18_all_images_sm.tar.gz",
+                "eccv_18_all_images_sm.tar.gz"),
+        Archive("https://lilablobssc.blob.core.windows.net/caltechcameratraps/labels/caltech_camera_traps.json.zip",
+                "caltech_camera_traps.json.zip")),
+           "DomainBed's download script (locations 38, 43, 46, 100; ten categories); original: "
+           "https://lila.science/datasets/caltech-camera-traps", unpack="terra_incognita",
+           domains=(("location_100", None), ("location_38", None), ("location_43", None), ("location_46", None)),
+           note="per-location counts depend on the annotation release; each location folder must hold images"),
+    Source("mnist", ("rotated_mnist.py", "colored_mnist.py"), "mnist", _MNIST,
+           "MNIST (http://yann.lecun.com/exdb/mnist/), the mirror torchvision uses", unpack="copy",
+           required=_MNIST_FILES, note="60,000 training and 10,000 test images; read as they are (.gz)"),
+    Source("fashion_mnist", ("rotated_fashion_mnist.py",), "fashion-mnist", tuple(
+        Archive(f"http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/{a.filename}", a.filename)
+        for a in _MNIST), "Fashion-MNIST (https://github.com/zalandoresearch/fashion-mnist); or Debian's "
+           "dataset-fashion-mnist package (make fashion-mnist)", unpack="copy", required=_MNIST_FILES,
+           note="60,000 training and 10,000 test images"),
+    Source("femnist", ("femnist.py",), "femnist", (
+        Archive("https://s3.amazonaws.com/nist-srd/SD19/by_class.zip", "by_class.zip"),
+        Archive("https://s3.amazonaws.com/nist-srd/SD19/by_write.zip", "by_write.zip")),
+           "LEAF (https://github.com/TalwalkarLab/leaf, data/femnist): its preprocess.sh turns NIST's "
+           "archives into train/*.json and test/*.json; pass an archive of that data folder as --archive",
+           unpack="leaf", required=("train", "test"),
+           note="LEAF states 3,550 writers and 805,263 images (62 classes) for the full dataset"),
+    Source("iwildcam", ("iwildcam.py",), "iwildcam_v2.0",
+           (Archive(_CODALAB.format("0x5a405f743c4b4c66a16cc09cc3a858ca"), "iwildcam_v2.0.tar.gz"),),
+           "WILDS (wilds/datasets/iwildcam_dataset.py, version 2.0: compressed size about 12 GB)",
+           rename="iwildcam_v2.0", required=("metadata.csv", "train")),
+    Source("camelyon17", ("camelyon17.py",), "camelyon17_v1.0",
+           (Archive(_CODALAB.format("0xe45e15f39fb54e9d9e919556af67aabe"), "camelyon17_v1.0.tar.gz"),),
+           "WILDS (wilds/datasets/camelyon17_dataset.py, version 1.0)", rename="camelyon17_v1.0",
+           required=("metadata.csv", "patches")),
+    Source("celeba", ("celeba.py",), "celebA_v1.0",
+           (Archive(_CODALAB.format("0xfe55077f5cd541f985ebf9ec50473293"), "celebA_v1.0.tar.gz"),),
+           "WILDS (wilds/datasets/celebA_dataset.py, version 1.0)", rename="celebA_v1.0",
+           required=("list_attr_celeba.csv", "list_eval_partition.csv", "img_align_celeba")),
+    Source("civilcomments", ("civilcomments.py",), "civilcomments_v1.0",
+           (Archive(_CODALAB.format("0x8cd3de0634154aeaad2ee6eb96723c6e"), "civilcomments_v1.0.tar.gz",
+                    size=90_644_480),),
+           "WILDS (wilds/datasets/civilcomments_dataset.py, version 1.0)", rename="civilcomments_v1.0",
+           required=("all_data_with_identities.csv",),
+           note="the tokenizer (data.tokenizer) is a separate local tokenizer.json"),
+    Source("py150", ("py150.py",), "py150_v1.0",
+           (Archive(_CODALAB.format("0x442a0661a84649e69c0a946cc5f84237"), "py150_v1.0.tar.gz",
+                    size=162_811_706),),
+           "WILDS (wilds/datasets/py150_dataset.py, version 1.0)", rename="py150_v1.0",
+           required=tuple(f"processed/{s}_input{t}.json" for s in ("train", "IDval", "OODval", "IDtest", "OODtest")
+                          for t in ("", "_tok_type")) + tuple(
+               f"metadata/repo_file_names/{s}.txt" for s in ("train", "IDval", "OODval", "IDtest", "OODtest"))
+           + ("metadata/repo_file_names/repo_ids.csv",)),
+)}
+
+
+class PrepareError(ValueError):
+  """A one-line error of preparation (a missing or wrong archive, an unsafe member)."""
+
+
+def sha256(path: str, chunk: int = 1 << 20) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(chunk), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def source(name: str) -> Source:
+  if name not in SOURCES:
+    raise PrepareError(f"unknown dataset {name!r}; choose one of {sorted(SOURCES)}")
+  return SOURCES[name]
+
+
+def download(src: Source, root: str) -> list[str]:
+  """Fetches every archive of `src` into `root` (urllib; nothing else). The thin documented
+  call: Google Drive links may answer with a confirmation page instead of the file."""
+  import urllib.request
+  os.makedirs(root, exist_ok=True)
+  out = []
+  for a in src.archives:
+    dest = os.path.join(root, a.filename)
+    if not os.path.exists(dest):
+      urllib.request.urlretrieve(a.url, dest)
+    out.append(dest)
+  return out
+
+
+def check_archive(a: Archive, path: str) -> None:
+  """The published size and SHA-256 of an archive, where there are any."""
+  if not os.path.isfile(path):
+    raise PrepareError(f"{path}: no such archive (download {a.url})")
+  if a.size is not None and os.path.getsize(path) != a.size:
+    raise PrepareError(f"{path}: {os.path.getsize(path)} bytes, the release has {a.size}")
+  if a.sha256 and sha256(path) != a.sha256:
+    raise PrepareError(f"{path}: SHA-256 differs from the release's {a.sha256}")
+
+
+def _safe_target(dest: str, member: str) -> str:
+  target = os.path.realpath(os.path.join(dest, member))
+  if not target.startswith(os.path.realpath(dest) + os.sep) and target != os.path.realpath(dest):
+    raise PrepareError(f"archive member {member!r} would land outside {dest}; refusing the archive")
+  return target
+
+
+def unpack_archive(path: str, dest: str) -> None:
+  """Extracts a .zip, .tar, .tar.gz or .tgz archive into `dest`, refusing members that would
+  land outside it."""
+  os.makedirs(dest, exist_ok=True)
+  if zipfile.is_zipfile(path):
+    with zipfile.ZipFile(path) as z:
+      for m in z.namelist():
+        _safe_target(dest, m)
+      z.extractall(dest)
+    return
+  try:
+    with tarfile.open(path) as t:
+      members = t.getmembers()
+      for m in members:
+        _safe_target(dest, m.name)
+        if m.issym() or m.islnk():
+          raise PrepareError(f"{path}: archive member {m.name!r} is a link; refusing the archive")
+      kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+      t.extractall(dest, members=members, **kw)
+  except tarfile.ReadError as e:
+    raise PrepareError(f"{path}: not a zip or tar archive ({e})") from None
+
+
+def _top(folder: str, name: str) -> str:
+  """`folder/name` if it exists, else the only directory inside `folder` that holds it."""
+  if os.path.isdir(os.path.join(folder, name)):
+    return os.path.join(folder, name)
+  for entry in sorted(os.listdir(folder)):
+    if os.path.isdir(os.path.join(folder, entry, name)):
+      return os.path.join(folder, entry, name)
+  raise PrepareError(f"the archive holds no folder {name!r} (found {sorted(os.listdir(folder))})")
+
+
+def _terra_incognita(tmp: str, dest: str, spec: Source) -> None:
+  """DomainBed's selection: images of locations 38, 43, 46, 100 whose annotation is one of
+  ten categories, copied to `location_<id>/<category>/<file>`."""
+  locations = {"38", "43", "46", "100"}
+  categories = {"bird", "bobcat", "cat", "coyote", "dog", "empty", "opossum", "rabbit", "raccoon", "squirrel"}
+  jsons = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs if f.endswith(".json")]
+  if len(jsons) != 1:
+    raise PrepareError(f"terra_incognita: expected one annotation .json in the archives, found {len(jsons)}")
+  with open(jsons[0]) as f:
+    data = json.load(f)
+  names = {c["id"]: c["name"] for c in data["categories"]}
+  by_image = {}
+  for ann in data["annotations"]:
+    by_image.setdefault(ann["image_id"], []).append(names[ann["category_id"]])
+  images = _top(tmp, "eccv_18_all_images_sm")
+  for img in data["images"]:
+    loc = str(img["location"])
+    for cat in by_image.get(img["id"], ()):
+      if loc in locations and cat in categories:
+        out = os.path.join(dest, f"location_{loc}", cat)
+        os.makedirs(out, exist_ok=True)
+        shutil.copyfile(os.path.join(images, img["file_name"]), os.path.join(out, img["file_name"]))
+
+
+def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
+  """Unpacks `name`'s archives into `root/<folder>` and writes its manifest; returns the folder."""
+  spec = source(name)
+  paths = archives or [os.path.join(root, a.filename) for a in spec.archives]
+  published = {a.filename: a for a in spec.archives}
+  for p in paths:  # the release's size and SHA-256, where published, for a file of its name
+    if os.path.basename(p) in published or not archives:
+      check_archive(published.get(os.path.basename(p), spec.archives[paths.index(p)]), p)
+  dest = os.path.join(root, spec.folder)
+  if os.path.exists(dest) and os.listdir(dest):
+    raise PrepareError(f"{dest}: exists and is not empty; remove it or verify it")
+  os.makedirs(root, exist_ok=True)
+  if spec.unpack == "copy":
+    os.makedirs(dest, exist_ok=True)
+    for p in paths:
+      shutil.copyfile(p, os.path.join(dest, os.path.basename(p)))
+  else:
+    tmp = tempfile.mkdtemp(dir=root, prefix=".unpack-")
+    try:
+      for p in paths:
+        if not os.path.isfile(p):
+          raise PrepareError(f"{p}: no such archive")
+        unpack_archive(p, tmp)
+      if spec.unpack == "terra_incognita":
+        _terra_incognita(tmp, dest, spec)
+      elif spec.unpack == "leaf":
+        os.makedirs(dest, exist_ok=True)
+        for part in ("train", "test"):
+          shutil.move(_top(tmp, part), os.path.join(dest, part))
+      else:
+        shutil.move(_top(tmp, spec.rename), dest)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  write_manifest(dest)
+  return dest
+
+
+def _files(folder: str) -> list[str]:
+  out = []
+  for d, dirs, fs in os.walk(folder):
+    dirs[:] = sorted(x for x in dirs if x not in IGNORED)
+    out += [os.path.relpath(os.path.join(d, f), folder) for f in sorted(fs) if f not in IGNORED]
+  return out
+
+
+def write_manifest(folder: str) -> None:
+  manifest = {f: [os.path.getsize(os.path.join(folder, f)), sha256(os.path.join(folder, f))] for f in _files(folder)}
+  with open(os.path.join(folder, MANIFEST), "w") as f:
+    json.dump(manifest, f, indent=0, sort_keys=True)
+
+
+def _corrupt(path: str) -> str | None:
+  """Why a file cannot be read (an image that does not decode, a CSV or JSON that does not
+  parse, an IDX file whose header disagrees with its length), or None."""
+  low = path.lower()
+  try:
+    if low.endswith(IMAGE_EXTENSIONS):
+      from PIL import Image
+      with Image.open(path) as im:
+        im.load()
+    elif low.endswith(".json"):
+      with open(path) as f:
+        json.load(f)
+    elif low.endswith(".csv"):
+      import csv
+      with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+      if not rows or len({len(r) for r in rows if r}) > 1:
+        return "rows of different lengths"
+    elif "idx" in low and "-ubyte" in low:
+      return _idx_error(path)
+  except Exception as e:  # pylint: disable=broad-except  # any failure to read is the answer
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+  return None
+
+
+def _idx_error(path: str) -> str | None:
+  import gzip
+  import numpy as np
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    data = f.read()
+  ndim = data[3] if len(data) > 4 else 0
+  if len(data) < 4 + 4 * ndim or data[:2] != b"\x00\x00":
+    return "not an IDX file"
+  dims = np.frombuffer(data[4:4 + 4 * ndim], ">u4")
+  want = 4 + 4 * ndim + int(np.prod(dims))
+  return None if len(data) == want else f"{len(data)} bytes, the header says {want}"
+
+
+@dataclasses.dataclass
+class Report:
+  missing: list[str] = dataclasses.field(default_factory=list)
+  extra: list[str] = dataclasses.field(default_factory=list)
+  corrupt: list[str] = dataclasses.field(default_factory=list)
+  counts: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def ok(self) -> bool:
+    return not (self.missing or self.extra or self.corrupt)
+
+  def line(self, name: str, folder: str) -> str:
+    if self.ok:
+      counts = ", ".join(f"{d} {n}" for d, n in self.counts.items())
+      return f"verify {name}: ok: {folder}" + (f" ({counts})" if counts else "")
+    parts = [f"{len(v)} {k} ({'; '.join(v[:5])}{'; ...' if len(v) > 5 else ''})"
+             for k, v in (("missing", self.missing), ("extra", self.extra), ("corrupt", self.corrupt)) if v]
+    return f"verify {name}: FAILED: {folder}: " + ", ".join(parts)
+
+
+def verify(name: str, root: str, fast: bool = False) -> Report:
+  """What is missing, extra or corrupt in `root/<folder>` (see the module docstring)."""
+  spec = source(name)
+  folder = os.path.join(root, spec.folder)
+  rep = Report()
+  if not os.path.isdir(folder):
+    rep.missing.append(f"{folder}/ (run: python -m fedjax_dg.data.prepare {name} --root {root})")
+    return rep
+  present = set(_files(folder))
+  manifest_path = os.path.join(folder, MANIFEST)
+  if os.path.exists(manifest_path):
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+    rep.missing += sorted(set(manifest) - present)
+    rep.extra += sorted(present - set(manifest))
+    for f in sorted(present & set(manifest)):
+      size, digest = manifest[f]
+      p = os.path.join(folder, f)
+      if os.path.getsize(p) != size:
+        rep.corrupt.append(f"{f}: {os.path.getsize(p)} bytes, {size} unpacked")
+      elif not fast and sha256(p) != digest:
+        rep.corrupt.append(f"{f}: SHA-256 differs from the unpacked file's")
+  for r in spec.required:
+    if not os.path.exists(os.path.join(folder, r)) and r not in rep.missing:
+      rep.missing.append(r)
+  for domain, want in spec.domains:
+    have = sum(1 for f in present if f.startswith(domain + os.sep) and f.lower().endswith(IMAGE_EXTENSIONS))
+    rep.counts[domain] = have
+    if want is None:
+      if not have:
+        rep.missing.append(f"the images of domain {domain}")
+    elif have < want:
+      rep.missing.append(f"{want - have} of {want} images of domain {domain}")
+    elif have > want:
+      rep.extra.append(f"{have - want} images beyond the {want} of domain {domain}")
+  known = {f.split(": ")[0] for f in rep.corrupt}
+  for f in sorted(present):
+    why = None if f in known else _corrupt(os.path.join(folder, f))
+    if why:
+      rep.corrupt.append(f"{f}: {why}")
+  return rep
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m fedjax_dg.data.prepare", description=__doc__.splitlines()[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="datasets: " + ", ".join(SOURCES))
+  p.add_argument("name", help="a dataset, or 'verify' / 'list'")
+  p.add_argument("dataset", nargs="?", help="after 'verify': the dataset")
+  p.add_argument("--root", help="the folder holding the archives and the unpacked dataset")
+  p.add_argument("--archive", action="append", help="an archive to unpack (repeat for several)")
+  p.add_argument("--download", action="store_true", help="fetch the archives from their official URLs first")
+  p.add_argument("--fast", action="store_true", help="verify: sizes only, no SHA-256 of every file")
+  return p
+
+
+def _list() -> str:
+  rows = []
+  for s in SOURCES.values():
+    counts = ", ".join(f"{d} {n if n is not None else '(count not published)'}" for d, n in s.domains)
+    rows.append(f"{s.name:16s} -> <root>/{s.folder}  configs/{', configs/'.join(s.configs)}"
+                + (f"\n{'':20s}per domain: {counts}" if counts else "") + (f"\n{'':20s}{s.note}" if s.note else "")
+                + "".join(f"\n{'':20s}{a.url}" + (f" ({a.size:,} bytes)" if a.size else "") for a in s.archives))
+  return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if args.name == "list":
+      print(_list())
+      return 0
+    if not args.root:
+      raise PrepareError("--root: the folder for the archives and the dataset is required")
+    if args.name == "verify":
+      if not args.dataset:
+        raise PrepareError("verify: name the dataset, e.g. verify pacs --root DIR")
+      rep = verify(args.dataset, args.root, args.fast)
+      print(rep.line(args.dataset, os.path.join(args.root, source(args.dataset).folder)))
+      return 0 if rep.ok else 1
+    spec = source(args.name)
+    if args.download:
+      download(spec, args.root)
+    dest = prepare(args.name, args.root, args.archive)
+    rep = verify(args.name, args.root, fast=True)
+    print(f"prepared {args.name} in {dest}\n" + rep.line(args.name, dest))
+    return 0 if rep.ok else 1
+  except (PrepareError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())
