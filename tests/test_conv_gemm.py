@@ -85,7 +85,8 @@ def _model(name, impl, shape):
   return build_model(ml_collections.ConfigDict({"name": name, "hidden": (16,), "conv_impl": impl}), shape, 7)
 
 
-@pytest.mark.parametrize("name,shape", [("cnn", (12, 12, 1)), ("femnist_cnn", (28, 28, 1)), ("resnet18", (32, 32, 3))])
+@pytest.mark.parametrize("name,shape", [("cnn", (12, 12, 1)), ("femnist_cnn", (28, 28, 1)),
+                                        pytest.param("resnet18", (32, 32, 3), marks=pytest.mark.slow)])
 def test_models_with_gemm_conv_equal_xla_conv(name, shape):
   with jax.enable_x64(True):
     xla, gemm = _model(name, "xla", shape), _model(name, "gemm", shape)
