@@ -11,8 +11,15 @@ Models match fedjax_dg.models exactly:
        stride 2 (64->128); Conv 3x3 (128->128) twice, each ReLU + GroupNorm(8, 128); global
        average pooling; Linear(128, num_classes). GroupNorm eps 1e-6 as Flax's.
   mlp: Linear(784, 200), ReLU, Linear(200, 200), ReLU, Linear(200, 10).
+  femnist_cnn: LEAF's FEMNIST CNN (models.LeafCNNFeaturizer): Conv 5x5 (1->16, pad 2), ReLU,
+       MaxPool 2; Conv 5x5 (16->64, pad 2), ReLU, MaxPool 2; Linear(3136, 2048);
+       Linear(2048, 62). For 28x28x1 inputs.
+  resnet18, resnet50: torchvision's, `fc` sized to the classes, batch norm in eval mode
+       (frozen statistics, trainable affine: DomainBed's `freeze_bn`, our default).
 Inputs are NCHW (PyTorch's layout; the JAX side stores NHWC); random data of the right
-shapes, each client holding exactly `K * B` examples, as round_speed.py's.
+shapes, each client holding exactly `K * B` examples, as round_speed.py's. `--device cuda`
+keeps the data and model on the GPU and synchronises before reading the clock; PyTorch's
+defaults stay (float32; cuDNN convolutions may use TF32, its default).
 
 Not a project dependency: run it with a Python that has torch, e.g.
 
@@ -28,8 +35,19 @@ import sys
 import time
 
 
+SHAPES = {"cnn": (1, 28, 28), "mlp": (1, 28, 28), "femnist_cnn": (1, 28, 28), "resnet18": (3, 32, 32),
+          "resnet50": (3, 224, 224)}  # default input shapes (C, H, W); --size overrides H = W
+
+
 def build(workload: str, num_classes: int = 10):
   import torch.nn as nn
+  if workload == "femnist_cnn":
+    return nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 64, 5, padding=2),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 7 * 7, 2048),
+                         nn.Linear(2048, num_classes))
+  if workload in ("resnet18", "resnet50"):
+    import torchvision
+    return getattr(torchvision.models, workload)(num_classes=num_classes)
   if workload == "cnn":
     layers, cin = [], 1
     for width, stride in ((64, 1), (128, 2), (128, 1), (128, 1)):
@@ -44,7 +62,10 @@ def build(workload: str, num_classes: int = 10):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--workload", choices=("cnn", "mlp"), required=True)
+  p.add_argument("--workload", choices=tuple(SHAPES), required=True)
+  p.add_argument("--classes", type=int, default=10)
+  p.add_argument("--size", type=int, default=0, help="image height = width (default: the workload's)")
+  p.add_argument("--device", default="cpu", help="cpu | cuda")
   p.add_argument("--clients", type=int, required=True)
   p.add_argument("--steps", type=int, required=True)
   p.add_argument("--batch", type=int, required=True)
@@ -66,24 +87,34 @@ def main(argv=None):
   C, K, B = args.clients, args.steps, args.batch
   n = K * B
   rng = np.random.default_rng(0)
-  xs = torch.from_numpy(rng.random((C, n, 1, 28, 28), dtype=np.float32))
-  ys = torch.from_numpy(rng.integers(0, 10, (C, n)).astype(np.int64))
+  chw = SHAPES[args.workload]
+  if args.size:
+    chw = (chw[0], args.size, args.size)
+  dev = torch.device(args.device)
+  xs = torch.from_numpy(rng.random((C, n) + chw, dtype=np.float32)).to(dev)
+  ys = torch.from_numpy(rng.integers(0, args.classes, (C, n)).astype(np.int64)).to(dev)
   counts = [n] * C
-  model = build(args.workload)
+  model = build(args.workload, args.classes).to(dev)
+  sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
   fmt = torch.channels_last if args.channels_last else torch.contiguous_format
   if args.channels_last:
     model = model.to(memory_format=fmt)
-    xs = xs.reshape(C * n, 1, 28, 28).contiguous(memory_format=fmt).reshape(C, n, 1, 28, 28)
+    xs = xs.reshape((C * n,) + chw).contiguous(memory_format=fmt).reshape((C, n) + chw)
   global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
+  floats = [k for k, v in global_state.items() if v.is_floating_point()]  # not BN's num_batches_tracked
+
   def one_round():
-    total = {k: torch.zeros_like(v) for k, v in global_state.items()}
+    total = {k: torch.zeros_like(global_state[k]) for k in floats}
     weight = 0.0
     for c in range(C):
       model.load_state_dict(global_state)
       opt = torch.optim.SGD(model.parameters(), lr=args.lr)
       model.train()
-      perm = torch.randperm(counts[c])
+      for m in model.modules():  # frozen batch-norm statistics, as our ResNets (DomainBed's freeze_bn)
+        if isinstance(m, torch.nn.BatchNorm2d):
+          m.eval()
+      perm = torch.randperm(counts[c], device=dev)
       for k in range(K):
         idx = perm[k * B:(k + 1) * B]
         x, y = xs[c, idx], ys[c, idx]
@@ -92,34 +123,41 @@ def main(argv=None):
         loss.backward()
         opt.step()
       with torch.no_grad():
-        for k, v in model.state_dict().items():
-          total[k].add_(v, alpha=float(counts[c]))
+        state = model.state_dict()
+        for k in floats:
+          total[k].add_(state[k], alpha=float(counts[c]))
       weight += counts[c]
     with torch.no_grad():
-      for k in global_state:  # FedAvg, server step 1: theta + sum p_c (theta_c - theta) = sum p_c theta_c
+      for k in floats:  # FedAvg, server step 1: theta + sum p_c (theta_c - theta) = sum p_c theta_c
         global_state[k] = total[k] / weight
 
-  t = time.perf_counter()
-  one_round()  # warm-up, as the JAX side's compiling round
-  first = time.perf_counter() - t
+  def timed_round():
+    sync()
+    t = time.perf_counter()
+    one_round()
+    sync()
+    return time.perf_counter() - t
+
+  first = timed_round()  # warm-up, as the JAX side's compiling round
   info = {"workload": args.workload, "clients": C, "steps": K, "batch": B, "first_round_s": first,
           "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
           "torch": torch.__version__, "channels_last": args.channels_last,
-          "mkldnn": torch.backends.mkldnn.is_available()}
+          "mkldnn": torch.backends.mkldnn.is_available(), "device": args.device, "input_chw": chw,
+          "classes": args.classes}
+  if dev.type == "cuda":
+    info.update(gpu=torch.cuda.get_device_name(), cudnn=torch.backends.cudnn.version(),
+                cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
+                matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
   if args.serve:
     print(json.dumps({"ready": info}), flush=True)
     for line in sys.stdin:
       if line.strip() != "round":
         break
-      t = time.perf_counter()
-      one_round()
-      print(json.dumps({"s": time.perf_counter() - t}), flush=True)
+      print(json.dumps({"s": timed_round()}), flush=True)
     return
   times = []
   for _ in range(args.repeats):
-    t = time.perf_counter()
-    one_round()
-    times.append(time.perf_counter() - t)
+    times.append(timed_round())
   print(json.dumps(dict(info, median_s=float(np.median(times)), times=times)), flush=True)
 
 

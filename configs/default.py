@@ -85,6 +85,8 @@ def get_config():
   c.model.freeze_bn = True          # resnet: batch-norm statistics frozen (DomainBed)
   c.model.freeze_featurizer = False
   c.model.hf_config = ""            # distilbert / gpt2: a local Hugging Face config.json ("" = base sizes)
+  c.model.dtype = "float32"         # computation dtype: float32 | bfloat16 (params and optimizer state stay float32)
+  c.model.conv_impl = "xla"         # convolutions: xla (lax.conv) | gemm (im2col matrix products, models/conv.py)
   c.model.hf_weights = ""           # distilbert / gpt2: local model.safetensors or pytorch_model.bin
 
   # The method (`fedavg`, or a method and a server rule: `fediir+omg`, `irm+omg`) and one block

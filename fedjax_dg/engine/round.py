@@ -93,12 +93,18 @@ ENGINE_DEFAULTS = {
     # the 1000-client MLP runs 22x faster under vmap than client by client.
     ("accelerator", "conv"): EngineDefaults("sequential", 0, "round_speed_gpu.json (H100): cnn, sequential 0.51x vmap"),
     ("accelerator", "dense"): EngineDefaults("vmap", 0, "round_speed_gpu.json (H100): mlp, vmap 0.05x sequential"),
+    # Convolutions as batched matrix products (`model.conv_impl = "gemm"`, models/conv.py):
+    # not yet timed against the XLA convolution (benchmarks/gpu_rounds.py does), so the
+    # measured choice for convolutional models stands until a measurement says otherwise.
+    ("cpu", "gemm_conv"): EngineDefaults("host_loop", 64, "not measured; the conv family's choice"),
+    ("accelerator", "gemm_conv"): EngineDefaults("sequential", 0, "not measured; the conv family's choice"),
 }
 
 
 def model_family(model, input_shape) -> str:
   """"conv" if the model's forward pass holds a convolution (traced on shapes only,
-  nothing runs), else "dense"."""
+  nothing runs), "gemm_conv" for an image model whose convolutions are matrix products
+  (`model.conv_impl = "gemm"`), else "dense"."""
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
   jaxpr = jax.make_jaxpr(model.apply)(params, x)
@@ -113,7 +119,9 @@ def model_family(model, input_shape) -> str:
           if hasattr(inner, "eqns") and has_conv(inner):
             return True
     return False
-  return "conv" if has_conv(jaxpr.jaxpr) else "dense"
+  if has_conv(jaxpr.jaxpr):
+    return "conv"
+  return "gemm_conv" if getattr(model, "conv_impl", "xla") == "gemm" and model.modality == "image" else "dense"
 
 
 def engine_defaults(family: str, backend: str | None = None) -> EngineDefaults:

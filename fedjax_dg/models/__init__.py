@@ -8,33 +8,40 @@ We use Linen's functional `apply` everywhere: parameters are a plain pytree
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dg.models.conv import conv_class
+
 
 class MLPFeaturizer(nn.Module):
   hidden: Sequence[int] = (200, 200)
+  dtype: Any = None  # computation dtype (`model.dtype`); parameters stay float32
 
   @nn.compact
   def __call__(self, x):
     x = x.reshape((x.shape[0], -1))
     for h in self.hidden:
-      x = nn.relu(nn.Dense(h)(x))
+      x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
     return x
 
 
 class MNISTCNNFeaturizer(nn.Module):
   """DomainBed's `MNIST_CNN` featurizer: four 3x3 convs (64, 128/2, 128, 128), each
-  followed by ReLU and GroupNorm(8), then global average pooling to 128 features."""
+  followed by ReLU and GroupNorm(8), then global average pooling to 128 features.
+  `conv_impl` picks the convolution (models/conv.py), `dtype` the computation dtype."""
+  conv_impl: str = "xla"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
+    conv = conv_class(self.conv_impl)
     for width, stride in ((64, 1), (128, 2), (128, 1), (128, 1)):
-      x = nn.Conv(width, (3, 3), strides=stride, padding=1)(x)
-      x = nn.GroupNorm(num_groups=8)(nn.relu(x))
+      x = conv(width, (3, 3), strides=stride, padding=1, dtype=self.dtype)(x)
+      x = nn.GroupNorm(num_groups=8, dtype=self.dtype)(nn.relu(x))
     return x.mean(axis=(1, 2))
 
 
@@ -43,25 +50,29 @@ class LeafCNNFeaturizer(nn.Module):
   5x5 convs (16, 64 channels, padding 2) each with ReLU and 2x2 max-pooling, then a linear
   layer to 2048 features (no activation). For 28 x 28 x 1 inputs."""
   features: int = 2048
+  conv_impl: str = "xla"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
+    conv = conv_class(self.conv_impl)
     for width in (16, 64):
-      x = nn.Conv(width, (5, 5), padding=2)(x)
+      x = conv(width, (5, 5), padding=2, dtype=self.dtype)(x)
       x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
-    return nn.Dense(self.features)(x.reshape((x.shape[0], -1)))
+    return nn.Dense(self.features, dtype=self.dtype)(x.reshape((x.shape[0], -1)))
 
 
 class Classifier(nn.Module):
   """The head `h_psi`: a linear layer, or an MLP head if `hidden` is given."""
   num_classes: int
   hidden: Sequence[int] = ()
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, z):
     for h in self.hidden:
-      z = nn.relu(nn.Dense(h)(z))
-    return nn.Dense(self.num_classes)(z)
+      z = nn.relu(nn.Dense(h, dtype=self.dtype)(z))
+    return to_float32(nn.Dense(self.num_classes, dtype=self.dtype)(z))
 
 
 def torch_linear_init(key, shape, dtype=jnp.float32, fan_in: int | None = None):
@@ -94,6 +105,7 @@ class ProjectedFeaturizer(nn.Module):
   base: nn.Module
   width: int
   freeze: bool = False
+  dtype: Any = None
 
   def setup(self):
     nn.share_scope(self, self.base)
@@ -102,7 +114,7 @@ class ProjectedFeaturizer(nn.Module):
   def __call__(self, x):
     z = self.base(x)
     fan_in = z.shape[-1]
-    z = nn.Dense(self.width, kernel_init=torch_linear_init, name=PROJECTION,
+    z = nn.Dense(self.width, kernel_init=torch_linear_init, name=PROJECTION, dtype=self.dtype,
                  bias_init=lambda k, s, d=jnp.float32: torch_linear_init(k, s, d, fan_in=fan_in))(z)
     return jax.lax.stop_gradient(z) if self.freeze else z
 
@@ -119,7 +131,30 @@ class SplitModel(nn.Module):
     return self.classifier(self.featurizer(x))
 
   def features(self, x):
-    return self.featurizer(x)
+    return to_float32(self.featurizer(x))
+
+
+DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}  # model.dtype: the computation dtype
+
+
+def to_float32(z):
+  """Low-precision (bfloat16 / float16) outputs as float32; anything else unchanged, so
+  losses, penalties and metrics stay in float32 (float64 in float64 tests)."""
+  return z.astype(jnp.float32) if z.dtype in (jnp.bfloat16, jnp.float16) else z
+
+
+def compute_dtype(model_config):
+  """The computation dtype for `model.dtype` ("float32" or "bfloat16"; None means float32).
+
+  Mixed precision: with "bfloat16" every layer casts its inputs and its float32 parameters
+  to bfloat16 and computes in it (matrix products accumulate in float32 on GPUs and TPUs;
+  normalisation statistics are reduced in float32), while the parameters, their gradients
+  (the transpose of the cast) and the optimizer state stay float32; logits and features
+  leave the model as float32."""
+  name = model_config.get("dtype", "float32")
+  if name not in DTYPES:
+    raise ValueError(f"model.dtype: unknown {name!r}; choose one of {list(DTYPES)}")
+  return DTYPES[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +170,7 @@ class Model:
   preprocess: Callable | None = None
   load: Callable | None = None
   modality: str = "image"
+  conv_impl: str = "xla"  # model.conv_impl: which convolution the image models use (models/conv.py)
 
   def _in(self, x):
     return x if self.preprocess is None else self.preprocess(x)
@@ -195,6 +231,9 @@ def _build_text(name: str, model_config, input_shape, num_classes: int) -> Model
   if model_config.get("feature_projection", 0):
     raise ValueError(f"model.feature_projection: not available for model.name={name!r} (image and MLP "
                      f"backbones only); set it to 0")
+  if model_config.get("dtype", "float32") != "float32" or model_config.get("conv_impl", "xla") != "xla":
+    raise ValueError(f"model.dtype / model.conv_impl: only 'float32' / 'xla' for model.name={name!r} "
+                     f"(mixed precision and the GEMM convolution are for image and MLP models)")
   cfg = text.text_config(name, model_config)
   if input_shape[0] > cfg.max_positions:
     raise ValueError(f"model.name={name!r}: sequences of {input_shape[0]} tokens exceed the model's "
@@ -216,31 +255,34 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
   name = model_config.name
   if name in ("distilbert", "gpt2"):
     return _build_text(name, model_config, input_shape, num_classes)
+  dtype = compute_dtype(model_config)
+  impl = model_config.get("conv_impl", "xla")
+  conv_class(impl)  # a clear error for an unknown model.conv_impl
   if name == "mlp":
-    feat = MLPFeaturizer(tuple(model_config.hidden))
+    feat = MLPFeaturizer(tuple(model_config.hidden), dtype)
   elif name == "cnn":
     if len(input_shape) != 3:
       raise ValueError(f"model.name='cnn' needs image inputs [H, W, C], got input shape {input_shape}")
-    feat = MNISTCNNFeaturizer()
+    feat = MNISTCNNFeaturizer(impl, dtype)
   elif name == "femnist_cnn":
     if len(input_shape) != 3:
       raise ValueError(f"model.name='femnist_cnn' needs image inputs [H, W, C], got input shape {input_shape}")
-    feat = LeafCNNFeaturizer()
+    feat = LeafCNNFeaturizer(conv_impl=impl, dtype=dtype)
   elif name in ("resnet18", "resnet50"):
     from fedjax_dg.models import resnet  # pylint: disable=g-import-not-at-top
-    feat = resnet.featurizer(name, model_config)
+    feat = resnet.featurizer(name, model_config, dtype)
   else:
     raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
   width = int(model_config.get("feature_projection", 0))
   if width:  # seed 003 Sec. 5.1's extra linear layer at the end of the featurizer
     freeze = name.startswith("resnet") and bool(model_config.get("freeze_featurizer", False))
-    feat = ProjectedFeaturizer(feat, width, freeze)
-  head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())))
+    feat = ProjectedFeaturizer(feat, width, freeze, dtype)
+  head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())), dtype)
   from fedjax_dg.data.augment import normalize, to_float  # pylint: disable=g-import-not-at-top
   # ImageNet statistics for the ResNets (their pretrained weights expect them, as DomainBed's).
   prep = (lambda x: normalize(to_float(x))) if name.startswith("resnet") else to_float
   return Model(SplitModel(featurizer=feat, classifier=head), tuple(input_shape), prep,
-               modality="any" if name == "mlp" else "image")
+               modality="any" if name == "mlp" else "image", conv_impl=impl)
 
 
 def count_params(params) -> int:

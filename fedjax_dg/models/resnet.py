@@ -22,7 +22,7 @@ so predictions depend on batch composition, and the stored running statistics ar
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,23 +30,34 @@ import jax.numpy as jnp
 from absl import logging
 from flax import traverse_util
 
+from fedjax_dg.models.conv import conv_class
+
 BN_STATS = ("running_mean", "running_var")
 
 # torchvision initialises convolutions with kaiming_normal_(mode="fan_out", relu).
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
-def conv(features: int, kernel: int, stride: int = 1, name: str | None = None) -> nn.Conv:
+class Ops(NamedTuple):
+  """How the layers compute: `conv_impl` (models/conv.py: "xla" or "gemm") and the
+  computation `dtype` (None: float32; parameters are float32 either way)."""
+  conv_impl: str = "xla"
+  dtype: Any = None
+
+
+def conv(features: int, kernel: int, stride: int = 1, name: str | None = None, ops: Ops = Ops()) -> nn.Module:
   """torchvision's bias-free conv with symmetric padding `kernel // 2` (not 'SAME')."""
   pad = kernel // 2
-  return nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding=((pad, pad), (pad, pad)),
-                 use_bias=False, kernel_init=_conv_init, name=name)
+  return conv_class(ops.conv_impl)(features, (kernel, kernel), strides=(stride, stride),
+                                   padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=_conv_init,
+                                   name=name, dtype=ops.dtype)
 
 
 class BatchNorm(nn.Module):
   """BN over [B, H, W, C] with its running statistics held as (frozen) params."""
   freeze: bool = True
   eps: float = 1e-5  # torchvision's BatchNorm2d default
+  dtype: Any = None  # computation dtype; statistics and the affine factors are formed in float32
 
   @nn.compact
   def __call__(self, x):
@@ -59,9 +70,12 @@ class BatchNorm(nn.Module):
       mean, var = jax.lax.stop_gradient(mean), jax.lax.stop_gradient(var)
     else:
       axes = tuple(range(x.ndim - 1))
-      mean = x.mean(axes)
-      var = jnp.square(x - mean).mean(axes)  # biased, as torch normalises in training mode
-    return (x - mean) * (scale * jax.lax.rsqrt(var + self.eps)) + bias
+      xf = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+      mean = xf.mean(axes)
+      var = jnp.square(xf - mean).mean(axes)  # biased, as torch normalises in training mode
+    dt = self.dtype or jnp.promote_types(x.dtype, scale.dtype)
+    x = x.astype(dt)
+    return (x - mean.astype(dt)) * (scale * jax.lax.rsqrt(var + self.eps)).astype(dt) + bias.astype(dt)
 
 
 class BasicBlock(nn.Module):
@@ -69,12 +83,14 @@ class BasicBlock(nn.Module):
   planes: int
   stride: int = 1
   freeze_bn: bool = True
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, x):
-    y = nn.relu(BatchNorm(self.freeze_bn, name="bn1")(conv(self.planes, 3, self.stride, "conv1")(x)))
-    y = BatchNorm(self.freeze_bn, name="bn2")(conv(self.planes, 3, 1, "conv2")(y))
-    return nn.relu(y + shortcut(x, self.planes, self.stride, self.freeze_bn))
+    bn, o = lambda name: BatchNorm(self.freeze_bn, name=name, dtype=self.ops.dtype), self.ops
+    y = nn.relu(bn("bn1")(conv(self.planes, 3, self.stride, "conv1", o)(x)))
+    y = bn("bn2")(conv(self.planes, 3, 1, "conv2", o)(y))
+    return nn.relu(y + shortcut(x, self.planes, self.stride, self.freeze_bn, o))
 
 
 class Bottleneck(nn.Module):
@@ -82,22 +98,24 @@ class Bottleneck(nn.Module):
   planes: int
   stride: int = 1
   freeze_bn: bool = True
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, x):
-    y = nn.relu(BatchNorm(self.freeze_bn, name="bn1")(conv(self.planes, 1, 1, "conv1")(x)))
-    y = nn.relu(BatchNorm(self.freeze_bn, name="bn2")(conv(self.planes, 3, self.stride, "conv2")(y)))
-    y = BatchNorm(self.freeze_bn, name="bn3")(conv(4 * self.planes, 1, 1, "conv3")(y))
-    return nn.relu(y + shortcut(x, 4 * self.planes, self.stride, self.freeze_bn))
+    bn, o = lambda name: BatchNorm(self.freeze_bn, name=name, dtype=self.ops.dtype), self.ops
+    y = nn.relu(bn("bn1")(conv(self.planes, 1, 1, "conv1", o)(x)))
+    y = nn.relu(bn("bn2")(conv(self.planes, 3, self.stride, "conv2", o)(y)))
+    y = bn("bn3")(conv(4 * self.planes, 1, 1, "conv3", o)(y))
+    return nn.relu(y + shortcut(x, 4 * self.planes, self.stride, self.freeze_bn, o))
 
 
-def shortcut(x, features: int, stride: int, freeze_bn: bool):
+def shortcut(x, features: int, stride: int, freeze_bn: bool, ops: Ops = Ops()):
   """Identity, or torchvision's `downsample` (1x1 conv + BN) when the shape changes.
 
   Called inside a block's compact `__call__`, so the submodules belong to that block."""
   if stride == 1 and x.shape[-1] == features:
     return x
-  return BatchNorm(freeze_bn, name="downsample_bn")(conv(features, 1, stride, "downsample_conv")(x))
+  return BatchNorm(freeze_bn, name="downsample_bn", dtype=ops.dtype)(conv(features, 1, stride, "downsample_conv", ops)(x))
 
 
 class ResNet(nn.Module):
@@ -107,15 +125,16 @@ class ResNet(nn.Module):
   block: type
   freeze_bn: bool = True
   freeze_featurizer: bool = False
+  ops: Ops = Ops()
 
   @nn.compact
   def __call__(self, x):
-    x = nn.relu(BatchNorm(self.freeze_bn, name="bn1")(conv(64, 7, 2, "conv1")(x)))
+    x = nn.relu(BatchNorm(self.freeze_bn, name="bn1", dtype=self.ops.dtype)(conv(64, 7, 2, "conv1", self.ops)(x)))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))  # pads with -inf, as torch
     for stage, blocks in enumerate(self.stage_sizes):
       for i in range(blocks):
         stride = 2 if stage > 0 and i == 0 else 1
-        x = self.block(64 * 2 ** stage, stride, self.freeze_bn, name=f"layer{stage + 1}_{i}")(x)
+        x = self.block(64 * 2 ** stage, stride, self.freeze_bn, self.ops, name=f"layer{stage + 1}_{i}")(x)
     x = x.mean(axis=(1, 2))
     return jax.lax.stop_gradient(x) if self.freeze_featurizer else x
 
@@ -123,14 +142,16 @@ class ResNet(nn.Module):
 ARCHITECTURES = {"resnet18": ((2, 2, 2, 2), BasicBlock), "resnet50": ((3, 4, 6, 3), Bottleneck)}
 
 
-def featurizer(name: str, model_config) -> ResNet:
+def featurizer(name: str, model_config, dtype=None) -> ResNet:
   """The featurizer for `model.name` in ARCHITECTURES, configured by `model.freeze_bn`
-  (default True, as DomainBed) and `model.freeze_featurizer` (default False)."""
+  (default True, as DomainBed), `model.freeze_featurizer` (default False),
+  `model.conv_impl` (default "xla") and the computation `dtype` (`models.compute_dtype`)."""
   if name not in ARCHITECTURES:
     raise ValueError(f"model.name: unknown ResNet {name!r}; choose one of {list(ARCHITECTURES)}")
   stages, block = ARCHITECTURES[name]
   return ResNet(stages, block, freeze_bn=bool(model_config.get("freeze_bn", True)),
-                freeze_featurizer=bool(model_config.get("freeze_featurizer", False)))
+                freeze_featurizer=bool(model_config.get("freeze_featurizer", False)),
+                ops=Ops(model_config.get("conv_impl", "xla"), dtype))
 
 
 def trainable_mask(params):
