@@ -49,8 +49,8 @@ def get_config():
       checkpoint_every=2)
   c.model.name = "distilbert"              # seed 001 App. D.1
   c.model.head_hidden = ()                 # linear head on [CLS] (the authors' code)
-  c.algorithm.irm_lambda = 1000.0          # seed 001 Table 7 (CivilComments)
-  c.algorithm.gma_tau = 0.4                # seed 001 Table 7 (CivilComments)
+  c.algorithm.irm.lam = 1000.0             # seed 001 Table 7 (CivilComments)
+  c.algorithm.gma.tau = 0.4                # seed 001 Table 7 (CivilComments)
   c.engine.host_store = True               # token ids stay in host memory
   c.eval_batch_size = 64
   return c

@@ -46,8 +46,8 @@ def get_config():
   c.client.eps = 1e-8                      # the authors' AdamW eps
   c.model.name = "gpt2"                    # CodeGPT-small-py (seed 001 App. D.1)
   c.model.head_hidden = ()
-  c.algorithm.irm_lambda = 1000.0          # seed 001 Table 7 (Py150)
-  c.algorithm.gma_tau = 0.4                # seed 001 Table 7 (Py150)
+  c.algorithm.irm.lam = 1000.0             # seed 001 Table 7 (Py150)
+  c.algorithm.gma.tau = 0.4                # seed 001 Table 7 (Py150)
   c.engine.host_store = True               # token ids stay in host memory
   c.eval_batch_size = 4
   return c

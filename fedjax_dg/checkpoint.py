@@ -96,7 +96,7 @@ def write_run_config(config, workdir: str, fold: dict | None = None) -> None:
 def config_differences(stored: dict, config, multi_stage: bool) -> list[str]:
   """Result-changing fields in which `config` differs from the stored config, as
   'field: <stored> in the run, <new> now'. A field one of them lacks counts only when the
-  other holds a value other than its configs/default.py default."""
+  other holds a value other than its default (`fedjax_dg.default_config()`)."""
   from fedjax_dg.bench.sweep import library_defaults
   old, new = flatten(_plain(stored)), flatten(_plain(config.to_dict()))
   defaults = {k: _plain(v) for k, v in library_defaults().items()}

@@ -69,17 +69,6 @@ def default_hparams() -> ml_collections.ConfigDict:
   return c
 
 
-def legacy_names() -> dict[str, list[str]]:
-  """Flat field names of earlier versions (`prox_mu`) -> their nested paths (`fedprox.mu`)."""
-  out: dict[str, list[str]] = {}
-  for owner in (*METHODS.values(), *RULES.values()):
-    key = owner.key if isinstance(owner, MethodSpec) else owner.name
-    for f in hparam_fields(owner.hparams):
-      for old in f.metadata.get("legacy", ()):
-        out.setdefault(old, []).append(f"{key}.{f.name}")
-  return out
-
-
 def hparams_of(config, owner):
   """The checked hyperparameter record of a method or rule from `config.algorithm`."""
   key = owner.key if isinstance(owner, MethodSpec) else owner.name

@@ -120,34 +120,31 @@ def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformat
 
 @dataclasses.dataclass(frozen=True)
 class IRMHParams:
-  lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
-                      legacy=("irm_lambda",))
+  lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
   anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
+                             search=Choice((0, 100, 500, 1000)))
 
 
 @dataclasses.dataclass(frozen=True)
 class VRExHParams:
-  lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
-                      legacy=("vrex_lambda",))
+  lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
   anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
+                             search=Choice((0, 100, 500, 1000)))
 
 
 @dataclasses.dataclass(frozen=True)
 class CORALHParams:
-  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("coral_gamma",))
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1))
 
 
 @dataclasses.dataclass(frozen=True)
 class MMDHParams:
-  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("mmd_gamma",))
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1))
 
 
 @dataclasses.dataclass(frozen=True)
 class MixupHParams:
-  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1),
-                        legacy=("mixup_alpha",))
+  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1))
 
 
 def _spec(kind, paper, hparams, weight_field, anneal=False):

@@ -99,9 +99,8 @@ def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
 @dataclasses.dataclass(frozen=True)
 class HParams:
   window: float = hparam(0.25, "low-frequency window ratio r: half-width floor(r min(H, W) / 2) (ours)", ge=0, le=1,
-                         search=Uniform(0.0, 0.5), legacy=("fdg_window",))
-  bank_size: int = hparam(16, "amplitude spectra per client in the server's bank (ours)", ge=1, integer=True,
-                          legacy=("fdg_bank_size",))
+                         search=Uniform(0.0, 0.5))
+  bank_size: int = hparam(16, "amplitude spectra per client in the server's bank (ours)", ge=1, integer=True)
 
 
 def _bank(ctx, hp):

@@ -92,7 +92,7 @@ def fedga(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  step: float = hparam(0.2, "step size d (authors' code), decays linearly to 0", ge=0, le=1, legacy=("ga_step",))
+  step: float = hparam(0.2, "step size d (authors' code), decays linearly to 0", ge=0, le=1)
 
 
 RULE = RuleSpec("ga", lambda ctx, hp: ga_rule(), doc="aggregation by the clients' generalisation-adjusted weights")

@@ -184,20 +184,18 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1,
-                                legacy=("loe_tune_fraction",))
-  stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True,
-                              legacy=("loe_stage2_rounds",))
+  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1)
+  stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True)
   head_steps: int = hparam(2, "stage-2 local SGD iterations per sync (Table 5: 8 iterations / 4 syncs)", ge=1,
                            integer=True)
-  head_lr: float = hparam(0.05, "stage-2 SGD step (Table 5)", gt=0, legacy=("loe_head_lr",))
+  head_lr: float = hparam(0.05, "stage-2 SGD step (Table 5)", gt=0)
   head_weight_decay: float = hparam(5e-4, "stage-2 weight decay (Table 5)", ge=0)
-  penalty: str = hparam("irm", "the invariant manager's DG method", choices=PENALTIES, legacy=("loe_penalty",))
-  lam: float = hparam(100.0, "IRM / REx lambda (Table 5)", ge=0, search=LogUniform(1.0, 1e3), legacy=("loe_lambda",))
+  penalty: str = hparam("irm", "the invariant manager's DG method", choices=PENALTIES)
+  lam: float = hparam(100.0, "IRM / REx lambda (Table 5)", ge=0, search=LogUniform(1.0, 1e3))
   meta_lr: float = hparam(0.05, "Fish meta step (Table 5: 0.05 PACS/OfficeHome, 0.01 IWildCam)", gt=0, le=1,
                           search=Choice((0.01, 0.05, 0.1)))
-  solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True, legacy=("loe_solver_steps",))
-  solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0, legacy=("loe_solver_lr",))
+  solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True)
+  solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0)
 
 
 def _stage2(ctx, hp: HParams) -> Algorithm:

@@ -101,10 +101,10 @@ def fedomg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0), legacy=("omg_kappa",))
-  lr: float = hparam(25.0, "solver step (authors' code)", gt=0, legacy=("omg_lr",))
-  momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1, legacy=("omg_momentum",))
-  steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True, legacy=("omg_steps",))
+  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0))
+  lr: float = hparam(25.0, "solver step (authors' code)", gt=0)
+  momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1)
+  steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True)
 
 
 RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.config.server.lr, hp.kappa, hp.lr, hp.momentum, hp.steps),

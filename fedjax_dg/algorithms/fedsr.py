@@ -100,11 +100,10 @@ def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransfor
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True, legacy=("sr_z_dim",))
-  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1), legacy=("sr_l2",))
-  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2), legacy=("sr_cmi",))
-  eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True,
-                             legacy=("sr_eval_samples",))
+  z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True)
+  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1))
+  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2))
+  eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True)
 
 
 SPEC = MethodSpec(

@@ -66,11 +66,10 @@ class Choice:
 
 
 def hparam(default, doc: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None, integer: bool = False,
-           search=None, legacy: tuple[str, ...] = ()):
+           search=None):
   """A hyperparameter field: the paper's `default`, the accepted range (`ge`/`gt`/`le`/`lt`
-  bounds or `choices`), an optional random-search distribution `search` and the flat config
-  names it had before (`legacy`, e.g. `prox_mu`), which the command line still accepts."""
-  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, legacy=legacy)
+  bounds or `choices`) and an optional random-search distribution `search`."""
+  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search)
   return dataclasses.field(default=default, metadata=meta)
 
 

@@ -87,8 +87,6 @@ def _json_default(x):
 
 
 KEYED_FIELDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keyed_fields.json")
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "configs", "default.py")
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,20 +99,16 @@ def keyed_fields() -> frozenset:
 
 @functools.lru_cache(maxsize=None)
 def library_defaults() -> dict:
-  """`configs/default.py`'s config, flattened ({} when the package runs without its repo)."""
-  if not os.path.isfile(_DEFAULT_CONFIG):
-    return {}
-  spec = importlib.util.spec_from_file_location("_fedjax_dg_default_config", _DEFAULT_CONFIG)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return {k: json.loads(canonical_json(v)) for k, v in flatten(mod.get_config()).items()}
+  """The library's default config (`fedjax_dg.default_config()`), flattened."""
+  from fedjax_dg import default_config
+  return {k: json.loads(canonical_json(v)) for k, v in flatten(default_config()).items()}
 
 
 def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
   """sha256 of the config's fields (canonical JSON), without the run-control fields.
 
   A field added to the library after the key scheme was fixed enters the key only where
-  its value differs from its default in `configs/default.py`, so adding a field (with a
+  its value differs from its default in `fedjax_dg.default_config()`, so adding a field (with a
   default that keeps earlier behaviour) does not orphan a sweep's finished jobs; any value
   a job sets differently still makes it a new job. A change of a default's value or of
   the code is not seen by the key: rerun the sweep into a new `root` after one."""

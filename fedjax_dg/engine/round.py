@@ -50,11 +50,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fedjax_dg.defaults import STRATEGIES
 from fedjax_dg.engine.host_state import HostClientStates
 from fedjax_dg.algorithms.base import (Algorithm, ClientData, ClientOutput, LocalSchedule, Stacked,
                                        steps_per_epoch_cap, tree_where)
 
-STRATEGIES = ("vmap", "chunked", "sequential", "host_loop")
 
 
 class RoundState(NamedTuple):
