@@ -38,7 +38,7 @@ def test_fedomg_protocol_is_seed_002_d6(tmp_path):
   assert (c.model.name, c.client.optimizer, c.client.lr, c.client.batch_size, c.client.local_epochs) == \
       ("resnet18", "sgd", 1e-3, 16, 5)
   assert (c.num_rounds, c.server.lr, c.algorithm.omg.kappa, c.algorithm.omg.lr, c.algorithm.omg.momentum,
-          c.algorithm.omg.steps, c.algorithm.fedsam.rho) == (100, 0.5, 0.5, 25.0, 0.5, 21, 0.6)
+          c.algorithm.omg.steps, c.algorithm.fedsam.rho) == (100, 0.5 / 3, 0.5, 25.0, 0.5, 21, 0.6)  # eta_g 0.5, N = 3
   assert (c.num_clients, c.partition.lam, c.data.val_domains, c.data.lodo_validation) == (3, 0.0, (), "in_domain")
   c.workdir = str(tmp_path)
   c.algorithm.name = "fedsam+omg"

@@ -62,7 +62,6 @@ def get_config(variant: str = "digits"):
   b.client.momentum = 0.9
   b.client.batch_size = 32
   b.client.local_epochs = 1
-  s.method_overrides.update(sweep_common.omg_overrides(CLIENTS))
   # IRM under SGD diverges (NaN) once its penalty weight jumps from 1 to 100 after annealing:
   # at lr 0.1 in 15 of its 48 runs, at 0.01 in 12 (centralised and C = 2, 5; measured
   # 2026-11-23). It runs with Adam at lr 1e-3, seed 001's optimizer for every method (Sec. 4,
