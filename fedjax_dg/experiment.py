@@ -72,12 +72,15 @@ def _family(config, model, input_shape) -> str:
 
 
 class Stage(NamedTuple):
-  """One stage of a run: its algorithm, round function and the rounds it covers."""
+  """One stage of a run: its algorithm (built with the config's hyperparameters), its
+  builder (`hparams -> algorithm`, what the round function runs), round function and the
+  rounds it covers."""
   name: str
   algorithm: object
   round_fn: object
   first: int  # rounds before it
   rounds: int
+  builder: object = None
 
 
 def setup(config, fold: splits.Fold):
@@ -114,11 +117,11 @@ def setup(config, fold: splits.Fold):
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
                                 straggler_fraction=e.get("straggler_fraction", 0.0),
                                 buckets=buckets_for(sched) if e.get("buckets", False) else None)
-  algorithm = algorithms.build(ctx)
-  stages = [Stage("stage 1", algorithm, make(algorithm), 0, int(config.num_rounds))]
+  builder = algorithms.Builder(ctx)
+  algorithm = builder()
+  stages = [Stage("stage 1", algorithm, make(builder), 0, int(config.num_rounds), builder)]
   for st, rounds, build in algorithms.later_stages(ctx):
-    alg = build(ctx)
-    stages.append(Stage(st.name, alg, make(alg), stages[-1].first + stages[-1].rounds, int(rounds)))
+    stages.append(Stage(st.name, build(), make(build), stages[-1].first + stages[-1].rounds, int(rounds), build))
   return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
               algorithm=algorithm, strategy=strategy, stages=stages,
               engine={"strategy": strategy, "unroll": sched.unroll, "model_family": family,
@@ -258,7 +261,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
     params = load_pretrained(params, config.model.pretrained_path)
   C = s["num_clients"]
-  state = init_round_state(stages[0].algorithm, k_server, params, C)
+  state = init_round_state(stages[0].builder, k_server, params, C)
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
                         metrics=fold.metrics)
@@ -266,7 +269,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   metric = config.data.get("select_metric", "accuracy")
 
   def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
-    return init_round_state(stages[k].algorithm, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
+    return init_round_state(stages[k].builder, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
 
   def target_of(step):  # the saved state's structure: the stage that ran round `step`
     target = jax.eval_shape(lambda: state)

@@ -78,7 +78,7 @@ def run_config(config, rounds: int):
   s = experiment.setup(config, fold)
   stage = s["stages"][0]
   k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  state = init_round_state(stage.algorithm, k_server, s["model"].init(k_init), s["num_clients"])
+  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
   store = jax.tree.map(jnp.asarray, s["packed"])
   for t in range(rounds):
     state, _ = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))

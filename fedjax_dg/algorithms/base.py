@@ -365,29 +365,43 @@ def local_train_from(params, opt_state, objective, optimizer, data: ClientData, 
   return params, opt_state, loss
 
 
-def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransformation:
+def optimizer_values(opt_config) -> dict:
+  """The run-time numbers of an optimizer config (`{optimizer, lr, momentum, b1, b2, eps,
+  weight_decay}`): every float field, with the optimizers' defaults where one is absent."""
+  name = opt_config.get("optimizer", "sgd")
+  eps = 1e-3 if name == "yogi" else 1e-8
+  b2 = 0.999
+  return {"lr": float(opt_config.lr), "momentum": float(opt_config.get("momentum", 0.0)),
+          "weight_decay": float(opt_config.get("weight_decay", 0.0)), "b1": float(opt_config.get("b1", 0.9)),
+          "b2": float(opt_config.get("b2", b2)), "eps": float(opt_config.get("eps", eps))}
+
+
+def make_optimizer(opt_config, inject: bool = False, values=None) -> optax.GradientTransformation:
   """Client or server optimizer from `{optimizer, lr, momentum, b1, b2, eps, weight_decay}`.
 
+  `values` (optional, `optimizer_values`' keys) gives the numbers, as arrays or tracers read
+  when the optimizer runs (the round state's hyperparameters); the config decides only the
+  structure: the optimizer, and whether momentum (`momentum > 0`) and weight decay
+  (`weight_decay > 0`) are present (0 in the config removes them; any positive value is a
+  run-time value, so runs may vary it in one program).
   With `inject`, the step size is an array in the optimizer state
   (`optax.inject_hyperparams`), so it can be read, changed and differentiated
   (`set_learning_rate`).
   """
-  name, lr = opt_config.optimizer, opt_config.lr
-  wd = opt_config.get("weight_decay", 0.0)
+  name = opt_config.optimizer
+  v = {**optimizer_values(opt_config), **(values or {})}
+  lr = v["lr"]
   wrap = optax.inject_hyperparams if inject else (lambda f: f)
   if name == "sgd":
-    mom = opt_config.get("momentum", 0.0)
-    opt = wrap(optax.sgd)(learning_rate=lr, momentum=mom if mom > 0 else None)
+    opt = wrap(optax.sgd)(learning_rate=lr, momentum=v["momentum"] if opt_config.get("momentum", 0.0) > 0 else None)
   elif name == "adam":
-    opt = wrap(optax.adam)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                           eps=opt_config.get("eps", 1e-8))
+    opt = wrap(optax.adam)(learning_rate=lr, b1=v["b1"], b2=v["b2"], eps=v["eps"])
   elif name == "yogi":
-    opt = wrap(optax.yogi)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                           eps=opt_config.get("eps", 1e-3))
+    opt = wrap(optax.yogi)(learning_rate=lr, b1=v["b1"], b2=v["b2"], eps=v["eps"])
   else:
     raise ValueError(f"optimizer: unknown {name!r}; choose sgd, adam or yogi")
-  if wd > 0:
-    opt = optax.chain(optax.add_decayed_weights(wd, mask=decay_mask), opt)
+  if opt_config.get("weight_decay", 0.0) > 0:
+    opt = optax.chain(optax.add_decayed_weights(v["weight_decay"], mask=decay_mask), opt)
   return opt
 
 

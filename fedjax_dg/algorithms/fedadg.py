@@ -61,7 +61,6 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, erm_objective, gradient_step,
@@ -241,7 +240,7 @@ class HParams:
 
 
 def _client(ctx, hp):
-  with_lr = lambda lr: make_optimizer(ml_collections.ConfigDict({**ctx.config.client.to_dict(), "lr": lr}))
+  with_lr = lambda lr: make_optimizer(ctx.config.client, values={**(ctx.values or {}).get("client", {}), "lr": lr})
   return fedadg_client(ctx.model, ctx.sched, ctx.client_opt, ctx.feature_dim(), ctx.num_classes,
                        noise_dim=hp.noise_dim, lambda0=hp.lambda0, gen_opt=with_lr(hp.gen_lr),
                        disc_opt=with_lr(hp.disc_lr), hidden=hp.hidden, e0_epochs=hp.e0_epochs,

@@ -218,7 +218,8 @@ def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 class HParams:
   lam: float = hparam(1e-2, "regulariser weight (seed 004: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1))
   momentum: float = hparam(0.5, "momentum m of the global insight matrices (eq. 6); 0 keeps the initial "
-                           "model's (Table 3's W/m = 0)", ge=0, le=1)
+                           "model's (Table 3's W/m = 0)", ge=0, le=1,
+                           static=True)  # 0 removes the server's update of the matrices
   variant: str = hparam("insight", "the regularised statistic: insight matrix, or Table 3's W/Fea (feature) and "
                         "W/Log (logit) ablations", choices=VARIANTS)
 

@@ -66,10 +66,15 @@ class Choice:
 
 
 def hparam(default, doc: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None, integer: bool = False,
-           search=None):
+           search=None, static: bool | None = None):
   """A hyperparameter field: the paper's `default`, the accepted range (`ge`/`gt`/`le`/`lt`
-  bounds or `choices`) and an optional random-search distribution `search`."""
-  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search)
+  bounds or `choices`) and an optional random-search distribution `search`.
+
+  `static`: whether the value decides the compiled program (a step count, a width, a
+  choice, a share of the data split off before training) rather than being a number read
+  when the round runs. By default a float without `choices` is a run-time value (it lives
+  in the round state's `hparams`, `continuous`) and anything else is static."""
+  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, static=static)
   return dataclasses.field(default=default, metadata=meta)
 
 
@@ -114,6 +119,25 @@ def hparam_fields(cls) -> tuple[dataclasses.Field, ...]:
   return dataclasses.fields(cls)
 
 
+def continuous(field: dataclasses.Field) -> bool:
+  """A run-time value (read from the round state when the round runs), not a static one."""
+  m = field.metadata
+  if m.get("static") is not None:
+    return not m["static"]
+  return (isinstance(field.default, float) and not isinstance(field.default, bool) and m.get("choices") is None
+          and not m.get("integer"))
+
+
+def run_time_values(hp) -> dict:
+  """`{field: value}` of a record's continuous fields (the part that goes into the state)."""
+  return {f.name: getattr(hp, f.name) for f in hparam_fields(type(hp)) if continuous(f)}
+
+
+def with_values(hp, values):
+  """The record `hp` with its continuous fields replaced by `values` (arrays, tracers)."""
+  return dataclasses.replace(hp, **values) if values else hp
+
+
 def defaults(cls) -> dict:
   return {f.name: f.default for f in hparam_fields(cls)}
 
@@ -155,6 +179,17 @@ class Context(NamedTuple):
   train_domains: tuple = ()
   store: Any = None          # the training ClientStore (FedDG's amplitude bank)
   tune_store: Any = None     # each client's held-out tuning rows, when the method asks for them
+  # The run-time values of this build: {"client": {lr, momentum, ...}, "server": {lr, ...},
+  # "method": {...}, "rule": {...}} (arrays, traced inside the round; `algorithms.build`).
+  values: Any = None
+
+  def client_value(self, name: str):
+    """`client.<name>` as this build reads it (a run-time value)."""
+    return self.values["client"][name] if self.values else self.config.client[name]
+
+  def server_value(self, name: str):
+    """`server.<name>` as this build reads it (a run-time value): `server.lr` is `eta_g`."""
+    return self.values["server"][name] if self.values else self.config.server[name]
 
   @property
   def num_classes(self) -> int:

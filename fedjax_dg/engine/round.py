@@ -60,16 +60,36 @@ from fedjax_dg.algorithms.base import (Algorithm, ClientData, ClientOutput, Loca
 class RoundState(NamedTuple):
   server: Any
   clients: Any  # every client's persistent state, stacked [C, ...]
+  # The run-time hyperparameters (learning rates, momenta, penalty weights, ...): a pytree
+  # of scalar arrays that the round reads when it runs (`make_round` with a builder), so
+  # runs that differ only in them share one compiled program (vmap over states) and a
+  # loss after some rounds is differentiable in them. () for a fixed algorithm.
+  hparams: Any = ()
 
 
-def init_round_state(algorithm: Algorithm, rng, params, num_clients: int, host_states: bool = False) -> RoundState:
+def as_builder(algorithm) -> Callable:
+  """`hparams -> Algorithm`: `algorithm` itself when it is a builder (a callable, such as
+  `algorithms.Builder`), else a builder that ignores the hyperparameters."""
+  if isinstance(algorithm, Algorithm):
+    return lambda hparams=None: algorithm
+  return algorithm
+
+
+def init_round_state(algorithm, rng, params, num_clients: int, host_states: bool = False,
+                     hparams=None) -> RoundState:
   """The server's state and every client's; with `host_states`, the client states live in
-  host memory, stored only for clients once sampled (`HostClientStates`)."""
-  one = algorithm.client_init(params)
+  host memory, stored only for clients once sampled (`HostClientStates`).
+
+  `algorithm` is an `Algorithm` or a builder `hparams -> Algorithm` (with the default
+  values in its `hparams` attribute); the state holds `hparams` (default: the builder's)."""
+  if hparams is None:
+    hparams = getattr(algorithm, "hparams", ())
+  alg = as_builder(algorithm)(hparams if hparams != () else None)
+  one = alg.client_init(params)
   if host_states:
-    return RoundState(algorithm.server_init(rng, params), HostClientStates(one, num_clients))
+    return RoundState(alg.server_init(rng, params), HostClientStates(one, num_clients), hparams)
   clients = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape).copy(), one)
-  return RoundState(algorithm.server_init(rng, params), clients)
+  return RoundState(alg.server_init(rng, params), clients, hparams)
 
 
 class EngineDefaults(NamedTuple):
@@ -429,17 +449,10 @@ def _aggregate(res: _CohortResult, w, how: str):
   return jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.message)
 
 
-def _as_update(client_fn):
-  """A stat or report function as a client update that sends its value and keeps the state."""
-  def fn(bcast, client_state, data, rng):
-    return ClientOutput(client_fn(bcast, client_state, data, rng), client_state, {})
-  return fn
-
-
 class _Phase(NamedTuple):
   """One exchange: every member runs `run`, then the server applies `serve`."""
-  run: Callable     # (bcast, states, data, rngs, w) -> _CohortResult
-  serve: Callable   # (server, result, w) -> server (the update phase: (server, metrics))
+  run: Callable     # ((hparams, bcast), states, data, rngs, w) -> _CohortResult
+  serve: Callable   # (hparams, server, result, w) -> server (the update phase: (server, metrics))
 
 
 class _Round(NamedTuple):
@@ -447,7 +460,7 @@ class _Round(NamedTuple):
   ex: Any
   failures: bool        # clients may drop out or straggle: count reporters, keep the server if none
   sample: Callable      # (counts, rng, client_weights) -> _Cohort
-  broadcast: Callable
+  broadcast: Callable   # (hparams, server) -> (hparams, what the clients receive)
   take: Callable        # (clients, ids) -> states [S, ...]
   scatter: Callable     # (clients, ids, states) -> clients
   stat: _Phase | None
@@ -461,22 +474,25 @@ def _round(r: _Round, state: RoundState, store, rng, client_weights=None):
   """The round skeleton, shared by every executor."""
   store = r.ex.place(store)
   cohort = r.sample(store.counts, rng, client_weights)
-  server, new_states, metrics = _cohort_round(r, state.server, r.take(state.clients, cohort.ids), store, cohort)
-  return RoundState(server, r.scatter(state.clients, cohort.keep if r.failures else cohort.ids, new_states)), metrics
+  server, new_states, metrics = _cohort_round(r, state.hparams, state.server, r.take(state.clients, cohort.ids),
+                                              store, cohort)
+  clients = r.scatter(state.clients, cohort.keep if r.failures else cohort.ids, new_states)
+  return RoundState(server, clients, state.hparams), metrics
 
 
-def _cohort_round(r: _Round, server, states, store, cohort: _Cohort):
-  """The round on the cohort's states `[S, ...]`: (server, the members' new states, metrics)."""
+def _cohort_round(r: _Round, hp, server, states, store, cohort: _Cohort):
+  """The round on the cohort's states `[S, ...]` with the run-time hyperparameters `hp`:
+  (server, the members' new states, metrics)."""
   old_server = server
   data = r.ex.data(store, cohort.ids, cohort.work, cohort.valid if r.failures else None)
   if r.stat is not None:  # pre-round: a statistic at the global model
-    res = r.stat.run(r.broadcast(server), states, data, cohort.rngs, cohort.valid)
-    server = r.stat.serve(server, res, cohort.valid)
-  res = r.update.run(r.broadcast(server), states, data, cohort.rngs, cohort.weights)
-  server, metrics = r.update.serve(server, res, cohort.weights)
+    res = r.stat.run(r.broadcast(hp, server), states, data, cohort.rngs, cohort.valid)
+    server = r.stat.serve(hp, server, res, cohort.valid)
+  res = r.update.run(r.broadcast(hp, server), states, data, cohort.rngs, cohort.weights)
+  server, metrics = r.update.serve(hp, server, res, cohort.weights)
   if r.report is not None:  # post-round: a report at the updated model and states
-    rep = r.report.run(r.broadcast(server), res.states, data, cohort.report_rngs, cohort.valid)
-    server = r.report.serve(server, rep, cohort.valid)
+    rep = r.report.run(r.broadcast(hp, server), res.states, data, cohort.report_rngs, cohort.valid)
+    server = r.report.serve(hp, server, rep, cohort.valid)
   if r.failures:  # only the reporters' states change (`cohort.keep`); no reporter: the server stays
     reporters = r.count(cohort.valid)
     server = r.keep_if(reporters > 0, server, old_server)
@@ -504,15 +520,22 @@ class RoundFn:
     cohort = r.sample(store.counts, rng, client_weights)
     ids = np.asarray(cohort.ids)
     states = jax.tree.map(jnp.asarray, state.clients.gather(ids))
-    server, new_states, metrics = self._cohort_fn(state.server, states, store, cohort)
+    server, new_states, metrics = self._cohort_fn(state.hparams, state.server, states, store, cohort)
     state.clients.scatter(np.asarray(cohort.keep) if r.failures else ids, new_states)
-    return RoundState(server, state.clients), metrics
+    return RoundState(server, state.clients, state.hparams), metrics
 
 
-def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
+def make_round(algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
                chunk_size: int = 1, devices=None, *, dropout: float = 0.0, straggler_fraction: float = 0.0,
                buckets: Buckets | None = None) -> RoundFn:
   """Returns `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
+
+  `algorithm` is an `Algorithm`, or a builder `hparams -> Algorithm` (`algorithms.Builder`):
+  the round then builds the algorithm inside the traced round from `state.hparams`, so
+  every continuous hyperparameter is an array read when the round runs (vmap over states
+  that differ in them; differentiate a loss with respect to them). What decides the
+  compiled program (aggregation, weighting, the optional phases) comes from
+  `algorithm(None)`, the builder with its default values.
 
   Failing clients (FedProx's systems heterogeneity), with `k = fold_in(rng, 1)` split in
   (k_drop, k_slow, k_work): a sampled client `c` drops out with probability `dropout`
@@ -550,7 +573,8 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
   failures = dropout > 0 or straggler_fraction > 0
   n_slow = int(round(straggler_fraction * cohort_size))
   padded = ex.pad(cohort_size)
-  alg = algorithm
+  build = as_builder(algorithm)
+  alg = build(None)  # the static structure
 
   def sample(counts, rng, client_weights):
     k_cohort, k_clients = jax.random.split(rng)
@@ -576,21 +600,29 @@ def make_round(algorithm: Algorithm, num_clients: int, cohort_size: int, strateg
     return _Cohort(ids, valid * up, w * up, rngs, report_rngs, work if n_slow else None,
                    jnp.where(up > 0, ids, num_clients))
 
-  def update(server, res, w):
+  def update(hp, server, res, w):
     metrics = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.metrics)
-    return alg.server_update(server, _aggregate(res, w, alg.aggregation)), metrics
+    return build(hp).server_update(server, _aggregate(res, w, alg.aggregation)), metrics
 
-  def phase(client_fn, serve, how):
-    return _Phase(ex.client_pass(_as_update(client_fn), how == "stack"),
-                  ex.server_side(lambda server, res, w: serve(server, _aggregate(res, w, how))))
+  def client_update(b, client_state, data, rng):  # b = (hparams, broadcast)
+    return build(b[0]).client_update(b[1], client_state, data, rng)
+
+  def phase(on_client, on_server, how):
+    def client_fn(b, client_state, data, rng):  # sends its value and keeps the state
+      return ClientOutput(getattr(build(b[0]), on_client)(b[1], client_state, data, rng), client_state, {})
+
+    def serve(hp, server, res, w):
+      return getattr(build(hp), on_server)(server, _aggregate(res, w, how))
+    return _Phase(ex.client_pass(client_fn, how == "stack"), ex.server_side(serve))
 
   r = _Round(
-      ex, failures, ex.server_side(sample), ex.server_side(alg.broadcast), ex.server_side(_take),
+      ex, failures, ex.server_side(sample), ex.server_side(lambda hp, server: (hp, build(hp).broadcast(server))),
+      ex.server_side(_take),
       ex.server_side(lambda clients, ids, new: jax.tree.map(lambda a, n: a.at[ids].set(n, mode="drop"), clients, new)),
-      stat=phase(alg.client_stat, alg.server_prepare, alg.stat_aggregation) if alg.client_stat else None,
-      update=_Phase(ex.client_pass(alg.client_update, alg.aggregation == "stack", bucketed=True),
+      stat=phase("client_stat", "server_prepare", alg.stat_aggregation) if alg.client_stat else None,
+      update=_Phase(ex.client_pass(client_update, alg.aggregation == "stack", bucketed=True),
                     ex.server_side(update)),
-      report=phase(alg.client_report, alg.server_finish, alg.report_aggregation) if alg.client_report else None,
+      report=phase("client_report", "server_finish", alg.report_aggregation) if alg.client_report else None,
       count=ex.server_side(lambda valid: jnp.sum(valid).astype(jnp.int32)),
       keep_if=ex.server_side(lambda cond, new, old: tree_where(cond, new, old)))
   return RoundFn(ex.compile(functools.partial(_round, r)), ex.place, r)
