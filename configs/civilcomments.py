@@ -23,7 +23,7 @@ client learning rate 1e-5 and batch 16 (the authors' config; WILDS's defaults; 1
 in Table 7's garbled ERM row); comments truncated to 300 tokens (the authors'
 `max_length`). Table 7 per method (the rows that read unambiguously): IRM penalty 1000,
 FedGMA mask threshold 0.4. FedDG, FedADG and Mixup do not apply to text
-(`models.NOT_FOR_TEXT`). Token ids stay in host memory (`engine.host_store`).
+(their `not_for_text` declarations). Token ids stay in host memory (`engine.host_store`).
 Quick runs: `--config.data.max_per_split=2000`.
 """
 import os

@@ -19,9 +19,9 @@ every round; FedAvg of one local epoch of AdamW (weight decay 0, i.e. Adam, eps 
 8e-5 and batch 6 (the authors' config, WILDS's defaults; 8e-5 also appears in Table 7's
 garbled ERM row). Table 7 per method (the rows that read unambiguously): IRM penalty 1000,
 FedGMA mask threshold 0.4. FedDG, FedADG and Mixup do not apply to text
-(`models.NOT_FOR_TEXT`). Token ids stay in host memory (`engine.host_store`). Logits are
+(their `not_for_text` declarations). Token ids stay in host memory (`engine.host_store`). Logits are
 [B, 255, V] (V = 50k): evaluation runs in batches of 4. FedDIM, FedLOE and FedSR do not
-apply to GPT-2's tied vocabulary head (`models.NOT_FOR_MODEL`).
+apply to GPT-2's tied vocabulary head (their `not_for_models` declarations).
 """
 import os
 import sys

@@ -155,7 +155,7 @@ def validate(config) -> None:
 
 def validate_modality(config) -> None:
   """The model reads the data's inputs, and the method applies to them and to the model
-  (`models.NOT_FOR_TEXT`, `models.NOT_FOR_MODEL`)."""
+  (the method's `not_for_text` and `not_for_models` declarations)."""
   name, dataset = config.model.name, config.data.get("dataset", "")
   text_data = datasets.modality(config.data) == "text"
   reads = models.MODALITY[name]
@@ -167,11 +167,14 @@ def validate_modality(config) -> None:
                             "dataset (civilcomments or py150)")
   _check(dataset != "py150" or not text_data or name == "gpt2",
          f"model.name: Py150 is next-token prediction with a label per token; use 'gpt2', not {name!r}")
-  method = config.algorithm.name.partition("+")[0]
+  try:
+    spec = algorithms.spec_of(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  method = spec.name
   if text_data or reads == "text":
-    _check(method not in models.NOT_FOR_TEXT,
-           f"algorithm.name: {method!r} does not apply to text: {models.NOT_FOR_TEXT.get(method)}")
-  why = models.NOT_FOR_MODEL.get(name, {}).get(method)
+    _check(spec.not_for_text is None, f"algorithm.name: {method!r} does not apply to text: {spec.not_for_text}")
+  why = spec.not_for_model(name)
   _check(why is None, f"algorithm.name: {method!r} does not apply to model.name={name!r}: {why}")
 
 

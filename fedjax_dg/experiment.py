@@ -139,14 +139,12 @@ def _check_finite(fold: splits.Fold):
                                    f"({int((~np.isfinite(x)).sum())} values); clean the data set")
 
 
-def load_pretrained(params, path: str):
-  """`params` with the featurizer's ResNet weights read from `path` (models/resnet.py)."""
+def load_pretrained(params, path: str, spec=None):
+  """`params` with the featurizer's ResNet weights read from `path` (models/resnet.py), where
+  the method `spec` puts its backbone (`MethodSpec.pretrained`; default: the featurizer)."""
   from fedjax_dg.models import resnet
-  feat = params["featurizer"]
-  if "base" in feat and "to_z" in feat:  # FedSR: the ResNet is the base of its probabilistic featurizer
-    base = resnet.load_pretrained({"featurizer": feat["base"]}, path)["featurizer"]
-    return {**params, "featurizer": {**feat, "base": base}}
-  return resnet.load_pretrained(params, path)
+  load = lambda p: resnet.load_pretrained(p, path)
+  return spec.pretrained(params, load) if spec is not None and spec.pretrained else load(params)
 
 
 def _augmentation(config, fold):
@@ -248,7 +246,8 @@ def _check_state(alg, state, done: int, train_loss: float, config):
 def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
-  multi_stage = bool(algorithms.spec_of(config).stages)
+  spec = algorithms.spec_of(config)
+  multi_stage = bool(spec.stages)
   ckpt_lib.prepare_workdir(config, workdir, multi_stage,  # before anything compiles
                            fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
   t0 = time.time()
@@ -259,7 +258,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   k_init, k_server, k_rounds = jax.random.split(key, 3)
   params = s["model"].init(k_init)
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
-    params = load_pretrained(params, config.model.pretrained_path)
+    params = load_pretrained(params, config.model.pretrained_path, spec)
   C = s["num_clients"]
   state = init_round_state(stages[0].builder, k_server, params, C)
   store = jax.tree.map(jnp.asarray, s["packed"])
@@ -328,8 +327,8 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
           reporters.clear()
         if len(stages) > 1:
           rec["stage"] = k + 1
-          if hasattr(state.server, "phi"):
-            rec["phi"] = np.asarray(state.server.phi).tolist()
+        if spec.record:  # what the method logs of its server state
+          rec.update(spec.record(state.server))
         records.append(rec)
         _write_records(metrics_path, records + [r for r in pending if r["round"] > done])
         if tb:

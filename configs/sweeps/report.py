@@ -72,7 +72,7 @@ def get_config(variant: str = "digits"):
       "table": {"methods": TABLE_METHODS, "client_counts": (1, CLIENTS), "lams": LAMS, "seeds": SEEDS,
                 "num_trials": 0},
       # Table 6: ERM without / with 20% of the test domain, centralised ERM, FedAvg at each lambda.
-      "difficulty": {"kind": "difficulty", "erm": "erm", "fedavg": "fedavg", "num_clients": CLIENTS,
+      "difficulty": {"kind": "difficulty", "centralised": "erm", "federated": "fedavg", "num_clients": CLIENTS,
                      "lams": LAMS, "seeds": SEEDS, "fraction": 0.2, "rule": "heldout_domain"},
       # Fig. 2: four methods over the number of clients (seed 001 App. E i).
       "clients": {"methods": ("fedavg", "irm", "fedsr", "feddg"), "client_counts": (1, 2, 5, 10, 20, 50),

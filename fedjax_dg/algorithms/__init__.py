@@ -45,6 +45,7 @@ for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE):
 # compositions the seed papers report (seed 002 Table 2; FedIIR+OMG and FedSR+OMG).
 COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
 ALGORITHMS = tuple(METHODS) + COMPOSITIONS
+BASELINE = "fedavg"  # the method others are compared with (seed 001 Remark 4.1: FedAvg-ERM)
 
 
 def resolve(name: str) -> tuple[MethodSpec, RuleSpec]:

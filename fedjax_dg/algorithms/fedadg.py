@@ -248,4 +248,6 @@ def _client(ctx, hp):
 
 
 SPEC = MethodSpec("fedadg", "Zhang et al. 2021 (paper's equations, authors' PACS code)", _client, HParams,
+                  not_for_text="FedADG is designed for images in seed 001 (Table 5: not applicable to CivilComments "
+                               "and Py150)",
                   sends=("distribution-generator update",), receives=("distribution generator",), group="FDG")

@@ -117,6 +117,7 @@ SPEC = MethodSpec(
     lambda ctx, hp: feddg_client(ctx.model, ctx.sched, ctx.client_opt, _bank(ctx, hp), hp.window), HParams,
     sends=("amplitude spectra of its images (once)",), receives=("other clients' amplitude spectra (once)",),
     leaks_data=True, group="FDG",
+    not_for_text="FedDG interpolates the amplitude spectra of images (2-D Fourier transforms of pixels)",
     # every client uploads its part of the bank and downloads the whole bank (float32 spectra)
     setup_bytes=lambda ctx, hp: (1 + ctx.num_clients) * ctx.num_clients * hp.bank_size
     * int(np.prod(ctx.store.x.shape[2:])) * 4)

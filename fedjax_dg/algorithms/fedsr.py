@@ -106,7 +106,18 @@ class HParams:
   eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True)
 
 
+def _pretrained(params, load):
+  """A pretrained backbone is the base of the probabilistic featurizer."""
+  feat = params["featurizer"]
+  base = load({"featurizer": feat["base"]})["featurizer"]
+  return {**params, "featurizer": {**feat, "base": base}}
+
+
 SPEC = MethodSpec(
     "fedsr", "Nguyen et al. 2022",
     lambda ctx, hp: fedsr_client(ctx.model, ctx.sched, ctx.client_opt, hp.z_dim, hp.l2, hp.cmi), HParams,
-    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG")
+    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG",
+    not_for_models=(("gpt2", "FedSR's probabilistic featurizer wraps a featurizer of the inputs alone, and GPT-2's "
+                             "reads its input embedding from the tied head; its per-class reference would hold one "
+                             "row per token"),),
+    pretrained=_pretrained)

@@ -387,6 +387,11 @@ class MethodSpec:
               as a tuning split (`ctx.tune_store`)
   stages      optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2)
   setup_bytes optional `(ctx, hp) -> bytes` of a one-off exchange before training
+  not_for_text  why the method does not apply to text data (None: it applies)
+  not_for_models  `((model name, why), ...)`: models the method does not apply to
+  pretrained  optional `(params, load) -> params`: where a pretrained backbone goes in the
+              method's parameters (`load(params)` fills a plain model's featurizer)
+  record      optional `server_state -> dict`: extra fields for each evaluation record
   """
   name: str
   paper: str
@@ -405,6 +410,13 @@ class MethodSpec:
   stages: Callable | None = None
   setup_bytes: Callable | None = None
   composable: bool = True  # False: a whole algorithm that takes no other rule
+  not_for_text: str | None = None
+  not_for_models: tuple = ()
+  pretrained: Callable | None = None
+  record: Callable | None = None
+
+  def not_for_model(self, model_name: str) -> str | None:
+    return dict(self.not_for_models).get(model_name)
 
   @property
   def key(self) -> str:

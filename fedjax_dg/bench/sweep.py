@@ -322,7 +322,7 @@ def _expand_difficulty(exp: Expansion, sweep, name: str, g) -> None:
   frac = float(g.get("fraction", 0.2))
   if not 0.0 < frac < 1.0:
     raise SweepError(f"sweep.grids.{name}.fraction must lie in (0, 1), got {frac}")
-  erm, fedavg, C = g.erm, g.fedavg, int(g.num_clients)
+  erm, fedavg, C = g.centralised, g.federated, int(g.num_clients)
   for fold, seed in itertools.product(_folds(sweep), g.seeds):
     common = {**_fold_settings(fold), **_seed_settings(sweep, seed)}
     runs = [("dg_without", erm, 1, None, {"data.test_domain_train_fraction": frac,
