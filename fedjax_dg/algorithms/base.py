@@ -21,7 +21,6 @@ level up (see README, "Writing an algorithm"):
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -45,6 +44,11 @@ class ClientData(NamedTuple):
   # [0, 1] the client takes only its first `floor(u K_c) + 1` steps that touch data
   # (`real_steps`); None (or 1): all of them.
   work: Any = None
+  # Epoch mode: compile only the first `step_cap` steps of each epoch (a Python int, set by
+  # the engine inside the traced client function for local-step buckets), or None: all.
+  # The engine sets a cap >= `ceil(count / B)`, so the steps left out are exactly the no-op
+  # steps past the client's data: the same result at the cost of the client's own steps.
+  step_cap: Any = None
 
   @property
   def mask(self):
@@ -188,22 +192,6 @@ def real_steps(count, sched: LocalSchedule, work=None):
   return k
 
 
-_STEP_CAP: list = []
-
-
-@contextlib.contextmanager
-def steps_per_epoch_cap(cap: int):
-  """While tracing inside this context, `local_loop` in epoch mode compiles only the first
-  `cap` steps of each epoch (of `num_steps // epochs`). The engine traces a client with a
-  cap >= `ceil(count / B)` (its bucket), so the steps left out are exactly the no-op steps
-  past the client's data: the same result at the cost of the client's own steps."""
-  _STEP_CAP.append(int(cap))
-  try:
-    yield
-  finally:
-    _STEP_CAP.pop()
-
-
 def tree_sq_dist(a, b):
   """`||a - b||^2` summed over every leaf of two same-shaped pytrees."""
   return sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -312,9 +300,10 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
     real = (jnp.sum(mask, 1) > 0).astype(jnp.int32)
     mask = mask * (jnp.cumsum(real) <= real_steps(data.count, sched, data.work))[:, None]
   steps = jnp.arange(sched.num_steps)
-  if _STEP_CAP and sched.epochs > 0 and _STEP_CAP[-1] < sched.num_steps // sched.epochs:
+  cap = data.step_cap
+  if cap is not None and sched.epochs > 0 and cap < sched.num_steps // sched.epochs:
     per_epoch = sched.num_steps // sched.epochs  # keep each epoch's first `cap` steps (the rest are no-ops)
-    steps = (jnp.arange(sched.epochs)[:, None] * per_epoch + jnp.arange(_STEP_CAP[-1])[None, :]).ravel()
+    steps = (jnp.arange(sched.epochs)[:, None] * per_epoch + jnp.arange(cap)[None, :]).ravel()
     idx, mask = idx[steps], mask[steps]
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(steps)
   read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here

@@ -52,8 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_dg.defaults import STRATEGIES
 from fedjax_dg.engine.host_state import HostClientStates
-from fedjax_dg.algorithms.base import (Algorithm, ClientData, ClientOutput, LocalSchedule, Stacked,
-                                       steps_per_epoch_cap, tree_where)
+from fedjax_dg.algorithms.base import Algorithm, ClientData, ClientOutput, LocalSchedule, Stacked, tree_where
 
 
 
@@ -201,9 +200,9 @@ def buckets_for(sched: LocalSchedule | None) -> Buckets | None:
 
 
 def _capped(fn, cap):
-  def run(*args):
-    with steps_per_epoch_cap(cap):
-      return fn(*args)
+  """`fn` with its client's local loop compiled at `cap` steps per epoch (`ClientData.step_cap`)."""
+  def run(bcast, client_state, data, rng):
+    return fn(bcast, client_state, data._replace(step_cap=int(cap)), rng)
   return run
 
 
