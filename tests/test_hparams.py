@@ -48,7 +48,8 @@ CHANGES = {"fedavg": {}, "fedprox": {("method", "mu"): 0.5}, "irm": {("method", 
            "scaffold": {}, "fediir": {("method", "gamma"): 0.5, ("method", "ema"): 0.5}}
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "chunked", "sequential", "host_loop"])
+@pytest.mark.parametrize("strategy", ["sequential"] + [pytest.param(s, marks=pytest.mark.slow)
+                                                      for s in ("vmap", "chunked", "host_loop")])
 def test_vmap_over_hyperparameters_equals_separate_runs(tiny_config, strategy):
   """Two round states that differ only in their hyperparameters (the client step size and
   the method's own weight), run as one `jax.vmap` of two rounds, equal the two runs done
