@@ -107,8 +107,6 @@ def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, n
   tiny_config.checkpoint_every = 0
   if name in ("fedadam", "fedyogi"):
     tiny_config.server.lr = 0.01
-  if "omg" in name:  # g0 is FedAvg's update / N (seed 002's code): eta_g = N recovers its scale
-    tiny_config.server.lr = float(tiny_config.num_clients)
   if name == "afl":  # a single-domain client's loss is beta_d R_d (eq. 15), beta uniform over 4 domains
     tiny_config.client.lr *= 4
   if name == "fedadg":  # narrower generator and discriminator than the paper's 1024 (test time)
