@@ -116,6 +116,5 @@ class HParams:
 
 
 RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.server_value("lr"), hp.kappa, hp.lr, hp.momentum, hp.steps),
-                HParams, doc="on-server gradient matching (seed 002): `theta + server.lr N d` with "
-                             "`d = omg_direction(p_i Delta_i)` (FedAvg's scale; the paper's `eta_g = N server.lr`)")
+                HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`")
 SPEC = MethodSpec("fedomg", "seed 002", erm_client, rule="omg", group="seed")
