@@ -227,7 +227,7 @@ def make_round(algorithm, num_clients: int, cohort_size: int, strategy: str = "v
 
   `client_weights` ([C], optional) replaces the algorithm's aggregation weights (examples
   or uniform) for every client; the round is differentiable with respect to it (and to
-  any array in `state`, such as an injected server step size) for the jitted strategies.
+  any array in `state`, such as the hyperparameters in `state.hparams`) for the jitted strategies.
 
   `store` is a `ClientStore` of device arrays (passed as an argument, never baked into the
   compiled program), or `round_fn.place(store)`. For every strategy but "host_loop" the
