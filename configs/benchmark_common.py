@@ -96,7 +96,8 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   One client per source domain, the test domain left out (`data.leave_one_domain_out=True`
   runs every domain once, validated in-domain); pretrained ResNet-18 (`model.pretrained_path`);
   100 rounds of 5 local epochs ("5 local training rounds") of SGD, step 1e-3, batch 16.
-  FedOMG's server: `eta_g` = 0.5 (shared/ALGORITHMS.md's reading of Sec. 5's global-lr study
+  FedOMG's server: `eta_g` = 0.5, i.e. `server.lr` = 0.5 / N (fedomg.py: the rule steps
+  `server.lr N d`; shared/ALGORITHMS.md's reading of Sec. 5's global-lr study
   for PACS/VLCS; the table's "Global lr" entry is lost in our copy), searching radius
   `kappa` = 0.5, solver step 25, solver momentum 0.5, 21 solver iterations (the table): the
   authors' `utils/fed_merge.py: OMG` loop `for i in range(21)` evaluates the objective 21 times
@@ -113,7 +114,7 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   c.client.lr = 1e-3                     # seed 002 D.6
   c.client.batch_size = 16               # seed 002 D.6
   c.client.local_epochs = 5              # seed 002 D.6: 5 local training rounds
-  c.server.lr = 0.5                      # eta_g (shared/ALGORITHMS.md, FedOMG defaults)
+  c.server.lr = 0.5 / c.num_clients      # eta_g = 0.5 (shared/ALGORITHMS.md) on the authors' d = FedAvg's update / N
   c.algorithm.omg.kappa = 0.5            # seed 002 D.6 table: searching radius
   c.algorithm.omg.lr = 25.0              # seed 002 D.6 table: training lr (of the solver)
   c.algorithm.omg.momentum = 0.5         # seed 002 D.6 table: momentum

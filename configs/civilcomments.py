@@ -22,8 +22,8 @@ one local Adam epoch; 10 rounds ("Total Communication", Table 7, and the authors
 client learning rate 1e-5 and batch 16 (the authors' config; WILDS's defaults; 1e-5 is also
 in Table 7's garbled ERM row); comments truncated to 300 tokens (the authors'
 `max_length`). Table 7 per method (the rows that read unambiguously): IRM penalty 1000,
-FedGMA mask threshold 0.4, Fish meta learning rate 0.1. FedDG, FedADG and Mixup do not
-apply to text (`models.NOT_FOR_TEXT`). Token ids stay in host memory (`engine.host_store`).
+FedGMA mask threshold 0.4, Fish meta learning rate 0.1. FedDG, FedADG and Mixup do not apply to text
+(their `not_for_text` declarations). Token ids stay in host memory (`engine.host_store`).
 Quick runs: `--config.data.max_per_split=2000`.
 """
 import os
@@ -49,9 +49,9 @@ def get_config():
       checkpoint_every=2)
   c.model.name = "distilbert"              # seed 001 App. D.1
   c.model.head_hidden = ()                 # linear head on [CLS] (the authors' code)
-  c.algorithm.irm_lambda = 1000.0          # seed 001 Table 7 (CivilComments)
-  c.algorithm.gma_tau = 0.4                # seed 001 Table 7 (CivilComments)
-  c.algorithm.fish.meta_lr = 0.1         # seed 001 Table 7 (CivilComments)
+  c.algorithm.irm.lam = 1000.0             # seed 001 Table 7 (CivilComments)
+  c.algorithm.gma.tau = 0.4                # seed 001 Table 7 (CivilComments)
+  c.algorithm.fish.meta_lr = 0.1            # seed 001 Table 7 (CivilComments)
   c.engine.host_store = True               # token ids stay in host memory
   c.eval_batch_size = 64
   return c

@@ -46,7 +46,7 @@ def get_config(heldout: str = "482,482"):
       num_rounds=40,                       # seed 001 Table 7, total communication
       checkpoint_every=10)
   c.model.name = "femnist_cnn"             # the authors' FEMNIST CNN (src/models.py: CNN)
-  c.algorithm.irm_lambda = 100.0           # seed 001 Table 7 (FEMNIST)
-  c.algorithm.gma_tau = 0.4                # seed 001 Table 7 (FEMNIST)
-  c.algorithm.fish.meta_lr = 0.1         # seed 001 Table 7 (FEMNIST)
+  c.algorithm.irm.lam = 100.0             # seed 001 Table 7 (FEMNIST)
+  c.algorithm.gma.tau = 0.4                # seed 001 Table 7 (FEMNIST)
+  c.algorithm.fish.meta_lr = 0.1            # seed 001 Table 7 (FEMNIST)
   return c

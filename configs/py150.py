@@ -18,10 +18,10 @@ every round; FedAvg of one local epoch of AdamW (weight decay 0, i.e. Adam, eps 
 10 rounds ("Total Communication", Table 7, and the authors' config); client learning rate
 8e-5 and batch 6 (the authors' config, WILDS's defaults; 8e-5 also appears in Table 7's
 garbled ERM row). Table 7 per method (the rows that read unambiguously): IRM penalty 1000,
-FedGMA mask threshold 0.4, Fish meta learning rate 1. FedDG, FedADG and Mixup do not
-apply to text (`models.NOT_FOR_TEXT`). Token ids stay in host memory (`engine.host_store`).
-Logits are [B, 255, V] (V = 50k): evaluation runs in batches of 4. FedDIM, FedLOE and FedSR do not
-apply to GPT-2's tied vocabulary head (`models.NOT_FOR_MODEL`).
+FedGMA mask threshold 0.4, Fish meta learning rate 1. FedDG, FedADG and Mixup do not apply to text
+(their `not_for_text` declarations). Token ids stay in host memory (`engine.host_store`). Logits are
+[B, 255, V] (V = 50k): evaluation runs in batches of 4. FedDIM, FedLOE and FedSR do not
+apply to GPT-2's tied vocabulary head (their `not_for_models` declarations).
 """
 import os
 import sys
@@ -46,9 +46,9 @@ def get_config():
   c.client.eps = 1e-8                      # the authors' AdamW eps
   c.model.name = "gpt2"                    # CodeGPT-small-py (seed 001 App. D.1)
   c.model.head_hidden = ()
-  c.algorithm.irm_lambda = 1000.0          # seed 001 Table 7 (Py150)
-  c.algorithm.gma_tau = 0.4                # seed 001 Table 7 (Py150)
-  c.algorithm.fish.meta_lr = 1.0         # seed 001 Table 7 (Py150)
+  c.algorithm.irm.lam = 1000.0             # seed 001 Table 7 (Py150)
+  c.algorithm.gma.tau = 0.4                # seed 001 Table 7 (Py150)
+  c.algorithm.fish.meta_lr = 1.0            # seed 001 Table 7 (Py150)
   c.engine.host_store = True               # token ids stay in host memory
   c.eval_batch_size = 4
   return c

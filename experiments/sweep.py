@@ -20,7 +20,6 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from fedjax_dg.algorithms import ALGORITHMS
-from fedjax_dg.config import cohort_size
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Base experiment config.")
 _METHODS = flags.DEFINE_string("methods", "all", "Comma-separated algorithm names, or 'all'.")
@@ -52,8 +51,6 @@ def run_one(base, method: str, lam: float, workdir: str) -> dict:
   for key, value in ADJUST.get(method, {}).items():
     section, field = key.split(".")
     config[section][field] = value
-  if "omg" in method:  # seed 002's code: g0 is FedAvg's update / N, eta_g = N recovers its scale
-    config.server.lr = float(cohort_size(config, int(config.num_clients)))
   t0 = time.time()
   summary = train_and_evaluate(config, workdir)
   sel = summary["selection"]

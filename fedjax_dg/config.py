@@ -2,6 +2,7 @@
 and a failure is one line naming the field and the accepted range."""
 from __future__ import annotations
 
+import difflib
 import math
 import os
 
@@ -10,7 +11,7 @@ from fedjax_dg import checks
 from fedjax_dg import models
 from fedjax_dg.data import datasets
 from fedjax_dg.data.datasets import DATASETS
-from fedjax_dg.engine.round import STRATEGIES
+from fedjax_dg.defaults import STRATEGIES, default_config
 from fedjax_dg.models import MODELS
 
 PARTITIONS = ("heterogeneous", "dirichlet", "iid")
@@ -25,9 +26,53 @@ def _check(cond, msg):
     raise ConfigError(msg)
 
 
+def _paths(tree, prefix: str = "") -> list[str]:
+  """Every dotted path of a nested ConfigDict, inner nodes included."""
+  out = []
+  for k, v in tree.items():
+    out.append(prefix + k)
+    if hasattr(v, "items"):
+      out += _paths(v, prefix + k + ".")
+  return out
+
+
+def unknown_key_error(path: str, schema=None, prefix: str = "") -> str:
+  """The one line for an unknown config field `path` ("a.b.c"), with the closest known
+  field (difflib, on the whole dotted path) as a suggestion; `prefix` ("--config.") goes
+  before both names."""
+  known = _paths(schema if schema is not None else default_config())
+  parts = path.split(".")
+  ancestors = {".".join(parts[:k]) for k in range(1, len(parts))}
+  flat = {p.replace(".", "_"): p for p in known if p not in ancestors}
+  near = difflib.get_close_matches(path.replace(".", "_"), list(flat), n=1, cutoff=0.6)
+  hint = f"; did you mean {prefix}{flat[near[0]]}?" if near else ""
+  return f"{prefix}{path}: unknown config field{hint}"
+
+
+def check_keys(config, schema=None, prefix: str = "") -> None:
+  """Every field of `config`, at any depth, is a field of the default config
+  (`fedjax_dg.default_config()`, whose `algorithm` holds one block per registered method
+  and rule); an unknown one is refused in one line naming it."""
+  schema = default_config() if schema is None else schema
+  root = schema
+
+  def walk(node, ref, at):
+    for k, v in node.items():
+      path = at + k
+      if k not in ref:
+        raise ConfigError(unknown_key_error(path, root))
+      if hasattr(v, "items") != hasattr(ref[k], "items") and not (ref[k] is None or v is None):
+        kind = "a group of fields" if hasattr(ref[k], "items") else "a value"
+        raise ConfigError(f"{path}: must be {kind}, got {v!r}")
+      if hasattr(v, "items") and hasattr(ref[k], "items"):
+        walk(v, ref[k], path + ".")
+  walk(config, schema, prefix)
+
+
 def validate(config) -> None:
-  """Checks that need no data."""
-  checks.check_config(config)  # types, ranges and sizes of every field first
+  """Checks that need no data; the first: every field is known, then its type and range."""
+  check_keys(config)
+  checks.check_config(config)  # types, ranges and sizes of every field
   tb = config.get("tensorboard", False)
   _check(isinstance(tb, bool), f"tensorboard must be True or False, got {tb!r}")
   if tb:
@@ -112,7 +157,7 @@ def validate(config) -> None:
 
 def validate_modality(config) -> None:
   """The model reads the data's inputs, and the method applies to them and to the model
-  (`models.NOT_FOR_TEXT`, `models.NOT_FOR_MODEL`)."""
+  (the method's `not_for_text` and `not_for_models` declarations)."""
   name, dataset = config.model.name, config.data.get("dataset", "")
   text_data = datasets.modality(config.data) == "text"
   reads = models.MODALITY[name]
@@ -124,11 +169,14 @@ def validate_modality(config) -> None:
                             "dataset (civilcomments or py150)")
   _check(dataset != "py150" or not text_data or name == "gpt2",
          f"model.name: Py150 is next-token prediction with a label per token; use 'gpt2', not {name!r}")
-  method = config.algorithm.name.partition("+")[0]
+  try:
+    spec = algorithms.spec_of(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  method = spec.name
   if text_data or reads == "text":
-    _check(method not in models.NOT_FOR_TEXT,
-           f"algorithm.name: {method!r} does not apply to text: {models.NOT_FOR_TEXT.get(method)}")
-  why = models.NOT_FOR_MODEL.get(name, {}).get(method)
+    _check(spec.not_for_text is None, f"algorithm.name: {method!r} does not apply to text: {spec.not_for_text}")
+  why = spec.not_for_model(name)
   _check(why is None, f"algorithm.name: {method!r} does not apply to model.name={name!r}: {why}")
 
 

@@ -1,18 +1,22 @@
-"""The default experiment config, `fedjax_dg.default_config()`: FedAvg on the embedded
-rotated-digits dataset, 20 single-domain clients.
+"""The library's default configuration: every field a config may hold, with its default.
 
-Domains are rotations 0..75 degrees; 0 degrees is the held-out validation domain and 75
-the test domain, the other four train. lambda = 0 (complete heterogeneity) gives every
-client one domain (5 clients per domain). `configs/default.py` is the same config as a
-file for the command line; every other config in `configs/` starts from it.
+`default_config()` is the demo (FedAvg on the embedded rotated-digits dataset, 20
+single-domain clients): domains are rotations 0..75 degrees; 0 degrees is the held-out
+validation domain and 75 the test domain, the other four train. lambda = 0 (complete
+heterogeneity) gives every client one domain (5 clients per domain).
+
+It is also the schema: a config may set only the fields it has (`config.check_keys`), at
+any depth, `algorithm.<method>.<field>` included.
 """
 import ml_collections
 
-from fedjax_dg import algorithms
+# The engine strategies a config may name (fedjax_dg/engine/round.py runs them).
+STRATEGIES = ("vmap", "chunked", "sequential", "host_loop")
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """A fresh copy of the default config (every field documented inline)."""
+  """A fresh copy of the default config (the registry's methods at the time of the call)."""
+  from fedjax_dg import algorithms
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.workdir = "runs/default"
@@ -39,9 +43,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.test_domain_train_fraction = 0.0
   c.data.test_domain_train_include = True
   # On-disk datasets (configs/rotated_mnist.py, colored_mnist.py, pacs.py, ...; docs/datasets/index.md).
+  c.data.loader = ""             # a dataset added with fedjax_dg.register_dataset: "module:function" (recorded by the runner)
   c.data.path = ""               # root of the files; "" for the embedded datasets
   c.data.fallback_path = ""      # searched when data.path has no files (e.g. Debian's package location)
   c.data.prefix = ""             # IDX file-name prefix (EMNIST's "emnist-digits-")
+  c.data.num_classes = 10        # IDX datasets: the label classes kept (0..num_classes-1)
   c.data.max_per_domain = 0      # 0 = every example; else a random subsample per domain
   c.data.color_flips = (0.1, 0.2, 0.9)  # colored_mnist: colour-flip probability per domain
   c.data.label_noise = 0.25
@@ -89,6 +95,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.freeze_featurizer = False
   c.model.hf_config = ""            # distilbert / gpt2: a local Hugging Face config.json ("" = base sizes)
   c.model.hf_weights = ""           # distilbert / gpt2: local model.safetensors or pytorch_model.bin
+  c.model.dtype = "float32"         # computation dtype: float32 | bfloat16 (params and optimizer state stay float32)
+  c.model.conv_impl = "xla"         # convolutions: xla (lax.conv) | gemm (im2col matrix products, models/conv.py)
 
   # The method (`fedavg`, or a method and a server rule: `fediir+omg`, `irm+omg`) and one block
   # of hyperparameters per method and rule, with the papers' defaults, generated from the
@@ -103,6 +111,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.client.lr = 0.1
   c.client.momentum = 0.9
   c.client.weight_decay = 0.0
+  c.client.b1 = 0.9          # client.optimizer = adam / yogi
+  c.client.b2 = 0.999
+  c.client.eps = 1e-8
   c.client.batch_size = 32
   c.client.local_steps = 0   # > 0: fixed steps per round; 0: local_epochs passes
   c.client.local_epochs = 1
@@ -130,8 +141,3 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.straggler_fraction = 0.0  # share of the cohort that takes only part of its local steps
   c.engine.buckets = False    # epoch mode: run each client at its own steps (results equal the masked run)
   return c
-
-
-def get_config() -> ml_collections.ConfigDict:
-  """`default_config()` under the name ml_collections' config files use."""
-  return default_config()

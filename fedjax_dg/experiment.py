@@ -77,12 +77,15 @@ def _family(config, model, input_shape) -> str:
 
 
 class Stage(NamedTuple):
-  """One stage of a run: its algorithm, round function and the rounds it covers."""
+  """One stage of a run: its algorithm (built with the config's hyperparameters), its
+  builder (`hparams -> algorithm`, what the round function runs), round function and the
+  rounds it covers."""
   name: str
   algorithm: object
   round_fn: object
   first: int  # rounds before it
   rounds: int
+  builder: object = None
 
 
 def setup(config, fold: splits.Fold):
@@ -120,11 +123,11 @@ def setup(config, fold: splits.Fold):
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
                                 straggler_fraction=e.get("straggler_fraction", 0.0),
                                 buckets=buckets_for(sched) if e.get("buckets", False) else None)
-  algorithm = algorithms.build(ctx)
-  stages = [Stage("stage 1", algorithm, make(algorithm), 0, int(config.num_rounds))]
+  builder = algorithms.Builder(ctx)
+  algorithm = builder()
+  stages = [Stage("stage 1", algorithm, make(builder), 0, int(config.num_rounds), builder)]
   for st, rounds, build in algorithms.later_stages(ctx):
-    alg = build(ctx)
-    stages.append(Stage(st.name, alg, make(alg), stages[-1].first + stages[-1].rounds, int(rounds)))
+    stages.append(Stage(st.name, build(), make(build), stages[-1].first + stages[-1].rounds, int(rounds), build))
   return dict(num_clients=num_clients, packed=packed, cohort=cohort, model=model, sched=sched,
               algorithm=algorithm, strategy=strategy, stages=stages,
               engine={"strategy": strategy, "unroll": sched.unroll, "model_family": family,
@@ -142,14 +145,12 @@ def _check_finite(fold: splits.Fold):
                                    f"({int((~np.isfinite(x)).sum())} values); clean the data set")
 
 
-def load_pretrained(params, path: str):
-  """`params` with the featurizer's ResNet weights read from `path` (models/resnet.py)."""
+def load_pretrained(params, path: str, spec=None):
+  """`params` with the featurizer's ResNet weights read from `path` (models/resnet.py), where
+  the method `spec` puts its backbone (`MethodSpec.pretrained`; default: the featurizer)."""
   from fedjax_dg.models import resnet
-  feat = params["featurizer"]
-  if "base" in feat and "to_z" in feat:  # FedSR: the ResNet is the base of its probabilistic featurizer
-    base = resnet.load_pretrained({"featurizer": feat["base"]}, path)["featurizer"]
-    return {**params, "featurizer": {**feat, "base": base}}
-  return resnet.load_pretrained(params, path)
+  load = lambda p: resnet.load_pretrained(p, path)
+  return spec.pretrained(params, load) if spec is not None and spec.pretrained else load(params)
 
 
 def _augmentation(config, fold):
@@ -288,7 +289,8 @@ def _resumed_records(workdir: str, run: str, start: int, on_schedule) -> tuple[l
 
 
 def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
-  multi_stage = bool(algorithms.spec_of(config).stages)
+  spec = algorithms.spec_of(config)
+  multi_stage = bool(spec.stages)
   run = rundir.prepare(config, workdir, multi_stage,  # before anything compiles
                        fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
   t0 = time.time()
@@ -299,9 +301,9 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   k_init, k_server, k_rounds = jax.random.split(key, 3)
   params = s["model"].init(k_init)
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
-    params = load_pretrained(params, config.model.pretrained_path)
+    params = load_pretrained(params, config.model.pretrained_path, spec)
   C = s["num_clients"]
-  state = init_round_state(stages[0].algorithm, k_server, params, C)
+  state = init_round_state(stages[0].builder, k_server, params, C)
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
                         metrics=fold.metrics)
@@ -309,7 +311,7 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   metric = config.data.get("select_metric", "accuracy")
 
   def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
-    return init_round_state(stages[k].algorithm, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
+    return init_round_state(stages[k].builder, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
 
   def target_of(step):  # the saved state's structure: the stage that ran round `step`
     target = jax.eval_shape(lambda: state)
@@ -346,8 +348,8 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       reporters.clear()
     if len(stages) > 1:
       rec["stage"] = k + 1
-      if hasattr(state.server, "phi"):
-        rec["phi"] = np.asarray(state.server.phi).tolist()
+    if spec.record:  # what the method logs of its server state
+      rec.update(spec.record(state.server))
     records.append(rec)
     rundir.write_metrics(workdir, records + [r for r in pending if r["round"] > done])
     if tb:

@@ -10,7 +10,7 @@ import warnings
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = None  # defined in `run`, after the command line's flat names are translated
+_CONFIG = None  # defined in `run`
 _WORKDIR = flags.DEFINE_string("workdir", None, "Overrides config.workdir.")
 
 
@@ -126,23 +126,6 @@ def print_help(module: str, usage: str) -> None:
   print("  --helpfull: every flag, JAX's and absl's included")
 
 
-def translate_legacy(argv: list[str]) -> list[str]:
-  """Rewrites flat hyperparameter flags of earlier versions (`--config.algorithm.prox_mu=0.1`)
-  to their nested fields (`--config.algorithm.fedprox.mu=0.1`), saying so on stderr."""
-  from fedjax_dg.algorithms import legacy_names
-  legacy, out = legacy_names(), []
-  for arg in argv:
-    head, eq, value = arg.partition("=")
-    old = head[len("--config.algorithm."):] if head.startswith("--config.algorithm.") else None
-    if old in legacy and eq:
-      new = [f"--config.algorithm.{path}" for path in legacy[old]]
-      print(f"note: {head} is now {' and '.join(new)}", file=sys.stderr)
-      out += [f"{n}={value}" for n in new]
-    else:
-      out.append(arg)
-  return out
-
-
 def _config_path(flag: str = "config") -> str:
   args = sys.argv[1:]
   for k, a in enumerate(args):
@@ -210,16 +193,15 @@ def one_line_warnings() -> None:
 def _config_flag_error(e: Exception, argv: list[str], flag: str = "config") -> str:
   """ml_collections' error for an unknown `--config.<field>` (a KeyError with a "did you
   mean", wrapped in an AttributeError, ~50 lines of traceback) as one line."""
+  from fedjax_dg.config import unknown_key_error
   text = str(e)
   m = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
   bad = m.group(2) if m else next(iter(re.findall(r"'([^'\\]+)", text)), text.strip("'\""))
   arg = next((a.split("=")[0] for a in argv[1:] if a.startswith(f"--{flag}.")
               and bad in a.split("=")[0][len(f"--{flag}."):].split(".")), None)
-  head = f"{arg}: " if arg else ""
-  if not m:
-    return f"{head}no config field {bad!r}"
-  hint = ".".join(m.group(1) if part == bad else part for part in arg.split(".")) if arg else m.group(1)
-  return f"{head}no config field {bad!r}; did you mean {hint}?"
+  if arg is None:
+    return f"no config field {bad!r}"
+  return unknown_key_error(arg[len(f"--{flag}."):], prefix=f"--{flag}.")
 
 
 def last_overrides(argv: list[str]) -> list[str]:
@@ -277,7 +259,6 @@ def _define_flags():
 
 
 def run():
-  sys.argv[:] = translate_legacy(sys.argv)   # before the config flag reads its overrides
   _define_flags()
   if any(a in HELP_FLAGS for a in sys.argv[1:]):
     print_help(__name__, usage_text())

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import socket
@@ -50,7 +49,6 @@ SELECTED_DIR = "selected"
 # resume, for a single-stage method).
 RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "eval_batch_size", "checkpoint_every")
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "default.py")
 
 
 class RunDirError(ConfigError):
@@ -109,13 +107,9 @@ def config_from_json(d):
 
 @functools.lru_cache(maxsize=None)
 def library_defaults() -> dict:
-  """`configs/default.py`'s config, flattened, as JSON values ({} without the repository)."""
-  if not os.path.isfile(_DEFAULT_CONFIG):
-    return {}
-  spec = importlib.util.spec_from_file_location("_fedjax_dg_default_config", _DEFAULT_CONFIG)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return {k: json.loads(canonical_json(v)) for k, v in flatten(mod.get_config()).items()}
+  """The library's default config (`fedjax_dg.default_config()`), flattened, as JSON values."""
+  from fedjax_dg.defaults import default_config
+  return {k: json.loads(canonical_json(v)) for k, v in flatten(default_config()).items()}
 
 
 def run_identity(config, fold: dict | None = None) -> str:

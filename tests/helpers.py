@@ -66,3 +66,20 @@ def pythonpath(root: str) -> str:
   import os
   rest = os.environ.get("PYTHONPATH", "")
   return root + (os.pathsep + rest if rest else "")
+
+
+def run_config(config, rounds: int):
+  """`rounds` rounds of the run `config` describes, built as the runner builds it
+  (`experiment.setup`), with the runner's keys; returns the final round state."""
+  from fedjax_dg import experiment
+  from fedjax_dg.data import datasets, splits
+  from fedjax_dg.engine import init_round_state
+  fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
+  s = experiment.setup(config, fold)
+  stage = s["stages"][0]
+  k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
+  store = jax.tree.map(jnp.asarray, s["packed"])
+  for t in range(rounds):
+    state, _ = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
+  return state

@@ -457,8 +457,8 @@ def _(tmp):
 
 # ----------------------------------------------------------------------------- item 9: command line, metrics
 
-@case(9, "typo in a field name", "`P --config.num_cleints=4`", "no config field 'num_cleints'; did you mean "
-      "--config.num_clients?")
+@case(9, "typo in a field name", "`P --config.num_cleints=4`", "--config.num_cleints: unknown config field; did you "
+      "mean --config.num_clients?")
 def _(tmp):
   return cli(tmp, "--config.num_cleints=4")
 

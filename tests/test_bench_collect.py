@@ -148,7 +148,7 @@ def test_csv_has_one_row_per_job_with_rounds_and_bytes(tmp_path):
 
 def difficulty_sweep(root):
   s = sweep_common.skeleton("difficulty", str(root))
-  s.grids = ml_collections.ConfigDict({"difficulty": {"kind": "difficulty", "erm": "erm", "fedavg": "fedavg",
+  s.grids = ml_collections.ConfigDict({"difficulty": {"kind": "difficulty", "centralised": "erm", "federated": "fedavg",
                                                       "num_clients": 4, "lams": (1.0, 0.0), "seeds": (0, 1),
                                                       "fraction": 0.2}})
   return s

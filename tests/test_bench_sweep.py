@@ -167,7 +167,7 @@ def test_bad_sweep_fields_are_one_line_errors(tmp_path):
 
 def test_difficulty_grid_runs(tmp_path):
   s = small_sweep(tmp_path)
-  s.grids = ml_collections.ConfigDict({"difficulty": {"kind": "difficulty", "erm": "erm", "fedavg": "fedavg",
+  s.grids = ml_collections.ConfigDict({"difficulty": {"kind": "difficulty", "centralised": "erm", "federated": "fedavg",
                                                       "num_clients": 5, "lams": (1.0, 0.0), "seeds": (0, 1),
                                                       "fraction": 0.2}})
   exp = sweep_lib.expand(s)

@@ -38,7 +38,7 @@ def test_fedomg_protocol_is_seed_002_d6(tmp_path):
   assert (c.model.name, c.client.optimizer, c.client.lr, c.client.batch_size, c.client.local_epochs) == \
       ("resnet18", "sgd", 1e-3, 16, 5)
   assert (c.num_rounds, c.server.lr, c.algorithm.omg.kappa, c.algorithm.omg.lr, c.algorithm.omg.momentum,
-          c.algorithm.omg.steps, c.algorithm.fedsam.rho) == (100, 0.5, 0.5, 25.0, 0.5, 20, 0.6)
+          c.algorithm.omg.steps, c.algorithm.fedsam.rho) == (100, 0.5 / 3, 0.5, 25.0, 0.5, 20, 0.6)  # eta_g 0.5, N = 3
   assert (c.num_clients, c.partition.lam, c.data.val_domains, c.data.lodo_validation) == (3, 0.0, (), "in_domain")
   c.workdir = str(tmp_path)
   c.algorithm.name = "fedsam+omg"
@@ -71,3 +71,56 @@ def test_seed_001_table_7_values():
     c.algorithm.name = "scaffold"   # Adam locally, as seed 001 ran it
     c.workdir = "/tmp/unused"
     config_lib.validate(c)
+
+
+def test_irm_and_gma_from_the_text_configs_are_table_7():
+  """civilcomments.py and py150.py set IRM's lambda 1000 (seed 001 Table 7) at the field the
+  method reads: the resolved hyperparameter records hold it."""
+  from fedjax_dg import algorithms
+  for name in ("civilcomments", "py150"):
+    c = _load(name)
+    c.algorithm.name = "irm"
+    assert algorithms.hparams_of(c, algorithms.spec_of(c)).lam == 1000.0, name
+    c.algorithm.name = "fedgma"
+    assert algorithms.hparams_of(c, algorithms.resolve("fedgma")[1]).tau == 0.4, name
+
+
+@pytest.mark.parametrize("path,value,line", [
+    ("algorithm.irm_lambda", 5.0, "algorithm.irm_lambda: unknown config field; did you mean algorithm.irm.lam?"),
+    ("algorithm.fedprox.muu", 1.0, "algorithm.fedprox.muu: unknown config field; did you mean algorithm.fedprox.mu?"),
+    ("engine.stratgy", "vmap", "engine.stratgy: unknown config field; did you mean engine.strategy?"),
+    ("data.zzz", 1, "data.zzz: unknown config field"),
+])
+def test_unknown_field_at_any_depth_is_one_line(path, value, line, tmp_path):
+  from fedjax_dg import default_config
+  c = default_config()
+  c.workdir = str(tmp_path)
+  head, _, leaf = path.rpartition(".")
+  node = c
+  for k in head.split("."):
+    node = node[k]
+  node[leaf] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(c)
+  assert str(e.value) == line
+
+
+def test_unknown_field_on_the_command_line_is_one_line():
+  """Both flags are refused by the command line before anything runs, in one line naming them."""
+  import subprocess
+  import sys
+  import helpers
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))
+  for flag, hint in (("--config.algorithm.irm_lambda=5", "algorithm.irm.lam"),
+                     ("--config.algorithm.fedprox.muu=1", "algorithm.fedprox.mu")):
+    out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", flag], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0] == f"error: {flag.split('=')[0]}: unknown config field; did you mean --config.{hint}?"
+
+
+def test_default_config_lives_in_the_package():
+  from fedjax_dg import default_config
+  assert _load("default").to_json() == default_config().to_json()

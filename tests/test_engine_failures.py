@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dg.algorithms.base import LocalSchedule, local_train, erm_objective, make_schedule, steps_per_epoch_cap
+from fedjax_dg.algorithms.base import LocalSchedule, local_train, erm_objective, make_schedule
 from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import STRATEGIES, init_round_state, make_round
@@ -169,12 +169,11 @@ def test_a_capped_local_loop_compiles_fewer_steps_with_the_same_result():
   x, y = jnp.asarray(STORE.x[1]), jnp.asarray(STORE.y[1])  # 5 examples: 3 steps per epoch
   from fedjax_dg.algorithms.base import ClientData
   data = ClientData(x, y, jnp.zeros_like(y), jnp.asarray(5))
-  train = lambda: local_train(params, erm_objective(model), optax.sgd(0.1, momentum=0.9), data,
-                              jax.random.PRNGKey(3), sched)
-  full = train()
-  with steps_per_epoch_cap(3):
-    capped = train()
-    jaxpr = str(jax.make_jaxpr(train)())
+  train = lambda d: local_train(params, erm_objective(model), optax.sgd(0.1, momentum=0.9), d,
+                               jax.random.PRNGKey(3), sched)
+  full = train(data)
+  capped = train(data._replace(step_cap=3))
+  jaxpr = str(jax.make_jaxpr(lambda: train(data._replace(step_cap=3)))())
   assert "length=6" in jaxpr and "length=12" not in jaxpr
   assert tree_max_diff(full, capped) == 0.0
 

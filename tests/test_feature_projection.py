@@ -122,7 +122,8 @@ def test_pretrained_resnet_load_keeps_the_projection(tmp_path, caplog):
   np.testing.assert_array_equal(got["classifier"]["Dense_0"]["kernel"], params["classifier"]["Dense_0"]["kernel"])
   sr = probabilistic_model(model, 8)
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(sr.init, jax.random.PRNGKey(0)))
-  got_sr = load_pretrained(zeros, path)["featurizer"]["base"]
+  from fedjax_dg.algorithms import fedsr
+  got_sr = load_pretrained(zeros, path, fedsr.SPEC)["featurizer"]["base"]  # FedSR declares where its backbone goes
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)),
                                    {k: v for k, v in got_sr.items() if k != "projection"}, want))
   assert not np.any(got_sr["projection"]["kernel"])

@@ -75,15 +75,15 @@ def test_mask_ignores_padding_rows():
 
 @pytest.mark.parametrize("strategy", ["vmap", "chunked", "host_loop"])
 def test_fedomg_kappa_zero_round_is_fedavg_scaled(strategy):
-  """FedOMG at kappa = 0 with eta_g = N equals FedAvg (eta_g = 1), whatever the strategy
-  and however the cohort is padded."""
+  """FedOMG at kappa = 0 with the same server step size equals FedAvg (the rule carries
+  FedAvg's scale), whatever the strategy and however the cohort is padded."""
   st = ragged_store()
   C = len(st.counts)
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=0, passes=3, unroll=1)
   S = 5
-  omg = fedomg(model, sched, optax.sgd(0.1), server_lr=float(S), kappa=0.0)
+  omg = fedomg(model, sched, optax.sgd(0.1), server_lr=1.0, kappa=0.0)
   avg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))
   out = [run_from(alg, params, st, C, S, 3, strategy, chunk_size=2).server.params for alg in (omg, avg)]
   assert tree_max_diff(out[0], out[1]) < 1e-5
@@ -141,3 +141,20 @@ def test_configured_solver_is_the_authors_loop():
     want = authors_omg(G, hp.kappa, final_eps=0.0)
     worst = max(worst, float(np.max(np.abs(d - want))))
   assert worst < 1e-9, worst
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedprox", "irm"])
+def test_x_plus_omg_at_kappa_zero_is_x_from_the_config_defaults(tiny_config, base):
+  """`X+omg` with `kappa = 0` and the default `server.lr` equals `X` (FedAvg's rule): the
+  rule carries FedAvg's scale, built as the runner builds it from the config."""
+  from helpers import run_config
+  tiny_config.num_clients = 6
+  tiny_config.client.local_steps = 3
+  out = {}
+  for name in (base, base + "+omg"):
+    c = tiny_config.copy_and_resolve_references()
+    c.algorithm.name = name
+    c.algorithm.omg.kappa = 0.0
+    out[name] = run_config(c, 2).server.params
+  assert tiny_config.server.lr == 1.0
+  assert tree_max_diff(out[base], out[base + "+omg"]) < 1e-5

@@ -24,12 +24,12 @@ def one_round_config(c, name: str, host_store: bool):
   c.engine.host_store = host_store
   c.client.local_steps = 3  # a few minibatches, not an epoch: the methods, not the data size, matter here
   if name == "feddg":  # amplitude spectra of images: the digits are 8x8x1 images (the MLP flattens them)
-    c.algorithm.fdg_bank_size = 4
+    c.algorithm.feddg.bank_size = 4
   if name == "fedadg":
-    c.algorithm.adg_hidden = c.algorithm.adg_noise_dim = 16
+    c.algorithm.fedadg.hidden = c.algorithm.fedadg.noise_dim = 16
   if name == "fedloe":
-    c.algorithm.loe_stage2_rounds = 1
-    c.algorithm.loe_solver_steps = 5
+    c.algorithm.fedloe.stage2_rounds = 1
+    c.algorithm.fedloe.solver_steps = 5
   return c
 
 

@@ -189,8 +189,8 @@ def tiny_hf_config(tmp_path, name, vocab, positions):
 
 def _civilcomments_methods():
   """Every method (and reported composition) that applies to text with DistilBERT."""
-  from fedjax_dg import algorithms, models
-  return [m for m in algorithms.ALGORITHMS if m.partition("+")[0] not in models.NOT_FOR_TEXT]
+  from fedjax_dg import algorithms
+  return [m for m in algorithms.ALGORITHMS if algorithms.METHODS[m.partition("+")[0]].not_for_text is None]
 
 
 @pytest.mark.parametrize("method", [m if m == "fedavg" else pytest.param(m, marks=pytest.mark.slow)
@@ -378,8 +378,8 @@ def test_per_token_labels_pack_into_client_stores(tmp_path):
 
 def _py150_methods():
   """Every method (and reported composition) that applies to Py150 with GPT-2."""
-  from fedjax_dg import algorithms, models
-  skip = set(models.NOT_FOR_TEXT) | set(models.NOT_FOR_MODEL["gpt2"])
+  from fedjax_dg import algorithms
+  skip = {n for n, s in algorithms.METHODS.items() if s.not_for_text is not None or s.not_for_model("gpt2")}
   return [m for m in algorithms.ALGORITHMS if m.partition("+")[0] not in skip]
 
 

@@ -45,12 +45,6 @@ METHOD_OVERRIDES = {
 }
 
 
-def omg_overrides(num_clients: int) -> dict:
-  """Seed 002's code: FedOMG's g0 is FedAvg's update / N, so eta_g = N keeps its scale."""
-  return {m: {"server": {"lr": float(num_clients)}} for m in ("fedomg", "fediir+omg", "fedprox+omg",
-                                                                "fedsam+omg", "fedsr+omg")}
-
-
 def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
   """A sweep with the default base config, no grids, and seed 001's table layout."""
   s = ml_collections.ConfigDict()

@@ -11,8 +11,11 @@ import numpy as np
 
 from fedjax_dg.algorithms import (afl, dg, fedadg, fedavg, feddg, feddim, fedga, fedgma, fediir, fedloe, fedomg,
                                   fedprox, fedsam, fedsr, fish, groupdro, scaffold)
-from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule
-from fedjax_dg.algorithms.spec import Context, MethodSpec, RuleSpec, compose, defaults, hparam_fields, read, sample
+import jax.numpy as jnp
+
+from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule, optimizer_values
+from fedjax_dg.algorithms.spec import (Context, MethodSpec, RuleSpec, compose, defaults, hparam_fields, read,
+                                       run_time_values, sample, with_values)
 
 METHODS: dict[str, MethodSpec] = {}
 RULES: dict[str, RuleSpec] = {}
@@ -42,6 +45,7 @@ for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE):
 # compositions the seed papers report (seed 002 Table 2; FedIIR+OMG and FedSR+OMG).
 COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
 ALGORITHMS = tuple(METHODS) + COMPOSITIONS
+BASELINE = "fedavg"  # the method others are compared with (seed 001 Remark 4.1: FedAvg-ERM)
 
 
 def resolve(name: str) -> tuple[MethodSpec, RuleSpec]:
@@ -67,17 +71,6 @@ def default_hparams() -> ml_collections.ConfigDict:
     if hparam_fields(owner.hparams) and key not in c:
       c[key] = ml_collections.ConfigDict(defaults(owner.hparams))
   return c
-
-
-def legacy_names() -> dict[str, list[str]]:
-  """Flat field names of earlier versions (`prox_mu`) -> their nested paths (`fedprox.mu`)."""
-  out: dict[str, list[str]] = {}
-  for owner in (*METHODS.values(), *RULES.values()):
-    key = owner.key if isinstance(owner, MethodSpec) else owner.name
-    for f in hparam_fields(owner.hparams):
-      for old in f.metadata.get("legacy", ()):
-        out.setdefault(old, []).append(f"{key}.{f.name}")
-  return out
 
 
 def hparams_of(config, owner):
@@ -122,23 +115,59 @@ def context(config, model, sched, num_clients: int, cohort_size: int, num_domain
                  tuple(train_domains if train_domains is not None else range(num_domains)), store, tune_store)
 
 
+def hyperparameters(config) -> dict:
+  """The run's continuous hyperparameters as the round state holds them (`RoundState.hparams`):
+  `{"client": {lr, momentum, weight_decay, b1, b2, eps}, "server": {lr, momentum, b1, b2, eps},
+  "method": {...}, "rule": {...}}`, every value a scalar array (float32; float64 under x64).
+  Everything else in the config is static: it decides the compiled program."""
+  spec, rule = resolve(config.algorithm.name)
+  server = optimizer_values(config.server)
+  server.pop("weight_decay")
+  tree = {"client": optimizer_values(config.client), "server": server,
+          "method": run_time_values(hparams_of(config, spec)), "rule": run_time_values(hparams_of(config, rule))}
+  return {k: {f: jnp.asarray(v, dtype=jnp.result_type(float)) for f, v in d.items()} for k, d in tree.items()}
+
+
+class Builder:
+  """`builder(values) -> Algorithm`: the method `ctx.config` names, built with the run-time
+  hyperparameters `values` (`hyperparameters(config)`'s tree, arrays or tracers; None: the
+  config's). The engine calls it inside the traced round with the round state's
+  `hparams`, so every number in that tree is read when the round runs. `hparams` holds the
+  config's values, `stage` a later stage (FedLOE's stage 2) instead of the first."""
+
+  def __init__(self, ctx: Context, stage=None):
+    self.ctx, self.stage = ctx, stage
+    self.hparams = hyperparameters(ctx.config)
+    self.spec, self.rule = resolve(ctx.config.algorithm.name)
+    self.hp, self.rule_hp = hparams_of(ctx.config, self.spec), hparams_of(ctx.config, self.rule)
+    self._setup_bytes = self.spec.setup_bytes(ctx, self.hp) if self.spec.setup_bytes else 0
+
+  def __call__(self, values=None) -> Algorithm:
+    values = self.hparams if values is None else values
+    ctx = self.ctx._replace(client_opt=make_optimizer(self.ctx.config.client, values=values["client"]), values=values)
+    hp, rule_hp = with_values(self.hp, values["method"]), with_values(self.rule_hp, values["rule"])
+    if self.stage is not None:
+      return self.stage.build(ctx, hp)
+    spec, rule = self.spec, self.rule
+    alg = compose(ctx.config.algorithm.name, spec.client(ctx, hp), rule.build(ctx, rule_hp))
+    return alg._replace(sends=spec.sends + rule.sends, receives=spec.receives + rule.receives,
+                        leaks_data=spec.leaks_data, setup_bytes=self._setup_bytes)
+
+
 def build(ctx: Context) -> Algorithm:
-  """The algorithm `ctx.config.algorithm.name`: its client side composed with its rule."""
-  name = ctx.config.algorithm.name
-  spec, rule = resolve(name)
-  hp = hparams_of(ctx.config, spec)
-  alg = compose(name, spec.client(ctx, hp), rule.build(ctx, hparams_of(ctx.config, rule)))
-  return alg._replace(sends=spec.sends + rule.sends, receives=spec.receives + rule.receives,
-                      leaks_data=spec.leaks_data, setup_bytes=spec.setup_bytes(ctx, hp) if spec.setup_bytes else 0)
+  """The algorithm `ctx.config.algorithm.name` with the config's hyperparameters: its client
+  side composed with its rule (`Builder(ctx)()`)."""
+  return Builder(ctx)()
 
 
 def later_stages(ctx: Context):
-  """`[(stage, algorithm builder)]` after the first stage (FedLOE's stage 2)."""
+  """`[(stage, rounds, builder)]` after the first stage (FedLOE's stage 2); `builder` is a
+  `Builder` of that stage."""
   spec = spec_of(ctx.config)
   if not spec.stages:
     return []
   hp = hparams_of(ctx.config, spec)
-  return [(st, st.rounds(ctx.config, hp), lambda c, st=st: st.build(c, hp)) for st in spec.stages(hp)]
+  return [(st, st.rounds(ctx.config, hp), Builder(ctx, st)) for st in spec.stages(hp)]
 
 
 def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1,

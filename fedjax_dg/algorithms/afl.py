@@ -100,7 +100,7 @@ def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, r
 @dataclasses.dataclass(frozen=True)
 class HParams:
   step: float = hparam(0.1, "gamma_beta, the domain-weight step (ours: seed 001 App. D lists only learning rates)",
-                       ge=0, search=LogUniform(1e-3, 1.0), legacy=("afl_step",))
+                       ge=0, search=LogUniform(1e-3, 1.0))
 
 
 SPEC = MethodSpec(

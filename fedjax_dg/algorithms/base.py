@@ -21,7 +21,6 @@ level up (see README, "Writing an algorithm"):
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -45,6 +44,11 @@ class ClientData(NamedTuple):
   # [0, 1] the client takes only its first `floor(u K_c) + 1` steps that touch data
   # (`real_steps`); None (or 1): all of them.
   work: Any = None
+  # Epoch mode: compile only the first `step_cap` steps of each epoch (a Python int, set by
+  # the engine inside the traced client function for local-step buckets), or None: all.
+  # The engine sets a cap >= `ceil(count / B)`, so the steps left out are exactly the no-op
+  # steps past the client's data: the same result at the cost of the client's own steps.
+  step_cap: Any = None
 
   @property
   def mask(self):
@@ -188,22 +192,6 @@ def real_steps(count, sched: LocalSchedule, work=None):
   return k
 
 
-_STEP_CAP: list = []
-
-
-@contextlib.contextmanager
-def steps_per_epoch_cap(cap: int):
-  """While tracing inside this context, `local_loop` in epoch mode compiles only the first
-  `cap` steps of each epoch (of `num_steps // epochs`). The engine traces a client with a
-  cap >= `ceil(count / B)` (its bucket), so the steps left out are exactly the no-op steps
-  past the client's data: the same result at the cost of the client's own steps."""
-  _STEP_CAP.append(int(cap))
-  try:
-    yield
-  finally:
-    _STEP_CAP.pop()
-
-
 def tree_sq_dist(a, b):
   """`||a - b||^2` summed over every leaf of two same-shaped pytrees."""
   return sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -312,9 +300,10 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
     real = (jnp.sum(mask, 1) > 0).astype(jnp.int32)
     mask = mask * (jnp.cumsum(real) <= real_steps(data.count, sched, data.work))[:, None]
   steps = jnp.arange(sched.num_steps)
-  if _STEP_CAP and sched.epochs > 0 and _STEP_CAP[-1] < sched.num_steps // sched.epochs:
+  cap = data.step_cap
+  if cap is not None and sched.epochs > 0 and cap < sched.num_steps // sched.epochs:
     per_epoch = sched.num_steps // sched.epochs  # keep each epoch's first `cap` steps (the rest are no-ops)
-    steps = (jnp.arange(sched.epochs)[:, None] * per_epoch + jnp.arange(_STEP_CAP[-1])[None, :]).ravel()
+    steps = (jnp.arange(sched.epochs)[:, None] * per_epoch + jnp.arange(cap)[None, :]).ravel()
     idx, mask = idx[steps], mask[steps]
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(steps)
   read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here
@@ -365,29 +354,43 @@ def local_train_from(params, opt_state, objective, optimizer, data: ClientData, 
   return params, opt_state, loss
 
 
-def make_optimizer(opt_config, inject: bool = False) -> optax.GradientTransformation:
+def optimizer_values(opt_config) -> dict:
+  """The run-time numbers of an optimizer config (`{optimizer, lr, momentum, b1, b2, eps,
+  weight_decay}`): every float field, with the optimizers' defaults where one is absent."""
+  name = opt_config.get("optimizer", "sgd")
+  eps = 1e-3 if name == "yogi" else 1e-8
+  b2 = 0.999
+  return {"lr": float(opt_config.lr), "momentum": float(opt_config.get("momentum", 0.0)),
+          "weight_decay": float(opt_config.get("weight_decay", 0.0)), "b1": float(opt_config.get("b1", 0.9)),
+          "b2": float(opt_config.get("b2", b2)), "eps": float(opt_config.get("eps", eps))}
+
+
+def make_optimizer(opt_config, inject: bool = False, values=None) -> optax.GradientTransformation:
   """Client or server optimizer from `{optimizer, lr, momentum, b1, b2, eps, weight_decay}`.
 
+  `values` (optional, `optimizer_values`' keys) gives the numbers, as arrays or tracers read
+  when the optimizer runs (the round state's hyperparameters); the config decides only the
+  structure: the optimizer, and whether momentum (`momentum > 0`) and weight decay
+  (`weight_decay > 0`) are present (0 in the config removes them; any positive value is a
+  run-time value, so runs may vary it in one program).
   With `inject`, the step size is an array in the optimizer state
   (`optax.inject_hyperparams`), so it can be read, changed and differentiated
   (`set_learning_rate`).
   """
-  name, lr = opt_config.optimizer, opt_config.lr
-  wd = opt_config.get("weight_decay", 0.0)
+  name = opt_config.optimizer
+  v = {**optimizer_values(opt_config), **(values or {})}
+  lr = v["lr"]
   wrap = optax.inject_hyperparams if inject else (lambda f: f)
   if name == "sgd":
-    mom = opt_config.get("momentum", 0.0)
-    opt = wrap(optax.sgd)(learning_rate=lr, momentum=mom if mom > 0 else None)
+    opt = wrap(optax.sgd)(learning_rate=lr, momentum=v["momentum"] if opt_config.get("momentum", 0.0) > 0 else None)
   elif name == "adam":
-    opt = wrap(optax.adam)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                           eps=opt_config.get("eps", 1e-8))
+    opt = wrap(optax.adam)(learning_rate=lr, b1=v["b1"], b2=v["b2"], eps=v["eps"])
   elif name == "yogi":
-    opt = wrap(optax.yogi)(learning_rate=lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                           eps=opt_config.get("eps", 1e-3))
+    opt = wrap(optax.yogi)(learning_rate=lr, b1=v["b1"], b2=v["b2"], eps=v["eps"])
   else:
     raise ValueError(f"optimizer: unknown {name!r}; choose sgd, adam or yogi")
-  if wd > 0:
-    opt = optax.chain(optax.add_decayed_weights(wd, mask=decay_mask), opt)
+  if opt_config.get("weight_decay", 0.0) > 0:
+    opt = optax.chain(optax.add_decayed_weights(v["weight_decay"], mask=decay_mask), opt)
   return opt
 
 

@@ -120,40 +120,37 @@ def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformat
 
 @dataclasses.dataclass(frozen=True)
 class IRMHParams:
-  lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
-                      legacy=("irm_lambda",))
+  lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
   anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
+                             search=Choice((0, 100, 500, 1000)))
 
 
 @dataclasses.dataclass(frozen=True)
 class VRExHParams:
-  lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5),
-                      legacy=("vrex_lambda",))
+  lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
   anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)), legacy=("dg_anneal_steps",))
+                             search=Choice((0, 100, 500, 1000)))
 
 
 @dataclasses.dataclass(frozen=True)
 class CORALHParams:
-  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("coral_gamma",))
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1))
 
 
 @dataclasses.dataclass(frozen=True)
 class MMDHParams:
-  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1), legacy=("mmd_gamma",))
+  gamma: float = hparam(1.0, "penalty weight (DomainBed)", ge=0, search=LogUniform(1e-1, 1e1))
 
 
 @dataclasses.dataclass(frozen=True)
 class MixupHParams:
-  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1),
-                        legacy=("mixup_alpha",))
+  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1))
 
 
-def _spec(kind, paper, hparams, weight_field, anneal=False):
+def _spec(kind, paper, hparams, weight_field, anneal=False, not_for_text=None):
   build = lambda ctx, hp: dg_client(ctx.model, ctx.sched, ctx.client_opt, kind, getattr(hp, weight_field),
                                     ctx.num_domains, hp.anneal_steps if anneal else 0, keeps_optimizer(ctx))
-  return MethodSpec(kind, paper, build, hparams, group="DG")
+  return MethodSpec(kind, paper, build, hparams, group="DG", not_for_text=not_for_text)
 
 
 SPECS = (
@@ -161,5 +158,7 @@ SPECS = (
     _spec("vrex", "Krueger et al. 2021 (DomainBed)", VRExHParams, "lam", anneal=True),
     _spec("coral", "Sun & Saenko 2016 (DomainBed)", CORALHParams, "gamma"),
     _spec("mmd", "Li et al. 2018 (DomainBed)", MMDHParams, "gamma"),
-    _spec("mixup", "Zhang et al. 2018, inter-domain (DomainBed)", MixupHParams, "alpha"),
+    _spec("mixup", "Zhang et al. 2018, inter-domain (DomainBed)", MixupHParams, "alpha",
+          not_for_text="Mixup interpolates inputs; token ids cannot be interpolated (seed 001 Table 5 has no "
+                       "Mixup row for text)"),
 )

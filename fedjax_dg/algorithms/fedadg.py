@@ -61,7 +61,6 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, erm_objective, gradient_step,
@@ -232,19 +231,16 @@ def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 @dataclasses.dataclass(frozen=True)
 class HParams:
   lambda0: float = hparam(0.55, "weight of L_advf; 1 - lambda0 on CE (FedCCRL's; authors' code 0.15)", ge=0, le=1,
-                          search=Uniform(0.0, 1.0), legacy=("adg_lambda0",))
-  e0_epochs: int = hparam(1, "E0: ERM epochs before the adversarial epochs (Bai et al.: 1)", ge=0, integer=True,
-                          legacy=("adg_e0_epochs",))
-  gen_lr: float = hparam(7e-4, "generator step (seed 001 Table 7)", ge=0, legacy=("adg_gen_lr",))
-  disc_lr: float = hparam(7e-4, "discriminator step (seed 001 Table 7)", ge=0, legacy=("adg_disc_lr",))
-  noise_dim: int = hparam(1024, "generator noise size (Bai et al.; authors 2048)", ge=1, integer=True,
-                          legacy=("adg_noise_dim",))
-  hidden: int = hparam(1024, "D width and projection size; G's hidden layer is 4x", ge=1, integer=True,
-                       legacy=("adg_hidden",))
+                          search=Uniform(0.0, 1.0))
+  e0_epochs: int = hparam(1, "E0: ERM epochs before the adversarial epochs (Bai et al.: 1)", ge=0, integer=True)
+  gen_lr: float = hparam(7e-4, "generator step (seed 001 Table 7)", ge=0)
+  disc_lr: float = hparam(7e-4, "discriminator step (seed 001 Table 7)", ge=0)
+  noise_dim: int = hparam(1024, "generator noise size (Bai et al.; authors 2048)", ge=1, integer=True)
+  hidden: int = hparam(1024, "D width and projection size; G's hidden layer is 4x", ge=1, integer=True)
 
 
 def _client(ctx, hp):
-  with_lr = lambda lr: make_optimizer(ml_collections.ConfigDict({**ctx.config.client.to_dict(), "lr": lr}))
+  with_lr = lambda lr: make_optimizer(ctx.config.client, values={**(ctx.values or {}).get("client", {}), "lr": lr})
   return fedadg_client(ctx.model, ctx.sched, ctx.client_opt, ctx.feature_dim(), ctx.num_classes,
                        noise_dim=hp.noise_dim, lambda0=hp.lambda0, gen_opt=with_lr(hp.gen_lr),
                        disc_opt=with_lr(hp.disc_lr), hidden=hp.hidden, e0_epochs=hp.e0_epochs,
@@ -252,4 +248,6 @@ def _client(ctx, hp):
 
 
 SPEC = MethodSpec("fedadg", "Zhang et al. 2021 (paper's equations, authors' PACS code)", _client, HParams,
+                  not_for_text="FedADG is designed for images in seed 001 (Table 5: not applicable to CivilComments "
+                               "and Py150)",
                   sends=("distribution-generator update",), receives=("distribution generator",), group="FDG")

@@ -38,9 +38,11 @@ def optax_rule(server_opt: optax.GradientTransformation, name: str = "fedavg") -
   return ServerRule(server_opt.init, apply, "mean", name=name)
 
 
-def server_optimizer(kind: str, server_config) -> optax.GradientTransformation:
+def server_optimizer(kind: str, server_config, values=None) -> optax.GradientTransformation:
   """`server.*` as the optax optimizer of rule `kind`: sgd (momentum 0), momentum, adam, yogi.
-  The step size sits in the state (`inject_hyperparams`): readable and differentiable."""
+  `values`: the run-time numbers (`server.lr`, ...; the round state's hyperparameters), read
+  when the rule runs, so readable, changeable and differentiable; without them the step
+  size sits in the optimizer state (`inject_hyperparams`)."""
   c = ml_collections.ConfigDict(server_config.to_dict())
   if kind == "momentum":
     c.optimizer = "sgd"
@@ -49,6 +51,11 @@ def server_optimizer(kind: str, server_config) -> optax.GradientTransformation:
   else:
     c.optimizer = kind
   c.weight_decay = 0.0
+  if values is not None:
+    values = {k: v for k, v in values.items() if k != "weight_decay"}
+    if kind == "sgd":
+      values = {k: v for k, v in values.items() if k != "momentum"}
+    return make_optimizer(c, values=values)
   return make_optimizer(c, inject=True)
 
 
@@ -129,7 +136,8 @@ def erm_client(ctx, hp) -> ClientSide:
 
 
 def _optax_rule_spec(name: str, kind: str, doc: str) -> RuleSpec:
-  return RuleSpec(name, lambda ctx, hp: optax_rule(server_optimizer(kind, ctx.config.server), name), doc=doc)
+  return RuleSpec(name, lambda ctx, hp: optax_rule(server_optimizer(kind, ctx.config.server, (ctx.values or {}).get("server")),
+                                                   name), doc=doc)
 
 
 RULES = (
@@ -137,7 +145,8 @@ RULES = (
     _optax_rule_spec("avgm", "momentum", "server SGD with momentum `server.momentum` on `-mean Delta`"),
     _optax_rule_spec("adam", "adam", "Adam (`server.b1`, `b2`, `eps`) on `-mean Delta`"),
     _optax_rule_spec("yogi", "yogi", "Yogi (`server.b1`, `b2`, `eps`) on `-mean Delta`"),
-    RuleSpec("local_opt", lambda ctx, hp: optax_rule(make_optimizer(ctx.config.client), "local_opt"),
+    RuleSpec("local_opt", lambda ctx, hp: optax_rule(make_optimizer(ctx.config.client, values=(ctx.values or {}).get("client")),
+                                                     "local_opt"),
              doc="the configured client optimizer, stepped at the server on the mean gradient"),
 )
 

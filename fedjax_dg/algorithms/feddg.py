@@ -61,8 +61,9 @@ def amplitude_bank(store, bank_size: int, seed: int = 0) -> np.ndarray:
   random images of each client (drawn with replacement when a client has fewer)."""
   rng = np.random.default_rng(seed)
   picks = [rng.choice(int(n), bank_size, replace=int(n) < bank_size) for n in store.counts]
-  imgs = to_float(np.stack([store.x[c, p] for c, p in enumerate(picks)]))  # the scale the local loop sees
-  return np.asarray(jnp.abs(jnp.fft.fft2(imgs, axes=(-3, -2))))
+  with jax.ensure_compile_time_eval():  # a constant of the program, also when built inside a traced round
+    imgs = to_float(np.stack([store.x[c, p] for c, p in enumerate(picks)]))  # the scale the local loop sees
+    return np.asarray(jnp.abs(jnp.fft.fft2(imgs, axes=(-3, -2))))
 
 
 def feddg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, bank: np.ndarray,
@@ -99,9 +100,8 @@ def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
 @dataclasses.dataclass(frozen=True)
 class HParams:
   window: float = hparam(0.25, "low-frequency window ratio r: half-width floor(r min(H, W) / 2) (ours)", ge=0, le=1,
-                         search=Uniform(0.0, 0.5), legacy=("fdg_window",))
-  bank_size: int = hparam(16, "amplitude spectra per client in the server's bank (ours)", ge=1, integer=True,
-                          legacy=("fdg_bank_size",))
+                         search=Uniform(0.0, 0.5), static=True)  # the window's size in pixels
+  bank_size: int = hparam(16, "amplitude spectra per client in the server's bank (ours)", ge=1, integer=True)
 
 
 def _bank(ctx, hp):
@@ -117,6 +117,7 @@ SPEC = MethodSpec(
     lambda ctx, hp: feddg_client(ctx.model, ctx.sched, ctx.client_opt, _bank(ctx, hp), hp.window), HParams,
     sends=("amplitude spectra of its images (once)",), receives=("other clients' amplitude spectra (once)",),
     leaks_data=True, group="FDG",
+    not_for_text="FedDG interpolates the amplitude spectra of images (2-D Fourier transforms of pixels)",
     # every client uploads its part of the bank and downloads the whole bank (float32 spectra)
     setup_bytes=lambda ctx, hp: (1 + ctx.num_clients) * ctx.num_clients * hp.bank_size
     * int(np.prod(ctx.store.x.shape[2:])) * 4)

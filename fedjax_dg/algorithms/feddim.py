@@ -216,10 +216,10 @@ def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  lam: float = hparam(1e-2, "regulariser weight (seed 004: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1),
-                      legacy=("dim_lambda",))
+  lam: float = hparam(1e-2, "regulariser weight (seed 004: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1))
   momentum: float = hparam(0.5, "momentum m of the global insight matrices (eq. 6); 0 keeps the initial "
-                           "model's (Table 3's W/m = 0)", ge=0, le=1, legacy=("dim_momentum",))
+                           "model's (Table 3's W/m = 0)", ge=0, le=1,
+                           static=True)  # 0 removes the server's update of the matrices
   variant: str = hparam("insight", "the regularised statistic: insight matrix, or Table 3's W/Fea (feature) and "
                         "W/Log (logit) ablations", choices=VARIANTS)
 
@@ -242,4 +242,6 @@ SPEC = MethodSpec(
     lambda ctx, hp: feddim_client(ctx.model, ctx.sched, ctx.client_opt, hp.lam, hp.momentum, ctx.num_classes,
                                   ctx.store, hp.variant),
     HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
-    check=_check, setup_bytes=_setup_bytes)
+    check=_check, setup_bytes=_setup_bytes,
+    not_for_models=(("gpt2", "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
+                             "2e12 numbers per client) and it needs an untied linear head"),))

@@ -150,10 +150,10 @@ def fedga(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  step: float = hparam(0.2, "step size d (authors' code), decays linearly to 0", ge=0, le=1, legacy=("ga_step",))
+  step: float = hparam(0.2, "step size d (authors' code), decays linearly to 0", ge=0, le=1)
   fair: str = hparam("acc", "the gap's metric (authors' command: --fair acc)", choices=FAIR)
   gap_fraction: float = hparam(0.1, "each client's held-out share the gaps are measured on (authors: a validation "
-                               "split); 0: the training data", ge=0, lt=1)
+                               "split); 0: the training data", ge=0, lt=1, static=True)
 
 
 RULE = RuleSpec("ga", lambda ctx, hp: ga_rule(), doc="aggregation by the clients' generalisation-adjusted weights")

@@ -50,10 +50,9 @@ def fedgma(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  tau: float = hparam(0.4, "mask threshold (seed 001 App. D: 0.1 or 0.4)", ge=0, le=1, search=Uniform(0.0, 1.0),
-                      legacy=("gma_tau",))
+  tau: float = hparam(0.4, "mask threshold (seed 001 App. D: 0.1 or 0.4)", ge=0, le=1, search=Uniform(0.0, 1.0))
 
 
-RULE = RuleSpec("gma", lambda ctx, hp: gma_rule(ctx.config.server.lr, hp.tau), HParams,
+RULE = RuleSpec("gma", lambda ctx, hp: gma_rule(ctx.server_value("lr"), hp.tau), HParams,
                 doc="sign-agreement mask on the weighted mean update, step `server.lr`")
 SPEC = MethodSpec("fedgma", "Tenison et al. 2022", erm_client, rule="gma", group="FDG")

@@ -88,8 +88,8 @@ def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 @dataclasses.dataclass(frozen=True)
 class HParams:
   gamma: float = hparam(1e-2, "penalty coefficient (seed 003 Table 3: RotatedMNIST 1e-2)", ge=0,
-                        search=LogUniform(1e-4, 1.0), legacy=("iir_gamma",))
-  ema: float = hparam(0.95, "EMA of the global head gradient (seed 003 App. C)", ge=0, lt=1, legacy=("iir_ema",))
+                        search=LogUniform(1e-4, 1.0))
+  ema: float = hparam(0.95, "EMA of the global head gradient (seed 003 App. C)", ge=0, lt=1)
 
 
 SPEC = MethodSpec(

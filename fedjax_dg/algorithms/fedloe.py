@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+import numpy as np
 
 from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, LocalSchedule, in_chunks, local_train,
                                        make_optimizer, make_schedule, masked_cross_entropy)
@@ -186,20 +187,18 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1,
-                                legacy=("loe_tune_fraction",))
-  stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True,
-                              legacy=("loe_stage2_rounds",))
+  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1, static=True)
+  stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True)
   head_steps: int = hparam(2, "stage-2 local SGD iterations per sync (Table 5: 8 iterations / 4 syncs)", ge=1,
                            integer=True)
-  head_lr: float = hparam(0.05, "stage-2 SGD step (Table 5)", gt=0, legacy=("loe_head_lr",))
-  head_weight_decay: float = hparam(5e-4, "stage-2 weight decay (Table 5)", ge=0)
-  penalty: str = hparam("irm", "the invariant manager's DG method", choices=PENALTIES, legacy=("loe_penalty",))
-  lam: float = hparam(100.0, "IRM / REx lambda (Table 5)", ge=0, search=LogUniform(1.0, 1e3), legacy=("loe_lambda",))
+  head_lr: float = hparam(0.05, "stage-2 SGD step (Table 5)", gt=0)
+  head_weight_decay: float = hparam(5e-4, "stage-2 weight decay (Table 5)", ge=0, static=True)
+  penalty: str = hparam("irm", "the invariant manager's DG method", choices=PENALTIES)
+  lam: float = hparam(100.0, "IRM / REx lambda (Table 5)", ge=0, search=LogUniform(1.0, 1e3))
   meta_lr: float = hparam(0.05, "Fish meta step (Table 5: 0.05 PACS/OfficeHome, 0.01 IWildCam)", gt=0, le=1,
                           search=Choice((0.01, 0.05, 0.1)))
-  solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True, legacy=("loe_solver_steps",))
-  solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0, legacy=("loe_solver_lr",))
+  solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True)
+  solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0)
 
 
 def _stage2(ctx, hp: HParams) -> Algorithm:
@@ -207,7 +206,7 @@ def _stage2(ctx, hp: HParams) -> Algorithm:
   sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, int(counts.max()), int(counts.min()),
                         ctx.sched.unroll)
   head_opt = make_optimizer(ml_collections.ConfigDict(
-      {"optimizer": "sgd", "lr": hp.head_lr, "momentum": 0.0, "weight_decay": hp.head_weight_decay}))
+      {"optimizer": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": hp.head_weight_decay}), values={"lr": hp.head_lr})
   return stage2(ctx.model, sched, head_opt, ctx.tune_store, hp.penalty, hp.lam, ctx.num_clients, hp.solver_steps,
                 hp.solver_lr, hp.meta_lr)
 
@@ -223,4 +222,7 @@ SPEC = MethodSpec(
     sends=("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
     receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
     tune_fraction=lambda hp: hp.tune_fraction,
-    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds),))
+    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds),),
+    not_for_models=(("gpt2", "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is "
+                             "tied to its input embedding, so training it moves the features; each head is also V x d"),),
+    record=lambda server: {"phi": np.asarray(server.phi).tolist()} if hasattr(server, "phi") else {})

@@ -14,9 +14,15 @@ clients' updates `G_i = p_i Delta_i` (flattened), `g0 = mean_i G_i`:
   3. `d = (g0 + c / sqrt(Gamma^T M Gamma + 1e-4) * g_Gamma) / (1 + kappa^2)`,
      `g_Gamma = sum_i Gamma_i G_i`; server: `theta <- theta + eta_g d`.
 
-`kappa` is the searching radius. At `kappa = 0`, `d = g0` exactly (Corollary 1); note
-that `g0 = (1/N) sum_i p_i Delta_i` is FedAvg's update divided by `N`, as in the authors'
-code; `eta_g` absorbs the scale. Deviation from the authors' code, following
+`kappa` is the searching radius. At `kappa = 0`, `d = g0` exactly (Corollary 1).
+
+Scale: `g0 = (1/N) sum_i p_i Delta_i` is FedAvg's update `sum_i p_i Delta_i` divided by
+`N` (the reporting clients), as in the authors' code, whose `eta_g` absorbs the `1/N`. The
+rule here steps `theta <- theta + server.lr * N * d`, so it carries FedAvg's scale itself:
+at `kappa = 0` it is FedAvg's rule with the same `server.lr`, and `X+omg` with the default
+`server.lr = 1` moves as far as `X`. The paper's (and the authors' code's) step size is
+`eta_g = N * server.lr`: seed 002's `eta_g = 0.5` with 3 clients is `server.lr = 0.5 / 3`.
+Deviation from the authors' code, following
 ALGORITHMS.md: their final coefficient is `c / (sqrt(Gamma^T M Gamma + 1e-4) + 1e-4)`;
 we drop the second `1e-4`. The 20-step solver is not converged for N >= 10: that is the
 method as published, and the solver settings are exposed.
@@ -81,14 +87,16 @@ def omg_direction(updates, kappa: float, lr: float = 25.0, momentum: float = 0.5
 
 def omg_rule(server_lr: float, kappa: float, lr: float = 25.0, momentum: float = 0.5,
              steps: int = 20) -> ServerRule:
-  """Server rule on `Stacked(deltas, weights)`: `theta <- theta + eta_g d`, `G_i = p_i Delta_i`
-  with `p_i` the clients' data fractions (seed 002), whatever the client side's weighting."""
+  """Server rule on `Stacked(deltas, weights)`: `theta <- theta + server_lr N d`, `G_i = p_i Delta_i`
+  with `p_i` the clients' data fractions (seed 002), whatever the client side's weighting, and
+  `N` the reporting clients (FedAvg's scale; the paper's `eta_g` is `N server_lr`)."""
   def apply(rule_state, params, stacked):
     p = stacked.weights / jnp.sum(stacked.weights)
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])(stacked.messages)       # [N, P]
     d = omg_direction(p[:, None] * flat, kappa, lr, momentum, steps, mask=stacked.weights > 0)
+    n = jnp.sum(stacked.weights > 0).astype(d.dtype)                       # g0 = FedAvg's update / N
     _, unravel = ravel_pytree(params)
-    return jax.tree.map(lambda a, b: a + server_lr * b, params, unravel(d)), rule_state
+    return jax.tree.map(lambda a, b: a + server_lr * n * b, params, unravel(d)), rule_state
   return ServerRule(lambda params: (), apply, "stack", name="omg", weighting="examples")
 
 
@@ -103,12 +111,12 @@ def fedomg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0), legacy=("omg_kappa",))
-  lr: float = hparam(25.0, "solver step (authors' code)", gt=0, legacy=("omg_lr",))
-  momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1, legacy=("omg_momentum",))
-  steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True, legacy=("omg_steps",))
+  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0))
+  lr: float = hparam(25.0, "solver step (authors' code)", gt=0)
+  momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1)
+  steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True)
 
 
-RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.config.server.lr, hp.kappa, hp.lr, hp.momentum, hp.steps),
+RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.server_value("lr"), hp.kappa, hp.lr, hp.momentum, hp.steps),
                 HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`")
 SPEC = MethodSpec("fedomg", "seed 002", erm_client, rule="omg", group="seed")

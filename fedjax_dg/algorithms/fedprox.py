@@ -32,7 +32,7 @@ def fedprox(model, sched, client_opt, server_opt, mu: float):
 @dataclasses.dataclass(frozen=True)
 class HParams:
   mu: float = hparam(0.01, "proximal weight (Li et al. 2020; seed 001 App. D)", ge=0,
-                     search=LogUniform(1e-4, 1.0), legacy=("prox_mu",))
+                     search=LogUniform(1e-4, 1.0))
 
 
 def prox_client(ctx, hp: HParams):

@@ -41,7 +41,7 @@ def fedsam(model, sched, client_opt, server_opt, rho: float):
 @dataclasses.dataclass(frozen=True)
 class HParams:
   rho: float = hparam(0.05, "perturbation radius (Qu et al. 2022; seed 002 D.6 uses 0.6 with OMG)", ge=0,
-                      search=LogUniform(0.01, 1.0), legacy=("sam_rho",))
+                      search=LogUniform(0.01, 1.0))
 
 
 def sam_client(ctx, hp: HParams):

@@ -100,14 +100,24 @@ def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransfor
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True, legacy=("sr_z_dim",))
-  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1), legacy=("sr_l2",))
-  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2), legacy=("sr_cmi",))
-  eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True,
-                             legacy=("sr_eval_samples",))
+  z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True)
+  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1))
+  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2))
+  eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True)
+
+
+def _pretrained(params, load):
+  """A pretrained backbone is the base of the probabilistic featurizer."""
+  feat = params["featurizer"]
+  base = load({"featurizer": feat["base"]})["featurizer"]
+  return {**params, "featurizer": {**feat, "base": base}}
 
 
 SPEC = MethodSpec(
     "fedsr", "Nguyen et al. 2022",
     lambda ctx, hp: fedsr_client(ctx.model, ctx.sched, ctx.client_opt, hp.z_dim, hp.l2, hp.cmi), HParams,
-    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG")
+    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG",
+    not_for_models=(("gpt2", "FedSR's probabilistic featurizer wraps a featurizer of the inputs alone, and GPT-2's "
+                             "reads its input embedding from the tied head; its per-class reference would hold one "
+                             "row per token"),),
+    pretrained=_pretrained)

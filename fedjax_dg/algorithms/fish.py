@@ -80,7 +80,7 @@ def fish(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, r
 @dataclasses.dataclass(frozen=True)
 class HParams:
   meta_lr: float = hparam(0.5, "meta step (DomainBed default; seed 001 Table 7: 0.1 on PACS, CelebA, Camelyon17, "
-                          "IWildCam)", gt=0, le=1, search=Choice((0.05, 0.1, 0.5)), legacy=("fish_meta_lr",))
+                          "IWildCam)", gt=0, le=1, search=Choice((0.05, 0.1, 0.5)))
 
 
 SPEC = MethodSpec("fish", "Shi et al. 2022 (DomainBed's form)",

@@ -71,8 +71,7 @@ def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformati
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  eta: float = hparam(0.01, "group-weight step (DomainBed default)", ge=0, search=LogUniform(1e-3, 1e-1),
-                      legacy=("groupdro_eta",))
+  eta: float = hparam(0.01, "group-weight step (DomainBed default)", ge=0, search=LogUniform(1e-3, 1e-1))
 
 
 SPEC = MethodSpec("groupdro", "Sagawa et al. 2020 (DomainBed's online form)",

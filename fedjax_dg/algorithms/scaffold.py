@@ -112,7 +112,7 @@ def _check(config, hp):
 
 SPEC = MethodSpec(
     "scaffold", "Karimireddy et al. 2020 (option II; mean gradient with Adam)",
-    lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.config.client.lr, ctx.cohort_size, ctx.num_clients,
+    lambda ctx, hp: scaffold_client(ctx.model, ctx.sched, ctx.client_value("lr"), ctx.cohort_size, ctx.num_clients,
                                     ctx.client_opt,
                                     "option2" if ctx.config.client.optimizer == "sgd" else "gradient"),
     sends=("control-variate update",), receives=("server control variate",), check=_check)

@@ -66,11 +66,15 @@ class Choice:
 
 
 def hparam(default, doc: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None, integer: bool = False,
-           search=None, legacy: tuple[str, ...] = ()):
+           search=None, static: bool | None = None):
   """A hyperparameter field: the paper's `default`, the accepted range (`ge`/`gt`/`le`/`lt`
-  bounds or `choices`), an optional random-search distribution `search` and the flat config
-  names it had before (`legacy`, e.g. `prox_mu`), which the command line still accepts."""
-  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, legacy=legacy)
+  bounds or `choices`) and an optional random-search distribution `search`.
+
+  `static`: whether the value decides the compiled program (a step count, a width, a
+  choice, a share of the data split off before training) rather than being a number read
+  when the round runs. By default a float without `choices` is a run-time value (it lives
+  in the round state's `hparams`, `continuous`) and anything else is static."""
+  meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, static=static)
   return dataclasses.field(default=default, metadata=meta)
 
 
@@ -115,6 +119,25 @@ def hparam_fields(cls) -> tuple[dataclasses.Field, ...]:
   return dataclasses.fields(cls)
 
 
+def continuous(field: dataclasses.Field) -> bool:
+  """A run-time value (read from the round state when the round runs), not a static one."""
+  m = field.metadata
+  if m.get("static") is not None:
+    return not m["static"]
+  return (isinstance(field.default, float) and not isinstance(field.default, bool) and m.get("choices") is None
+          and not m.get("integer"))
+
+
+def run_time_values(hp) -> dict:
+  """`{field: value}` of a record's continuous fields (the part that goes into the state)."""
+  return {f.name: getattr(hp, f.name) for f in hparam_fields(type(hp)) if continuous(f)}
+
+
+def with_values(hp, values):
+  """The record `hp` with its continuous fields replaced by `values` (arrays, tracers)."""
+  return dataclasses.replace(hp, **values) if values else hp
+
+
 def defaults(cls) -> dict:
   return {f.name: f.default for f in hparam_fields(cls)}
 
@@ -156,6 +179,17 @@ class Context(NamedTuple):
   train_domains: tuple = ()
   store: Any = None          # the training ClientStore (FedDG's amplitude bank)
   tune_store: Any = None     # each client's held-out tuning rows, when the method asks for them
+  # The run-time values of this build: {"client": {lr, momentum, ...}, "server": {lr, ...},
+  # "method": {...}, "rule": {...}} (arrays, traced inside the round; `algorithms.build`).
+  values: Any = None
+
+  def client_value(self, name: str):
+    """`client.<name>` as this build reads it (a run-time value)."""
+    return self.values["client"][name] if self.values else self.config.client[name]
+
+  def server_value(self, name: str):
+    """`server.<name>` as this build reads it (a run-time value): `server.lr` is `eta_g`."""
+    return self.values["server"][name] if self.values else self.config.server[name]
 
   @property
   def num_classes(self) -> int:
@@ -353,6 +387,11 @@ class MethodSpec:
               as a tuning split (`ctx.tune_store`)
   stages      optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2)
   setup_bytes optional `(ctx, hp) -> bytes` of a one-off exchange before training
+  not_for_text  why the method does not apply to text data (None: it applies)
+  not_for_models  `((model name, why), ...)`: models the method does not apply to
+  pretrained  optional `(params, load) -> params`: where a pretrained backbone goes in the
+              method's parameters (`load(params)` fills a plain model's featurizer)
+  record      optional `server_state -> dict`: extra fields for each evaluation record
   """
   name: str
   paper: str
@@ -371,6 +410,13 @@ class MethodSpec:
   stages: Callable | None = None
   setup_bytes: Callable | None = None
   composable: bool = True  # False: a whole algorithm that takes no other rule
+  not_for_text: str | None = None
+  not_for_models: tuple = ()
+  pretrained: Callable | None = None
+  record: Callable | None = None
+
+  def not_for_model(self, model_name: str) -> str | None:
+    return dict(self.not_for_models).get(model_name)
 
   @property
   def key(self) -> str:

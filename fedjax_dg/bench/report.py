@@ -33,6 +33,11 @@ def timing(exp, results) -> dict:
   return {"per_grid": dict(per), "total": sum(per.values()), "backends": sorted(backends)}
 
 
+def _baseline() -> str:
+  from fedjax_dg.algorithms import BASELINE
+  return BASELINE
+
+
 def remark_4_1(table: collect.Table, baseline: str) -> list[str]:
   """FedAvg-ERM a strong baseline: its rank in each column, and each column's best."""
   out = []
@@ -160,7 +165,7 @@ def write_report(sweep, out_dir: str, exp=None) -> str:
   md += ["## Seed 001's remarks against these numbers", "",
          "Measured facts only; a difference smaller than the seeds' std is not a difference.", "",
          "**4.1 FedAvg-ERM is a strong baseline** (held-out-domain selection):", "",
-         _bullets(remark_4_1(table, r.get("baseline", "fedavg")) if table else []), "",
+         _bullets(remark_4_1(table, r.get("baseline", _baseline())) if table else []), "",
          "**4.2 DG methods degrade in FL, and as lambda falls:**", "",
          _bullets(remark_4_2(table, dg) if table else []), "",
          "**4.7 accuracy falls with the number of clients** (Fig. 2):", "", _bullets(remark_4_7(fig2)), "",

@@ -96,7 +96,7 @@ def keyed_fields() -> frozenset:
 
 
 def library_defaults() -> dict:
-  """`configs/default.py`'s config, flattened (rundir.library_defaults)."""
+  """The library's default config (`fedjax_dg.default_config()`), flattened (rundir.library_defaults)."""
   return rundir.library_defaults()
 
 
@@ -104,7 +104,7 @@ def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
   """sha256 of the config's fields (canonical JSON), without the result-neutral fields.
 
   A field added to the library after the key scheme was fixed enters the key only where
-  its value differs from its default in `configs/default.py`, so adding a field (with a
+  its value differs from its default in `fedjax_dg.default_config()`, so adding a field (with a
   default that keeps earlier behaviour) does not orphan a sweep's finished jobs; any value
   a job sets differently still makes it a new job. A change of a default's value or of
   the code is not seen by the key: rerun the sweep into a new `root` after one."""
@@ -300,7 +300,7 @@ def _expand_difficulty(exp: Expansion, sweep, name: str, g) -> None:
   frac = float(g.get("fraction", 0.2))
   if not 0.0 < frac < 1.0:
     raise SweepError(f"sweep.grids.{name}.fraction must lie in (0, 1), got {frac}")
-  erm, fedavg, C = g.erm, g.fedavg, int(g.num_clients)
+  erm, fedavg, C = g.centralised, g.federated, int(g.num_clients)
   for fold, seed in itertools.product(_folds(sweep), g.seeds):
     common = {**_fold_settings(fold), **_seed_settings(sweep, seed)}
     runs = [("dg_without", erm, 1, None, {"data.test_domain_train_fraction": frac,

@@ -2,8 +2,8 @@
 
 A round is a pure function of the round state, the data, a key and (optionally) the
 per-client aggregation weights, so `jax.grad` of any loss after one or more rounds with
-respect to the weights, or to an array in the state such as the server step size
-(`set_learning_rate`), is plain autodiff through the local `lax.scan`s and the server
+respect to the weights, or to an array in the state such as a hyperparameter in
+`state.hparams` (learning rates, penalty weights: `with_server_lr`), is plain autodiff through the local `lax.scan`s and the server
 update. Use a jitted strategy ("vmap", "chunked", "sequential").
 """
 from __future__ import annotations
@@ -23,6 +23,10 @@ def run_rounds(round_fn, state, store, keys: Sequence[jax.Array], client_weights
 
 
 def with_server_lr(state, lr):
-  """The round state with the FedAvg-family server step size `eta_g` replaced by `lr`."""
+  """The round state with the server step size `eta_g` replaced by `lr`: in the run-time
+  hyperparameters (`state.hparams["server"]["lr"]`) when the state has them, else in an
+  injected optimizer state (`set_learning_rate`)."""
+  if isinstance(state.hparams, dict) and "server" in state.hparams:
+    return state._replace(hparams={**state.hparams, "server": {**state.hparams["server"], "lr": lr}})
   server = state.server
   return state._replace(server=server._replace(opt_state=set_learning_rate(server.opt_state, lr)))

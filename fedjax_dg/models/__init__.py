@@ -193,28 +193,6 @@ MODELS = ("mlp", "cnn", "femnist_cnn", "resnet18", "resnet50", "distilbert", "gp
 # What each model reads: config validation can refuse methods that do not apply to a modality.
 MODALITY = {"mlp": "any", "cnn": "image", "femnist_cnn": "image", "resnet18": "image", "resnet50": "image",
             "distilbert": "text", "gpt2": "text"}
-# Methods seed 001 marks "-" for CivilComments and Py150 (Tables 5, 10, 13), and why.
-NOT_FOR_TEXT = {
-    "feddg": "FedDG interpolates the amplitude spectra of images (2-D Fourier transforms of pixels)",
-    "fedadg": "FedADG is designed for images in seed 001 (Table 5: not applicable to CivilComments and Py150)",
-    "mixup": "Mixup interpolates inputs; token ids cannot be interpolated (seed 001 Table 5 has no Mixup row for text)",
-}
-
-
-# Methods that do not apply to one model, and why: GPT-2's language-model head is its input
-# embedding (tied, `models.text.TiedSplitModel`) with one output per vocabulary token.
-NOT_FOR_MODEL = {
-    "gpt2": {
-        "feddim": "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
-                  "2e12 numbers per client) and it needs an untied linear head",
-        "fedloe": "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is tied to "
-                  "its input embedding, so training it moves the features; each head is also V x d",
-        "fedsr": "FedSR's probabilistic featurizer wraps a featurizer of the inputs alone, and GPT-2's reads its "
-                 "input embedding from the tied head; its per-class reference would hold one row per token",
-    },
-}
-
-
 def modality(model_name: str) -> str:
   """"image", "text" or "any" for a `model.name` in MODELS."""
   if model_name not in MODALITY:

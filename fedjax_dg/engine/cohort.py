@@ -1,0 +1,59 @@
+"""Cohort sampling: which clients take part in a round, their aggregation weights and keys,
+and which of them fail (drop out or straggle)."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class _Cohort(NamedTuple):
+  ids: jax.Array          # [S] sorted client ids, padded with num_clients
+  valid: jax.Array        # [S] 1 for real members (that report)
+  weights: jax.Array      # [S] aggregation weights (0 for padding and dropped members)
+  rngs: jax.Array         # [S] each member's key
+  report_rngs: jax.Array  # [S] each member's key for the post-round report
+  work: Any = None        # [S] stragglers' shares of their local steps (1: all), or None
+  keep: Any = None        # [S] ids whose new state is kept (dropped members: num_clients), or None
+
+
+def make_sampler(num_clients: int, cohort_size: int, padded: int, weighting: str, dropout: float = 0.0,
+                 straggler_fraction: float = 0.0) -> Callable:
+  """`sample(counts, rng, client_weights) -> _Cohort` for a cohort of `cohort_size` of
+  `num_clients` clients, padded to `padded` members (padding: id `num_clients`, weight 0).
+
+  Without `client_weights` a member's weight is its example count (`weighting="examples"`)
+  or 1. Failing clients (FedProx's systems heterogeneity), with `k = fold_in(rng, 1)` split
+  in (k_drop, k_slow, k_work): a sampled client `c` drops out with probability `dropout`
+  (`bernoulli(fold_in(k_drop, c), dropout)`); `round(straggler_fraction * cohort_size)`
+  members (the first cohort positions of `permutation(k_slow, cohort_size)`) straggle,
+  each doing a share `u = uniform(fold_in(k_work, c))` of its local steps."""
+  failures = dropout > 0 or straggler_fraction > 0
+  n_slow = int(round(straggler_fraction * cohort_size))
+
+  def sample(counts, rng, client_weights):
+    k_cohort, k_clients = jax.random.split(rng)
+    if cohort_size == num_clients:
+      ids = jnp.arange(num_clients)
+    else:
+      ids = jnp.sort(jax.random.choice(k_cohort, num_clients, (cohort_size,), replace=False))
+    ids = jnp.concatenate([ids, jnp.full((padded - cohort_size,), num_clients, ids.dtype)])
+    valid = (ids < num_clients).astype(jnp.float32)
+    if client_weights is not None:  # e.g. learned aggregation weights (differentiable)
+      w = valid * jnp.take(client_weights, ids, mode="clip")
+    else:
+      w = valid * (jnp.take(counts, ids, mode="clip").astype(jnp.float32) if weighting == "examples" else 1.0)
+    rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(ids)
+    report_rngs = jax.vmap(lambda k: jax.random.fold_in(k, 1))(rngs)
+    if not failures:
+      return _Cohort(ids, valid, w, rngs, report_rngs)
+    k_drop, k_slow, k_work = jax.random.split(jax.random.fold_in(rng, 1), 3)
+    per_client = lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(ids)
+    up = 1.0 - jax.vmap(lambda k: jax.random.bernoulli(k, dropout))(per_client(k_drop)).astype(jnp.float32)
+    slow = jnp.zeros((padded,), bool).at[jax.random.permutation(k_slow, cohort_size)[:n_slow]].set(True)
+    work = jnp.where(slow, jax.vmap(lambda k: jax.random.uniform(k))(per_client(k_work)), 1.0)
+    return _Cohort(ids, valid * up, w * up, rngs, report_rngs, work if n_slow else None,
+                   jnp.where(up > 0, ids, num_clients))
+
+  return sample

@@ -1,0 +1,82 @@
+"""The engine's measured defaults: which strategy and local-loop unrolling a backend and a
+model family run fastest (`ENGINE_DEFAULTS`, with where each figure comes from)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class EngineDefaults(NamedTuple):
+  strategy: str
+  unroll_upto: int  # local loops of at most this many steps are unrolled in full (0: never)
+  measured: str     # where the choice comes from
+
+
+# Measured on the 2-core CPU machine (benchmarks/results/round_speed_cpu.json, DomainBed's
+# MNIST CNN and the 784-200-200-10 MLP): with convolutions the host loop is 35x faster
+# than the `lax.scan` over clients ("sequential"), since XLA:CPU runs a convolution's weight
+# gradient inside any while loop tens of times slower (JAX issue 12868), which is also why
+# the local loop is unrolled there; for dense models the scan is fastest (host loop 1.46x,
+# vmap 4.5x slower).
+ENGINE_DEFAULTS = {
+    ("cpu", "conv"): EngineDefaults("host_loop", 64, "round_speed_cpu.json: cnn, host_loop 0.028x sequential"),
+    ("cpu", "dense"): EngineDefaults("sequential", 64, "round_speed_cpu.json: mlp, sequential fastest"),
+    # Measured on an H100 (round_speed_gpu.json): the CNN's cohort of 100 runs
+    # 0.235 s per round client by client in one scan, 0.284 s in the host loop and 0.465 s
+    # under vmap (a vmapped convolution with per-client weights lowers to a grouped one);
+    # the 1000-client MLP runs 22x faster under vmap than client by client.
+    ("accelerator", "conv"): EngineDefaults("sequential", 0, "round_speed_gpu.json (H100): cnn, sequential 0.51x vmap"),
+    ("accelerator", "dense"): EngineDefaults("vmap", 0, "round_speed_gpu.json (H100): mlp, vmap 0.05x sequential"),
+    # Convolutions as batched matrix products (`model.conv_impl = "gemm"`, models/conv.py):
+    # not yet timed against the XLA convolution (benchmarks/gpu_rounds.py does), so the
+    # measured choice for convolutional models stands until a measurement says otherwise.
+    ("cpu", "gemm_conv"): EngineDefaults("host_loop", 64, "not measured; the conv family's choice"),
+    ("accelerator", "gemm_conv"): EngineDefaults("sequential", 0, "not measured; the conv family's choice"),
+}
+
+
+def model_family(model, input_shape) -> str:
+  """"conv" if the model's forward pass holds a convolution (traced on shapes only,
+  nothing runs), "gemm_conv" for an image model whose convolutions are matrix products
+  (`model.conv_impl = "gemm"`), else "dense"."""
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
+  jaxpr = jax.make_jaxpr(model.apply)(params, x)
+
+  def has_conv(jx) -> bool:
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        return True
+      for v in eqn.params.values():  # nested jaxprs: pjit, remat, scan, cond branches, ...
+        for inner in (v if isinstance(v, (list, tuple)) else (v,)):
+          inner = getattr(inner, "jaxpr", inner)
+          if hasattr(inner, "eqns") and has_conv(inner):
+            return True
+    return False
+  if has_conv(jaxpr.jaxpr):
+    return "conv"
+  return "gemm_conv" if getattr(model, "conv_impl", "xla") == "gemm" and model.modality == "image" else "dense"
+
+
+def engine_defaults(family: str, backend: str | None = None) -> EngineDefaults:
+  """The strategy and unrolling for a model family ("conv" or "dense") on `backend`."""
+  backend = backend or jax.default_backend()
+  return ENGINE_DEFAULTS[("cpu" if backend == "cpu" else "accelerator", family)]
+
+
+def default_unroll(family: str, num_steps: int, backend: str | None = None) -> int | bool:
+  """`True` (unroll the local loop in full) or 1, from `engine_defaults`."""
+  return True if num_steps <= engine_defaults(family, backend).unroll_upto else 1
+
+
+def default_strategy(model_or_name, backend: str | None = None, input_shape=None) -> str:
+  """The measured default strategy (`ENGINE_DEFAULTS`) for a model, from its operations:
+  pass the model and its input shape. A model name is still accepted ("cnn" means
+  convolutional, any other name dense); prefer the model."""
+  if isinstance(model_or_name, str):
+    family = "conv" if model_or_name == "cnn" else "dense"
+  else:
+    family = model_family(model_or_name, input_shape)
+  return engine_defaults(family, backend).strategy
