@@ -99,6 +99,7 @@ class Problem(NamedTuple):
   splits: dict             # {name: (x, y)}: only OUTER_SPLITS
   hparams: dict            # the default run-time hyperparameters (the builder's)
   strategy: str
+  model: Any = None        # the model (`model.apply(params, x)`), when known
 
 
 def check_strategy(strategy: str, field: str = "engine.strategy") -> None:
@@ -135,7 +136,7 @@ def domain_shares(store, num_domains: int | None = None) -> np.ndarray:
 
 
 def problem(builder, store, num_clients: int, cohort_size: int, strategy: str = "vmap", *, chunk_size: int = 1,
-            splits: dict | None = None, num_domains: int | None = None, **engine) -> Problem:
+            splits: dict | None = None, num_domains: int | None = None, model=None, **engine) -> Problem:
   """The inner problem for `builder` (an `algorithms.Builder`, or an `Algorithm`) on the
   client store `store`; `splits` `{name: (x, y)}` of validation data for the objective
   (test splits refused); `engine`: `make_round`'s keyword arguments (dropout, ...)."""
@@ -154,7 +155,7 @@ def problem(builder, store, num_clients: int, cohort_size: int, strategy: str = 
   dtype = jnp.result_type(float)
   return Problem(rf, store, jnp.asarray(base, dtype), jnp.asarray(domain_shares(store, num_domains), dtype),
                  alg.params_of, {k: tuple(jnp.asarray(a) for a in v) for k, v in splits.items()},
-                 getattr(builder, "hparams", ()), strategy)
+                 getattr(builder, "hparams", ()), strategy, model)
 
 
 def from_config(config, fold=None):
@@ -176,7 +177,7 @@ def from_config(config, fold=None):
   e = config.engine
   val = {"heldout_val": (fold.heldout_val.x, fold.heldout_val.y), "in_val": (fold.in_val.x, fold.in_val.y)}
   p = problem(stage.builder, s["packed"], s["num_clients"], s["cohort"], s["strategy"], chunk_size=e.chunk_size,
-              splits={k: v for k, v in val.items() if len(v[1])}, num_domains=len(fold.domain_names),
+              splits={k: v for k, v in val.items() if len(v[1])}, num_domains=len(fold.domain_names), model=s["model"],
               dropout=e.get("dropout", 0.0), straggler_fraction=e.get("straggler_fraction", 0.0))
   k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
