@@ -33,5 +33,5 @@ def get_config(variant: str = "digits"):
   s.report.out = root
   s.report.sweep_file = "configs/sweeps/learned_aggregation.py" + ("" if variant == "digits" else ":fashion")
   s.report.title = s.name
-  s.report.reading = ""
+  s.report.reading = root + "/READING.md"
   return s
