@@ -66,15 +66,12 @@ def test_exact_hypergradient_matches_finite_differences(strategy):
     assert abs(float(grad.weights.shrink)) > 1e-6
 
 
-def test_rematerialisation_and_strategies_agree():
+def test_rematerialisation_gives_the_same_gradient():
   with jax.enable_x64(True):
-    grads = []
-    for strategy, remat in (("vmap", True), ("vmap", False), ("sequential", True)):
-      p, state, model = tiny(strategy)
-      grads.append(ravel_pytree(meta.hypergradient(p, meta.validation_loss(model), 2, remat=remat)(
-          start(p), state, jax.random.PRNGKey(1))[1])[0])
+    p, state, model = tiny("vmap")
+    grads = [ravel_pytree(meta.hypergradient(p, meta.validation_loss(model), 2, remat=remat)(
+        start(p), state, jax.random.PRNGKey(1))[1])[0] for remat in (True, False)]
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(grads[2], grads[0], rtol=1e-9, atol=1e-12)
 
 
 def test_truncated_and_one_step_match_finite_differences_of_the_last_rounds():
@@ -129,6 +126,7 @@ def test_bad_input_is_one_line_before_compiling():
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.slow
 def test_learning_a_domain_weight_lowers_the_validation_loss():
   """Gradient descent on the outer variables lowers the objective (a property, not a number)."""
   with jax.enable_x64(True):
