@@ -114,7 +114,8 @@ def setup(config, fold: splits.Fold):
   sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, _unroll(config, steps, family),
                         _augmentation(config, fold))
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
-                           train_domains=fold.train_domains, store=packed, tune_store=tune_packed)
+                           train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
+                           heldout_val=(fold.heldout_val.x, fold.heldout_val.y))
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = engine_defaults(family).strategy

@@ -165,9 +165,10 @@ def test_registry_builds_the_named_method(tiny_config):
   model = tiny_mlp(dim=64, classes=10)
   params = model.init(jax.random.PRNGKey(0))
   store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))  # FedDG's bank needs images
+  val = (np.zeros((4, 8, 8, 1), np.float32), np.zeros(4, np.int32))  # the learned rule's held-out domain
   for name in ALGORITHMS:
     tiny_config.algorithm.name = name
-    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store)
+    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store, heldout_val=val)
     assert alg.name == name
     alg.server_init(None, params)
     spec, rule = resolve(name)
@@ -191,9 +192,10 @@ def test_readme_communication_table_matches_the_declarations(tiny_config):
   assert communication_table() in open(page).read()
   model = tiny_mlp(dim=64, classes=10)
   store = ragged_store(dim=64)._replace(x=np.zeros((6, 12, 8, 8, 1), np.float32))
+  val = (np.zeros((4, 8, 8, 1), np.float32), np.zeros(4, np.int32))  # the learned rule's held-out domain
   for name in ALGORITHMS:
     tiny_config.algorithm.name = name
-    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store)
+    alg = build_algorithm(tiny_config, model, sched_of(4, 2, 1, 10, 5), 8, 8, store=store, heldout_val=val)
     want = COMMUNICATION.get(name, {})
     assert alg.sends == want.get("sends", ()) and alg.receives == want.get("receives", ()), name
     assert alg.leaks_data == want.get("leaks_data", False), name

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_dg.algorithms import (afl, dg, fedadg, fedavg, feddg, feddim, fedga, fedgma, fediir, fedloe, fedomg,
-                                  fedprox, fedsam, fedsr, fish, groupdro, scaffold)
+                                  fedprox, fedsam, fedsr, fish, groupdro, learned, scaffold)
 import jax.numpy as jnp
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule, optimizer_values
@@ -36,9 +36,9 @@ def register_rule(rule: RuleSpec) -> RuleSpec:
 
 for _spec in (*fedavg.SPECS, fedprox.SPEC, scaffold.SPEC, fedsam.SPEC, fedomg.SPEC, fediir.SPEC, feddim.SPEC,
               fedga.SPEC, fedloe.SPEC, *dg.SPECS, fish.SPEC, groupdro.SPEC, afl.SPEC, fedsr.SPEC, feddg.SPEC,
-              fedadg.SPEC, fedgma.SPEC):
+              fedadg.SPEC, fedgma.SPEC, learned.SPEC):
   register(_spec)
-for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE):
+for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE, learned.RULE):
   register_rule(_rule)
 
 # The methods the README, the tests and the sweeps list: every registered method and the
@@ -110,9 +110,11 @@ def model_for(config, model):
 
 
 def context(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1, train_domains=None,
-            store=None, tune_store=None) -> Context:
+            store=None, tune_store=None, heldout_val=None) -> Context:
+  """`heldout_val`: `(x, y)` of the held-out validation domain, for rules that learn on it."""
   return Context(model, sched, make_optimizer(config.client), config, num_clients, cohort_size, num_domains,
-                 tuple(train_domains if train_domains is not None else range(num_domains)), store, tune_store)
+                 tuple(train_domains if train_domains is not None else range(num_domains)), store, tune_store,
+                 heldout_val)
 
 
 def hyperparameters(config) -> dict:
@@ -171,10 +173,10 @@ def later_stages(ctx: Context):
 
 
 def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, num_domains: int = 1,
-                    train_domains=None, store=None, tune_store=None) -> Algorithm:
+                    train_domains=None, store=None, tune_store=None, heldout_val=None) -> Algorithm:
   """`build` from the runner's pieces (FedSR expects `model_for(config, model)`)."""
   return build(context(config, model, sched, num_clients, cohort_size, num_domains, train_domains, store,
-                       tune_store))
+                       tune_store, heldout_val))
 
 
 def _communication(name: str) -> dict:

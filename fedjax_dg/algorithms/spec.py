@@ -179,6 +179,9 @@ class Context(NamedTuple):
   train_domains: tuple = ()
   store: Any = None          # the training ClientStore (FedDG's amplitude bank)
   tune_store: Any = None     # each client's held-out tuning rows, when the method asks for them
+  # (x, y) of the held-out validation domain, for server rules that learn on it (the learned
+  # rule); never the test domain. None where the runner has none.
+  heldout_val: Any = None
   # The run-time values of this build: {"client": {lr, momentum, ...}, "server": {lr, ...},
   # "method": {...}, "rule": {...}} (arrays, traced inside the round; `algorithms.build`).
   values: Any = None

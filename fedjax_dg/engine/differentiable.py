@@ -5,6 +5,11 @@ per-client aggregation weights, so `jax.grad` of any loss after one or more roun
 respect to the weights, or to an array in the state such as a hyperparameter in
 `state.hparams` (learning rates, penalty weights: `with_server_lr`), is plain autodiff through the local `lax.scan`s and the server
 update. Use a jitted strategy ("vmap", "chunked", "sequential").
+
+`fedjax_dg.meta` builds on this: hypergradients through K rematerialised rounds (exact,
+truncated, one-step) with respect to named hyperparameters, per-client and per-domain
+aggregation weights and a shrink factor, on an outer objective that may read only
+validation splits.
 """
 from __future__ import annotations
 
