@@ -78,7 +78,7 @@ def fediir_protocol(c, *, model, feature_projection, head_hidden, lr):
   _one_client_per_domain(c)
   c.model.name = model                   # seed 003 Sec. 5.1
   c.model.feature_projection = feature_projection  # seed 003 Sec. 5.1: the extra linear layer
-  c.model.head_hidden = head_hidden      # two FC layers, d -> d/2 -> K (shared/ALGORITHMS.md)
+  c.model.head_hidden = head_hidden      # two FC layers, d -> d/2 -> K (docs/ALGORITHMS.md)
   c.algorithm.name = "fediir"
   c.algorithm.fediir.ema = 0.95             # seed 003 Table 3 ("ALL")
   c.client.optimizer = "sgd"             # seed 003 Sec. 5.1: SGD, momentum 0.9
@@ -97,7 +97,7 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   runs every domain once, validated in-domain); pretrained ResNet-18 (`model.pretrained_path`);
   100 rounds of 5 local epochs ("5 local training rounds") of SGD, step 1e-3, batch 16.
   FedOMG's server: `eta_g` = 0.5, i.e. `server.lr` = 0.5 / N (fedomg.py: the rule steps
-  `server.lr N d`; shared/ALGORITHMS.md's reading of Sec. 5's global-lr study
+  `server.lr N d`; docs/ALGORITHMS.md's reading of Sec. 5's global-lr study
   for PACS/VLCS; the table's "Global lr" entry is lost in our copy), searching radius
   `kappa` = 0.5, solver step 25, solver momentum 0.5, 21 solver iterations (the table): the
   authors' `utils/fed_merge.py: OMG` loop `for i in range(21)` evaluates the objective 21 times
@@ -114,7 +114,7 @@ def fedomg_protocol(c, *, algorithm="fedomg"):
   c.client.lr = 1e-3                     # seed 002 D.6
   c.client.batch_size = 16               # seed 002 D.6
   c.client.local_epochs = 5              # seed 002 D.6: 5 local training rounds
-  c.server.lr = 0.5 / c.num_clients      # eta_g = 0.5 (shared/ALGORITHMS.md) on the authors' d = FedAvg's update / N
+  c.server.lr = 0.5 / c.num_clients      # eta_g = 0.5 (docs/ALGORITHMS.md) on the authors' d = FedAvg's update / N
   c.algorithm.omg.kappa = 0.5            # seed 002 D.6 table: searching radius
   c.algorithm.omg.lr = 25.0              # seed 002 D.6 table: training lr (of the solver)
   c.algorithm.omg.momentum = 0.5         # seed 002 D.6 table: momentum

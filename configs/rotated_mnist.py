@@ -56,7 +56,7 @@ def get_config():
 
   c.client.optimizer = "sgd"
   c.client.lr = 1e-2                     # seed 003 Table 3: eta_l
-  c.client.momentum = 0.9                # the FedIIR reference code (shared/ALGORITHMS.md)
+  c.client.momentum = 0.9                # the FedIIR reference code (docs/ALGORITHMS.md)
   c.client.batch_size = 64               # seed 003 Table 3
   c.client.local_steps = 0
   c.client.local_epochs = 1              # seed 003 Sec. 5.1

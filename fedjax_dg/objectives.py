@@ -1,4 +1,4 @@
-"""Domain-generalization penalties as pure functions (DomainBed's forms, ALGORITHMS.md).
+"""Domain-generalization penalties as pure functions (DomainBed's forms, docs/ALGORITHMS.md).
 
 Every function takes an optional `mask` (1 for real examples) so that it works on the
 padded batches of the engine; without a mask every row counts. Inside a client they are

@@ -12,7 +12,7 @@ from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
 
 
 def numpy_omg(G, kappa, lr=25.0, mu=0.5, steps=20):
-  """ALGORITHMS.md's FedOMG step, written with the analytic gradient of the softmax chain."""
+  """docs/ALGORITHMS.md's FedOMG step, written with the analytic gradient of the softmax chain."""
   G = np.asarray(G, np.float64)
   N = len(G)
   GG = G @ G.T

@@ -1,5 +1,5 @@
 """The method registry: one line per method file. Everything else here is generated from
-the specs (`spec.py`): config defaults, range checks, random search, the README's tables.
+the specs (`spec.py`): config defaults, range checks, random search, the documentation's tables (docs/methods/index.md).
 
 `algorithm.name` is a method (`fediir`) or a method and a server rule (`fediir+omg`,
 `irm+omg`, `fedprox+gma`, `fedprox+adam`): the method's clients with that rule.
@@ -41,7 +41,7 @@ for _spec in (*fedavg.SPECS, fedprox.SPEC, scaffold.SPEC, fedsam.SPEC, fedomg.SP
 for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE, learned.RULE):
   register_rule(_rule)
 
-# The methods the README, the tests and the sweeps list: every registered method and the
+# The methods the documentation, the tests and the sweeps list: every registered method and the
 # compositions the seed papers report (seed 002 Table 2; FedIIR+OMG and FedSR+OMG).
 COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
 ALGORITHMS = tuple(METHODS) + COMPOSITIONS
@@ -188,7 +188,7 @@ COMMUNICATION = {name: _communication(name) for name in ALGORITHMS}
 
 
 def communication_table() -> str:
-  """The README's table: what every method sends and receives beyond the model and its
+  """The documentation's table: what every method sends and receives beyond the model and its
   update, and whether it sends anything computed per example (seed 001 Table 12's
   "free of leakage" is the opposite of the last column)."""
   rows = ["| method | sends beyond the model update | receives beyond the model | per-example data leaves the client |",
@@ -201,7 +201,7 @@ def communication_table() -> str:
 
 
 def hparams_table() -> str:
-  """The README's table of every method's and rule's hyperparameters: config path, default,
+  """The documentation's table of every method's and rule's hyperparameters: config path, default,
   accepted range, random-search distribution."""
   from fedjax_dg.algorithms.spec import _range_text
   rows = ["| config field | default | accepted | random search | meaning |", "| --- | --- | --- | --- | --- |"]
@@ -228,7 +228,7 @@ def _search_text(search) -> str:
 
 
 def methods_table() -> str:
-  """The README's table of methods: name, paper, benchmark group, default server rule."""
+  """The documentation's table of methods: name, paper, benchmark group, default server rule."""
   rows = ["| name | paper | group | default server rule |", "| --- | --- | --- | --- |"]
   for name, spec in METHODS.items():
     rows.append(f"| `{name}` | {spec.paper} | {spec.group} | `{spec.rule}` |")

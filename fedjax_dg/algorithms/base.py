@@ -1,7 +1,7 @@
 """The algorithm contract and the pieces every algorithm shares.
 
 An algorithm is a record of pure functions, like `optax.GradientTransformation` one
-level up (see README, "Writing an algorithm"):
+level up (see docs/concepts/algorithm-contract.md):
 
   server_init(rng, params)                             -> server_state
   client_init(params)                                  -> client_state   (one client)
@@ -94,7 +94,7 @@ class Algorithm(NamedTuple):
   client_stat: Callable | None = None
   server_prepare: Callable | None = None
   # What a client sends and receives beyond the model and its update, for the
-  # communication and privacy table (README; seed 001 Table 12's "free of leakage").
+  # communication and privacy table (docs/methods/index.md; seed 001 Table 12's "free of leakage").
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
   leaks_data: bool = False      # sends something computed per example (e.g. amplitude spectra)

@@ -12,8 +12,8 @@ Each client applies the objective over the domains present in its minibatch (dom
 
 means over the present domains and pairs of present domains. On a single-domain client
 every objective but Mixup is ERM: VREx, CORAL and MMD vanish by construction, and IRM's
-penalty is applied only when two or more domains are present (ALGORITHMS.md: the objectives
-collapse to ERM on single-domain clients); Mixup mixes within the domain (ALGORITHMS.md). `lambda_t = 1` for the first `anneal_steps` update steps
+penalty is applied only when two or more domains are present (docs/ALGORITHMS.md: the objectives
+collapse to ERM on single-domain clients); Mixup mixes within the domain (docs/ALGORITHMS.md). `lambda_t = 1` for the first `anneal_steps` update steps
 and `lambda` after (DomainBed), counting update steps across rounds as
 `round * K + local step`; unlike DomainBed the local optimizer is not reset when the
 penalty switches on. The server is FedAvg's (any optax rule).

@@ -4,14 +4,14 @@ interpolation, as a client-side augmentation.
 Before training every client uploads the amplitude spectra `A = |FFT2(x)|` of (up to
 `bank_size` of) its images; the server keeps them in a bank that every client downloads.
 This shares information about the clients' data beyond model parameters: a privacy leak
-that the method needs and that the README declares. In local training, for each image with
+that the method needs and that the documentation declares. In local training, for each image with
 spectrum `A e^{iP}` (FFT over height and width, per channel) the client draws an amplitude
 `A'` of another client's image from the bank and `lam ~ U(0, 1)`, and replaces the
 low-frequency square of half-width `b = floor(r min(H, W) / 2)` around the (shifted) zero
 frequency by `(1 - lam) A + lam A'` (eq. 2 of the paper); the augmented image is
 `Re(IFFT2(A_new e^{iP}))`. The client trains on original and augmented images (the
 cross-entropy over both, as one batch of `2B`). We keep the paper's augmentation and leave
-out its episodic meta-learning boundary losses (ALGORITHMS.md). Images are not clipped
+out its episodic meta-learning boundary losses (docs/ALGORITHMS.md). Images are not clipped
 after the inverse FFT (the authors clip to [0, 1] because their inputs live there).
 Server: FedAvg's rule.
 """

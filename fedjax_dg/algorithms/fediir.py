@@ -18,7 +18,7 @@ Local loss on a minibatch `zeta` (Alg. 1):
     `R_c(theta; zeta) + gamma * ||grad_psi R_c(theta; zeta) - g~||^2`,
 differentiated through the inner gradient (`jax.grad` of a function that calls
 `jax.grad`, so the featurizer gets the second-order term too). The paper writes
-`gamma / 2`; the reference code has no 1/2, and ALGORITHMS.md makes `gamma` the
+`gamma / 2`; the reference code has no 1/2, and docs/ALGORITHMS.md makes `gamma` the
 coefficient of the squared norm: we follow the code.
 Server: any rule; FedIIR's own is `theta <- theta + eta_g mean_c Delta_c` with the uniform
 mean of Alg. 1 (`fediir`), and FedIIR+OMG pairs the same clients with FedOMG's rule.

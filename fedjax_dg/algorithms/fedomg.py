@@ -1,6 +1,6 @@
 """FedOMG (seed 002): on-server gradient matching, a server rule for any client objective.
 
-The paper's equations were lost in conversion; ALGORITHMS.md restates the server step as
+The paper's equations were lost in conversion; docs/ALGORITHMS.md restates the server step as
 the authors' code implements it (CAGrad applied to client updates). With the sampled
 clients' updates `G_i = p_i Delta_i` (flattened), `g0 = mean_i G_i`:
 
@@ -23,7 +23,7 @@ at `kappa = 0` it is FedAvg's rule with the same `server.lr`, and `X+omg` with t
 `server.lr = 1` moves as far as `X`. The paper's (and the authors' code's) step size is
 `eta_g = N * server.lr`: seed 002's `eta_g = 0.5` with 3 clients is `server.lr = 0.5 / 3`.
 Deviation from the authors' code, following
-ALGORITHMS.md: their final coefficient is `c / (sqrt(Gamma^T M Gamma + 1e-4) + 1e-4)`;
+docs/ALGORITHMS.md: their final coefficient is `c / (sqrt(Gamma^T M Gamma + 1e-4) + 1e-4)`;
 we drop the second `1e-4`. The 20-step solver is not converged for N >= 10: that is the
 method as published, and the solver settings are exposed.
 """

@@ -1,7 +1,7 @@
 """FedProx (Li et al. 2020): FedAvg with the local objective
 `R_c(theta_c) + (mu / 2) ||theta_c - theta||^2` (squared norm over all parameters).
 
-The benchmark code (seed 001) uses an unsquared per-tensor norm; ALGORITHMS.md fixes the
+The benchmark code (seed 001) uses an unsquared per-tensor norm; docs/ALGORITHMS.md fixes the
 squared form of the paper, which we follow.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The featurizer ends in a linear layer to `2 z_dim` numbers, the mean `mu(x)` and raw scale
 `s(x)` of `z ~ N(mu, diag(sigma^2))`, `sigma = softplus(s)`; the head reads `z`. Training
-uses one reparameterised sample `z = mu + sigma * eps` and the loss (ALGORITHMS.md)
+uses one reparameterised sample `z = mu + sigma * eps` and the loss (docs/ALGORITHMS.md)
 
   CE(h(z), y) + a_L2 mean_i ||z_i||^2 + a_CMI mean_i KL(N(mu_i, sigma_i^2) || N(r_mu[y_i], r_sigma[y_i]^2))
 

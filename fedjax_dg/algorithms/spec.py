@@ -19,7 +19,7 @@ frozen hyperparameter record whose fields carry the paper's default, the accepte
 a random-search distribution (DomainBed's `_hparam(name, default, range)`, one level up),
 a builder for its client side, its default rule, and what it sends and receives beyond the
 model. Config defaults (`config.algorithm.<method>.<field>`), range checks, random search and
-the README's tables are generated from these records (`fedjax_dg/algorithms/__init__.py`).
+the documentation's tables (docs/methods/index.md) are generated from these records (`fedjax_dg/algorithms/__init__.py`).
 """
 from __future__ import annotations
 
