@@ -17,8 +17,8 @@ sys.path.insert(0, ROOT)
 
 # One persistent JAX compilation cache for the whole session: the pytest-xdist workers and
 # every subprocess a test starts (they inherit these variables) compile each program once.
-# FEDJAX_DG_TEST_JAX_CACHE names a folder to keep between sessions; by default the session
-# makes a temporary one and removes it at its end.
+# FEDJAX_DG_TEST_JAX_CACHE names a folder to keep between sessions (`off`: no cache); by
+# default the session makes a temporary one and removes it at its end.
 CACHE_VAR = "FEDJAX_DG_TEST_JAX_CACHE"
 _OWNED_CACHE = "_FEDJAX_DG_TEST_JAX_CACHE_OWNED"
 
@@ -48,12 +48,15 @@ def _atomic_cache_writes():
 
 
 def pytest_configure(config):
+  config.addinivalue_line("markers", "host_devices(script, marker): a check on 4 forced host devices (below)")
   # The first process (pytest itself, before it starts any xdist worker) picks the folder;
   # workers and subprocesses inherit it through the environment.
   if not os.environ.get(CACHE_VAR):
     os.environ[CACHE_VAR] = tempfile.mkdtemp(prefix="fedjax_dg_jax_cache_")
     os.environ[_OWNED_CACHE] = str(os.getpid())
   cache = os.environ[CACHE_VAR]
+  if cache == "off":
+    return
   settings = {"jax_compilation_cache_dir": cache,
               "jax_persistent_cache_min_compile_time_secs": 0.0,  # default 1 s: most test programs compile faster
               "jax_persistent_cache_min_entry_size_bytes": 0}
@@ -61,7 +64,6 @@ def pytest_configure(config):
     os.environ[name.upper()] = str(value)
     jax.config.update(name, value)
   _atomic_cache_writes()
-  config.addinivalue_line("markers", "host_devices(script, marker): a check on 4 forced host devices (below)")
 
 
 def pytest_unconfigure(config):
