@@ -91,27 +91,6 @@ def tiny_config():
   return c
 
 
-# ----------------------------------------------------------------------------- once per session
-
-def once_per_session(tmp_path_factory, name: str, produce):
-  """`produce(folder)` (a JSON value, computed in the empty `folder`) run once per session:
-  the first pytest-xdist worker to ask runs it under a file lock, the others wait and read
-  its result (and may read `folder`, e.g. a trained workdir, but not change it)."""
-  import json
-  from filelock import FileLock
-  base = tmp_path_factory.getbasetemp()
-  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "once_per_session"
-  root.mkdir(exist_ok=True)
-  folder, result = root / name, root / f"{name}.json"
-  with FileLock(str(root / f"{name}.lock")):
-    if not result.exists():
-      shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
-      folder.mkdir()
-      value = produce(folder)
-      result.write_text(json.dumps(value))
-  return json.loads(result.read_text())
-
-
 # ----------------------------------------------------------------------------- 4-device checks
 # A test marked `@pytest.mark.host_devices(SCRIPT, MARKER)` runs SCRIPT (see
 # `helpers.run_on_host_devices`) on 4 forced XLA host devices. The scripts of every such test
@@ -123,7 +102,8 @@ def _host_device_results(request, tmp_path_factory):
   import helpers
   scripts = {item.nodeid: tuple(item.get_closest_marker("host_devices").args)
              for item in request.session.items if item.get_closest_marker("host_devices")}
-  return once_per_session(tmp_path_factory, "host_devices", lambda _: helpers.run_scripts_on_host_devices(scripts))
+  return helpers.once_per_session(tmp_path_factory, "host_devices",
+                                  lambda _: helpers.run_scripts_on_host_devices(scripts))
 
 
 @pytest.fixture

@@ -81,6 +81,27 @@ def run_scripts_on_host_devices(scripts: dict, n: int = 4) -> dict:
   return {k: (ok, output if ok else output + out.stderr[-2000:]) for k, (ok, output) in results.items()}
 
 
+def once_per_session(tmp_path_factory, name: str, produce):
+  """`produce(folder)` (a JSON value, computed in the empty `folder`) run once per session:
+  the first pytest-xdist worker to ask runs it under a file lock, the others wait and read
+  its result (and may read `folder`, e.g. a trained workdir, but not change it)."""
+  import json
+  import os
+  import shutil
+  from filelock import FileLock
+  base = tmp_path_factory.getbasetemp()
+  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "once_per_session"
+  root.mkdir(exist_ok=True)
+  folder, result = root / name, root / f"{name}.json"
+  with FileLock(str(root / f"{name}.lock")):
+    if not result.exists():
+      shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+      folder.mkdir()
+      value = produce(folder)
+      result.write_text(json.dumps(value))
+  return json.loads(result.read_text())
+
+
 def run_from(alg, params, store, num_clients: int, cohort: int, rounds: int, strategy: str = "vmap",
              chunk_size: int = 1):
   """The round state after `rounds` rounds of `alg` from `params` (round keys 0, 1, ...)."""
