@@ -71,8 +71,11 @@ def run_scripts_on_host_devices(scripts: dict, n: int = 4) -> dict:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   codes = {k: (t.format(root=root, tests=os.path.join(root, "tests")), m) for k, (t, m) in scripts.items()}
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SCRIPTS_DRIVER], input=json.dumps(codes), env=env,
-                       capture_output=True, text=True, timeout=600)
+  try:  # 10 minutes a script
+    out = subprocess.run([sys.executable, "-c", _SCRIPTS_DRIVER], input=json.dumps(codes), env=env,
+                         capture_output=True, text=True, timeout=600 * len(codes))
+  except subprocess.TimeoutExpired as e:
+    return {k: (False, f"the {n}-device Python ran past {e.timeout} s") for k in scripts}
   line = next((l for l in out.stdout.splitlines() if l.startswith("SCRIPT_RESULTS ")), None)
   if out.returncode != 0 or line is None:
     failure = f"the {n}-device Python failed (exit status {out.returncode}): {out.stdout[-4000:]}{out.stderr[-4000:]}"
