@@ -16,12 +16,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedjax-dg --config configs/default.py --config.workdir=runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-# Tests run in parallel processes (pytest-xdist), one per core, at most 4.
+# Tests run in parallel processes (pytest-xdist), one per core, at most 4; the 25 slowest
+# are listed at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup -m slow
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 -m slow
 
 # The documentation site (docs/ -> site/), warnings as errors.
 docs: $(STAMP)

@@ -38,14 +38,71 @@ def tree_max_diff(a, b):
 def run_on_host_devices(script_template: str, marker: str, n: int = 4):
   """Runs `script_template` (formatted with `root` and `tests`) in a fresh Python with `n`
   forced XLA host devices and checks it printed `marker`."""
+  ok, output = run_scripts_on_host_devices({"script": (script_template, marker)}, n)["script"]
+  assert ok, output
+
+
+_SCRIPTS_DRIVER = r"""
+import contextlib, io, json, sys, traceback
+results = {}
+for name, (code, marker) in json.load(sys.stdin).items():
+  out = io.StringIO()
+  try:
+    with contextlib.redirect_stdout(out):
+      exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    ok = marker in out.getvalue()
+  except BaseException:  # the check failed: its traceback is its result
+    out.write(traceback.format_exc())
+    ok = False
+  results[name] = (ok, out.getvalue())
+print("SCRIPT_RESULTS " + json.dumps(results))
+"""
+
+
+def run_scripts_on_host_devices(scripts: dict, n: int = 4) -> dict:
+  """Runs the scripts `{name: (script_template, marker)}` (each formatted with `root` and
+  `tests`) one after another in ONE fresh Python with `n` forced XLA host devices, each in
+  its own namespace. Returns `{name: (ok, output)}`: ok when the script ran to its end and
+  printed its marker; output is what it printed, with its traceback when it raised."""
+  import json
   import os
   import subprocess
   import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  script = script_template.format(root=root, tests=os.path.join(root, "tests"))
+  codes = {k: (t.format(root=root, tests=os.path.join(root, "tests")), m) for k, (t, m) in scripts.items()}
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0 and marker in out.stdout, out.stdout + out.stderr
+  try:  # 10 minutes a script
+    out = subprocess.run([sys.executable, "-c", _SCRIPTS_DRIVER], input=json.dumps(codes), env=env,
+                         capture_output=True, text=True, timeout=600 * len(codes))
+  except subprocess.TimeoutExpired as e:
+    return {k: (False, f"the {n}-device Python ran past {e.timeout} s") for k in scripts}
+  line = next((l for l in out.stdout.splitlines() if l.startswith("SCRIPT_RESULTS ")), None)
+  if out.returncode != 0 or line is None:
+    failure = f"the {n}-device Python failed (exit status {out.returncode}): {out.stdout[-4000:]}{out.stderr[-4000:]}"
+    return {k: (False, failure) for k in scripts}
+  results = json.loads(line[len("SCRIPT_RESULTS "):])
+  return {k: (ok, output if ok else output + out.stderr[-2000:]) for k, (ok, output) in results.items()}
+
+
+def once_per_session(tmp_path_factory, name: str, produce):
+  """`produce(folder)` (a JSON value, computed in the empty `folder`) run once per session:
+  the first pytest-xdist worker to ask runs it under a file lock, the others wait and read
+  its result (and may read `folder`, e.g. a trained workdir, but not change it)."""
+  import json
+  import os
+  import shutil
+  from filelock import FileLock
+  base = tmp_path_factory.getbasetemp()
+  root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "once_per_session"
+  root.mkdir(exist_ok=True)
+  folder, result = root / name, root / f"{name}.json"
+  with FileLock(str(root / f"{name}.lock")):
+    if not result.exists():
+      shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+      folder.mkdir()
+      value = produce(folder)
+      result.write_text(json.dumps(value))
+  return json.loads(result.read_text())
 
 
 def run_from(alg, params, store, num_clients: int, cohort: int, rounds: int, strategy: str = "vmap",

@@ -320,18 +320,12 @@ def _p_config(tmp, **fields):
   return c
 
 
-def _run_cli(*overrides):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))
-  out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", *P, *overrides],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-2000:]
-
-
 @case(1, "resume with no checkpoint", "`P --config.num_rounds=6 --config.eval_every=2`, then the same with "
       "`--config.resume=True --config.client.lr=1e6` (metrics.jsonl was emptied); metrics.jsonl is unchanged",
       "client.lr: 0.1 in the run, 1000000.0 now")
 def _(tmp):
-  _run_cli("--config.num_rounds=6", "--config.eval_every=2", "--config.quiet=True", f"--config.workdir={tmp}/W")
+  from fedjax_dg import experiment
+  experiment.train_and_evaluate(_p_config(tmp, num_rounds=6, eval_every=2, quiet=True))  # the run resumed below
   before = (tmp / "W" / "metrics.jsonl").read_bytes()
   assert len(before.splitlines()) == 3
   line = cli(tmp, "--config.num_rounds=6", "--config.eval_every=2", "--config.resume=True", "--config.client.lr=1e6")

@@ -11,7 +11,7 @@ from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.algorithms.fedprox import fedprox
 from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round, STRATEGIES
-from helpers import client_arrays, ragged_store, run_on_host_devices, tiny_mlp, tree_max_diff
+from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
 
 STORE = ragged_store()
 SIZES = STORE.counts.tolist()
@@ -218,5 +218,7 @@ print("SHARDED_OK")
 """
 
 
-def test_sharded_over_four_host_devices_equals_one_device():
-  run_on_host_devices(SHARDED_SCRIPT, "SHARDED_OK")
+@pytest.mark.host_devices(SHARDED_SCRIPT, "SHARDED_OK")
+def test_sharded_over_four_host_devices_equals_one_device(host_devices):
+  ok, output = host_devices
+  assert ok, output

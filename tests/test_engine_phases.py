@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_dg.algorithms.base import Algorithm, ClientData, ClientOutput, Stacked
 from fedjax_dg.engine import STRATEGIES, init_round_state, make_round
-from helpers import ragged_store, run_on_host_devices, tree_max_diff
+from helpers import ragged_store, tree_max_diff
 
 STORE = ragged_store()
 C, D = STORE.counts.shape[0], STORE.x.shape[-1]
@@ -143,5 +143,7 @@ print("PHASES_SHARDED_OK")
 
 
 @pytest.mark.slow  # the default suite checks FedGA's and FedLOE stage 2's reports on 4 devices
-def test_three_phases_on_four_host_devices():
-  run_on_host_devices(SHARDED_SCRIPT, "PHASES_SHARDED_OK")
+@pytest.mark.host_devices(SHARDED_SCRIPT, "PHASES_SHARDED_OK")
+def test_three_phases_on_four_host_devices(host_devices):
+  ok, output = host_devices
+  assert ok, output

@@ -1,5 +1,6 @@
-"""Every method on 4 forced host devices: the sharded round equals the single-device one."""
-from helpers import run_on_host_devices
+"""Every method on 4 forced host devices: the sharded round equals the single-device one
+(the 4-device scripts of a session run in one Python: conftest's `host_devices`)."""
+import pytest
 
 SCRIPT = r"""
 import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
@@ -86,8 +87,6 @@ print("METHODS_SHARDED_OK")
 """
 
 
-import pytest
-
 # By default one method of each kind of exchange: a stacked rule (FedOMG on FedIIR's clients,
 # with its pre-round statistic), server-side side state (FedDIM), a post-round report
 # (FedGA), persistent client state (GroupDRO) and a server-side weight vector (AFL); the
@@ -98,19 +97,26 @@ BASELINES_STATEFUL = ("fedsr",)
 BASELINES_STATELESS = ("mixup", "irm", "fish", "fedsr+omg", "feddg", "fedadg")
 
 
-def _run(names):
-  run_on_host_devices(SCRIPT.replace("NAMES", repr(tuple(names))), "METHODS_SHARDED_OK")
+def on_host_devices(names):
+  """The 4-device check of the methods `names`."""
+  return pytest.mark.host_devices(SCRIPT.replace("NAMES", repr(tuple(names))), "METHODS_SHARDED_OK")
 
 
-def test_methods_sharded_over_four_host_devices():
-  _run(DEFAULT_METHODS)
+@on_host_devices(DEFAULT_METHODS)
+def test_methods_sharded_over_four_host_devices(host_devices):
+  ok, output = host_devices
+  assert ok, output
 
 
 @pytest.mark.slow
-def test_more_methods_sharded_over_four_host_devices():
-  _run(SEED_METHODS + BASELINES_STATEFUL)
+@on_host_devices(SEED_METHODS + BASELINES_STATEFUL)
+def test_more_methods_sharded_over_four_host_devices(host_devices):
+  ok, output = host_devices
+  assert ok, output
 
 
 @pytest.mark.slow
-def test_more_baselines_sharded_over_four_host_devices():
-  _run(BASELINES_STATELESS)
+@on_host_devices(BASELINES_STATELESS)
+def test_more_baselines_sharded_over_four_host_devices(host_devices):
+  ok, output = host_devices
+  assert ok, output
