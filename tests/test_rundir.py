@@ -177,6 +177,9 @@ def test_the_runner_does_not_import_the_benchmark_layer_and_collect_has_no_cycle
     bench = sorted(m for m in _imports(os.path.join(pkg, name)) if m.startswith("fedjax_dg.bench"))
     assert not bench, f"{name} imports {bench}"
   rundir_imports = {m for m in _imports(os.path.join(pkg, "rundir.py")) if m.startswith("fedjax_dg")}
-  assert rundir_imports <= {"fedjax_dg.errors", "fedjax_dg.errors.ConfigError"}, rundir_imports
+  # the run directory reads only the errors and the config schema (fedjax_dg.defaults), for
+  # the library defaults that a run's identity leaves out
+  assert rundir_imports <= {"fedjax_dg.errors", "fedjax_dg.errors.ConfigError", "fedjax_dg.defaults",
+                            "fedjax_dg.defaults.default_config"}, rundir_imports
   difficulty = _imports(os.path.join(pkg, "bench", "difficulty.py"))  # collect imports difficulty, not back
   assert not any(m.startswith("fedjax_dg.bench.collect") for m in difficulty), difficulty
