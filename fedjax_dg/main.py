@@ -199,9 +199,13 @@ def _config_flag_error(e: Exception, argv: list[str], flag: str = "config") -> s
   bad = m.group(2) if m else next(iter(re.findall(r"'([^'\\]+)", text)), text.strip("'\""))
   arg = next((a.split("=")[0] for a in argv[1:] if a.startswith(f"--{flag}.")
               and bad in a.split("=")[0][len(f"--{flag}."):].split(".")), None)
-  if arg is None:
-    return f"no config field {bad!r}"
-  return unknown_key_error(arg[len(f"--{flag}."):], prefix=f"--{flag}.")
+  if arg is not None and flag == "config":  # the library's schema: its nearest field
+    return unknown_key_error(arg[len(f"--{flag}."):], prefix=f"--{flag}.")
+  head = f"{arg}: " if arg else ""  # another config file (a sweep): ml_collections' suggestion
+  if not m:
+    return f"{head}no config field {bad!r}"
+  hint = ".".join(m.group(1) if part == bad else part for part in arg.split(".")) if arg else m.group(1)
+  return f"{head}no config field {bad!r}; did you mean {hint}?"
 
 
 def last_overrides(argv: list[str]) -> list[str]:

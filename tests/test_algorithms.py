@@ -275,13 +275,14 @@ def test_a_toy_method_is_one_file_and_one_line(tmp_path, tiny_config, monkeypatc
   st = ragged_store(dim=64)
   model = tiny_mlp(dim=64, classes=3)
   params = model.init(jax.random.PRNGKey(0))
+  val = (np.zeros((4, 64), np.float32), np.zeros(4, np.int32))  # the learned rule's held-out domain
   for rule in algorithms.RULES:
     tiny_config.algorithm.name = f"toyreg+{rule}"
-    if rule == "ga":
+    if rule in ("ga", "learned"):  # they need per-client signals (gaps, domain shares) a plain client does not send
       with pytest.raises(ValueError, match="needs"):
-        algorithms.build_algorithm(tiny_config, model, sched_of(4, 2, 1, 12, 3), 6, 6)
+        algorithms.build_algorithm(tiny_config, model, sched_of(4, 2, 1, 12, 3), 6, 6, heldout_val=val)
       continue
-    alg = algorithms.build_algorithm(tiny_config, model, sched_of(4, 2, 1, 12, 3), 6, 6)
+    alg = algorithms.build_algorithm(tiny_config, model, sched_of(4, 2, 1, 12, 3), 6, 6, heldout_val=val)
     state, m = make_round(alg, 6, 6, "vmap")(init_round_state(alg, None, params, 6), jax.tree.map(jnp.asarray, st),
                                             jax.random.PRNGKey(0))
     assert np.isfinite(float(m["train_loss"])) and tree_max_diff(alg.params_of(state.server), params) > 0

@@ -478,6 +478,7 @@ def test_build_model_resnet18_logits():
 def test_runner_loads_pretrained_weights_into_fedsr_base(tmp_path):
   """FedSR wraps the ResNet in a probabilistic featurizer; the runner loads the weights into
   its base and leaves the projection and the head alone."""
+  from fedjax_dg.algorithms import fedsr
   from fedjax_dg.algorithms.fedsr import probabilistic_model
   from fedjax_dg.experiment import load_pretrained
   sd = torchvision_state_dict("resnet18")
@@ -487,7 +488,7 @@ def test_runner_loads_pretrained_weights_into_fedsr_base(tmp_path):
   sr = probabilistic_model(plain, 8)
   shapes = jax.eval_shape(sr.init, jax.random.PRNGKey(0))
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-  got = load_pretrained(zeros, path)
+  got = load_pretrained(zeros, path, fedsr.SPEC)  # the runner passes the method's record
   want = resnet.load_pretrained({"featurizer": zeros["featurizer"]["base"]}, path)["featurizer"]
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), got["featurizer"]["base"], want))
   np.testing.assert_array_equal(got["featurizer"]["base"]["conv1"]["kernel"], sd["conv1.weight"].transpose(2, 3, 1, 0))
