@@ -797,18 +797,10 @@ def _(tmp):
       "bytes", "storage '0' (1073741824 elements) brings the tensors to more than 2147483648 bytes in all",
       section="untrusted files")
 def _(tmp):
-  import zipfile
-  from test_untrusted_files import _with_numel
-  from test_resnet import write_torch_zip
+  from test_untrusted_files import write_oversized_storage_pth
   from fedjax_dg.models import convert
   path = str(tmp / "big.pth")
-  write_torch_zip(path, {"0": np.ones(4, np.float32)}, {"conv1.weight": ("0", 0, (4,), (1,))})
-  with zipfile.ZipFile(path) as zf:
-    members = {n: zf.read(n) for n in zf.namelist()}
-  members["archive/data.pkl"] = _with_numel(members["archive/data.pkl"], 2 ** 30)
-  with zipfile.ZipFile(path, "w") as zf:
-    for n, b in members.items():
-      zf.writestr(n, b)
+  write_oversized_storage_pth(path)
   return error_of(lambda: convert.read_state_dict(path))
 
 

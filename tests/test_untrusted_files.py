@@ -64,9 +64,8 @@ def test_many_views_of_one_storage_are_capped_in_all(tmp_path, monkeypatch):
   assert msg.startswith(f"{path}: tensor 't100': a view of size (1000,) brings the tensors to more than 400000 bytes")
 
 
-def test_storage_declaring_more_than_the_cap_is_refused_before_reading(tmp_path):
-  # The pickle says 2**30 floats (4 GiB); the archive's record holds 16 bytes.
-  path = str(tmp_path / "big.pth")
+def write_oversized_storage_pth(path: str) -> None:
+  """A `.pth` whose pickle declares a storage of 2**30 floats (4 GiB); its record holds 16 bytes."""
   write_torch_zip(path, {"0": np.ones(4, np.float32)}, {"conv1.weight": ("0", 0, (4,), (1,))})
   with zipfile.ZipFile(path) as zf:
     members = {n: zf.read(n) for n in zf.namelist()}
@@ -74,6 +73,11 @@ def test_storage_declaring_more_than_the_cap_is_refused_before_reading(tmp_path)
   with zipfile.ZipFile(path, "w") as zf:
     for n, b in members.items():
       zf.writestr(n, b)
+
+
+def test_storage_declaring_more_than_the_cap_is_refused_before_reading(tmp_path):
+  path = str(tmp_path / "big.pth")
+  write_oversized_storage_pth(path)
   msg = _one_line_error(lambda: convert.read_state_dict(path))
   assert msg == (f"{path}: storage '0' (1073741824 elements) brings the tensors to more than {2 << 30} bytes in all "
                  "(the cap on one weights file's inflated size); not a ResNet's weights")
