@@ -10,15 +10,26 @@ A checkpoint that fails any check (corrupt, no checksum file, another round's co
 this step, another run's) is moved to `checkpoints_corrupt/` with a one-line warning and the
 newest good one is used; when none is good the resume fails with one line and nothing is
 moved. Every exit path waits for (or removes) pending background saves.
+
+A save that fails (a full disk, the file-size limit, `checkpoints/` made read-only while
+orbax writes in the background) is reported as one line naming the checkpoint and the
+cause (`rundir.WriteError`), at the next save or at the end of the run, whichever comes
+first; what it left is removed (orbax's temporary folders, its step folder) and so is its
+checksum file, so a resume never trusts it and continues from the newest intact checkpoint.
+While a manager is open, orbax's own log records (each failure logged at length from its
+background threads) are dropped: the one line says it.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import traceback
 import warnings
 
 import jax
@@ -84,6 +95,40 @@ def _quiet_orbax():
     logging.set_verbosity(level)
 
 
+class _DropOrbaxRecords(logging.Filter):
+  """Drops log records emitted from orbax's modules (its background save threads log a
+  failed write with a traceback per array; `Checkpoints` reports it in one line)."""
+
+  def filter(self, record):
+    return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def _closed_loop_noise(exc_type, exc, tb) -> bool:
+  """Whether an exception reported through `sys.unraisablehook` (or `sys.excepthook`) is TensorStore calling back into
+  the event loop orbax has closed after a failed save ("Event loop is closed" from asyncio's
+  `call_soon_threadsafe`): noise after the failure the run reports in one line."""
+  last = traceback.extract_tb(tb)[-1:] if tb is not None else []
+  return (exc_type is RuntimeError and "Event loop is closed" in str(exc)
+          and any(f.filename.endswith(os.path.join("asyncio", "base_events.py")) for f in last))
+
+
+def quiet_failed_saves() -> None:
+  """For a command-line process: orbax's log records and the closed-loop noise of a failed
+  background save are dropped for the life of the process (they may come after the run
+  has stopped; the run's one-line error says what failed)."""
+  logging.getLogger("absl").addFilter(_DropOrbaxRecords())
+  unraisable, hook = sys.unraisablehook, sys.excepthook
+
+  def unraisablehook(u):
+    if not _closed_loop_noise(u.exc_type, u.exc_value, u.exc_traceback):
+      unraisable(u)
+
+  def excepthook(exc_type, exc, tb):
+    if not _closed_loop_noise(exc_type, exc, tb):
+      hook(exc_type, exc, tb)
+  sys.unraisablehook, sys.excepthook = unraisablehook, excepthook
+
+
 class Checkpoints:
   """The run's orbax checkpoints, each saved with the digest of its state and verified on restore."""
 
@@ -93,6 +138,9 @@ class Checkpoints:
     self.dir = os.path.join(self.workdir, "checkpoints")
     self.sums = os.path.join(self.workdir, "checkpoint_sums")
     self.max_to_keep = max_to_keep
+    self._pending = None  # the step of the background save in flight
+    self._filter = _DropOrbaxRecords()
+    logging.getLogger("absl").addFilter(self._filter)
     self._open()
 
   def _open(self):
@@ -108,11 +156,20 @@ class Checkpoints:
     return {"round": np.asarray(step, np.int32), "run": np.frombuffer(run, np.uint8).copy(), "state": state}
 
   def save(self, step: int, state) -> None:
-    """Writes the digest, then starts orbax's background save."""
-    os.makedirs(self.sums, exist_ok=True)
+    """Writes the digest, then starts orbax's background save. The previous save's failure
+    (or this one's, when it fails at once) is raised here as a one-line rundir.WriteError."""
+    self._wait()
+    try:
+      os.makedirs(self.sums, exist_ok=True)
+    except OSError as e:
+      raise rundir.write_error(self.sums, e) from None
     record = {"step": step, "run": self.run, "sha256": state_digest(state)}
     rundir.atomic_write(self._sum_path(step), json.dumps(record).encode())
-    self.mngr.save(step, args=ocp.args.StandardSave(self._wrap(step, state)))
+    self._pending = step
+    try:
+      self.mngr.save(step, args=ocp.args.StandardSave(self._wrap(step, state)))
+    except Exception as e:  # pylint: disable=broad-except  # orbax/TensorStore wrap the OSError
+      raise self._failed(e) from None
     keep = {str(s) for s in self.mngr.all_steps()} | {str(step)}
     for name in os.listdir(self.sums):  # digests of checkpoints orbax has since deleted
       if name.endswith(".json") and name[:-5] not in keep:
@@ -201,18 +258,47 @@ class Checkpoints:
         os.remove(self._sum_path(s))
     self._open()
 
+  def _wait(self) -> None:
+    """Waits for the background save; its failure as a one-line rundir.WriteError."""
+    try:
+      self.mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(e) from None
+    self._pending = None
+
+  def _failed(self, e: BaseException) -> rundir.WriteError:
+    """Removes what the failed save of step `_pending` left (its checksum file first, so a
+    partial checkpoint is never trusted, then its folders where they can be removed) and
+    returns the error naming it."""
+    step, self._pending = self._pending, None
+    where = os.path.join(self.dir, str(step)) if step is not None else self.dir
+    if step is not None:
+      with contextlib.suppress(OSError):
+        os.remove(self._sum_path(step))
+      shutil.rmtree(where, ignore_errors=True)
+    self._remove_tmp()
+    return rundir.write_error(where, e)
+
+  def _remove_tmp(self) -> None:
+    with contextlib.suppress(OSError):
+      for name in os.listdir(self.dir):
+        if "orbax-checkpoint-tmp" in name:
+          shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+
   def close(self, quietly: bool = False) -> None:
     """Waits for pending background saves and closes. `quietly` (on an error path): a
     failing save is removed, never raised over the error that is propagating."""
     try:
-      self.mngr.wait_until_finished()
-      self.mngr.close()
-    except Exception:  # pylint: disable=broad-except
-      if not quietly:
-        raise
-      with contextlib.suppress(Exception):
+      try:
+        self._wait()
         self.mngr.close()
-      if os.path.isdir(self.dir):
-        for name in os.listdir(self.dir):
-          if "orbax-checkpoint-tmp" in name:
-            shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+      except Exception:  # pylint: disable=broad-except
+        with contextlib.suppress(Exception):
+          self.mngr.close()
+        if self._pending is not None:
+          self._failed(RuntimeError("the run stopped"))
+        self._remove_tmp()
+        if not quietly:
+          raise
+    finally:
+      logging.getLogger("absl").removeFilter(self._filter)

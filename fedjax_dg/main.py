@@ -53,6 +53,8 @@ def main(argv):
   from fedjax_dg.experiment import train_and_evaluate
   quiet_logs()
   one_line_warnings()
+  from fedjax_dg.checkpoint import quiet_failed_saves
+  quiet_failed_saves()  # a failed checkpoint save: one line (WriteError), not orbax's tracebacks
   try:
     config = _CONFIG.value
     config.keys()  # a file that failed to load raises here, on first use

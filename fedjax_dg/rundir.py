@@ -25,10 +25,12 @@ and write a run directory through it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 import warnings
@@ -123,19 +125,68 @@ def run_identity(config, fold: dict | None = None) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class WriteError(OSError):
+  """A run-directory file or folder could not be written (a full disk, the file-size limit,
+  a read-only folder): one line naming it and the cause. What was being written is removed
+  (or, for a checkpoint, left without a checksum, so no resume trusts it)."""
+
+  def __init__(self, path: str, cause: str, code: int | None = None):
+    super().__init__(code, cause, path)
+    self.cause = cause
+
+  def __str__(self):
+    return (f"{self.filename}: cannot write it ({self.cause}); nothing half-written is kept: make room or "
+            "lift the limit, then resume with --config.resume=True")
+
+
+_CAUSES = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+           errno.EFBIG: "larger than the file-size limit (ulimit -f, RLIMIT_FSIZE)",
+           errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+           errno.EPERM: "operation not permitted", errno.ENOTDIR: "a file where a folder belongs",
+           errno.ENOENT: "the folder is gone"}
+
+
+def write_cause(e: BaseException) -> tuple[str, int | None]:
+  """(the cause of a failed write in words, its errno): from an OSError, or from the text of
+  a wrapped one (TensorStore reports `[os_error_code='28']` and the C library's wording)."""
+  code = e.errno if isinstance(e, OSError) and e.errno else None
+  text = str(e)
+  if code is None:
+    m = re.search(r"os_error_code='?(\d+)", text)
+    code = int(m.group(1)) if m else next((c for c in _CAUSES if os.strerror(c) in text), None)
+  if code is not None:
+    return _CAUSES.get(code, os.strerror(code)), code
+  lines = text.strip().splitlines()
+  return f"{type(e).__name__}: {lines[0][:200] if lines else ''}", None
+
+
+def write_error(path: str, e: BaseException) -> WriteError:
+  """`e`, raised while writing `path`, as a WriteError naming `path`."""
+  if isinstance(e, WriteError):
+    return e
+  return WriteError(path, *write_cause(e))
+
+
 def atomic_write(path: str, data: bytes) -> None:
-  """Writes `path` in one step: a kill leaves the old file or the new one."""
+  """Writes `path` in one step: a kill leaves the old file or the new one; a failed write
+  (a full disk, the file-size limit) leaves the old one and raises a WriteError naming `path`."""
   tmp = f"{path}.tmp-{os.getpid()}"
   try:
-    with open(tmp, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
+    _write_file(tmp, data)
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     with contextlib.suppress(OSError):
       os.remove(tmp)
+    if isinstance(e, OSError):
+      raise write_error(path, e) from None
     raise
+
+
+def _write_file(path: str, data: bytes) -> None:
+  with open(path, "wb") as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _path(workdir: str, name: str) -> str:
@@ -288,8 +339,12 @@ def append_event(workdir: str, kind: str, **extra) -> None:
   import datetime
   rec = {"event": kind, "host": socket.gethostname(), "pid": os.getpid(),
          "time": datetime.datetime.now().isoformat(timespec="seconds"), **extra}
-  with open(_path(workdir, EVENTS_FILE), "a") as f:
-    f.write(json.dumps(rec) + "\n")
+  path = _path(workdir, EVENTS_FILE)
+  try:
+    with open(path, "a") as f:
+      f.write(json.dumps(rec) + "\n")
+  except OSError as e:  # a partial line is a torn last line, which read_jsonl tolerates
+    raise write_error(path, e) from None
 
 
 def read_events(workdir: str) -> list[dict]:
@@ -304,13 +359,29 @@ def save_selected(workdir: str, rule: str, round_: int, params, val: dict, run: 
   import jax
   from flax import serialization
   d = _path(workdir, SELECTED_DIR)
-  os.makedirs(d, exist_ok=True)
+  try:
+    os.makedirs(d, exist_ok=True)
+  except OSError as e:
+    raise write_error(d, e) from None
   blob = serialization.msgpack_serialize(serialization.to_state_dict(jax.device_get(params)))
-  atomic_write(os.path.join(d, f"{rule}.msgpack"), blob)
   meta = {"rule": rule, "round": int(round_), "val": val, "sha256": hashlib.sha256(blob).hexdigest()}
   if run:
     meta["run"] = run
-  atomic_write(os.path.join(d, f"{rule}.json"), json.dumps(meta, indent=2, default=json_default).encode())
+  files = [(os.path.join(d, f"{rule}.msgpack"), blob),
+           (os.path.join(d, f"{rule}.json"), json.dumps(meta, indent=2, default=json_default).encode())]
+  tmps = [f"{path}.tmp-{os.getpid()}" for path, _ in files]
+  try:  # both written in full before either replaces its old file: a full disk keeps the old pair
+    for tmp, (path, data) in zip(tmps, files):
+      try:
+        _write_file(tmp, data)
+      except OSError as e:
+        raise write_error(path, e) from None
+    for tmp, (path, _) in zip(tmps, files):
+      os.replace(tmp, path)
+  finally:
+    for tmp in tmps:
+      with contextlib.suppress(OSError):
+        os.remove(tmp)
 
 
 def selected_round(workdir: str, rule: str, run: str | None = None) -> int | None:
