@@ -146,7 +146,8 @@ class Checkpoints:
   def _open(self):
     with _quiet_orbax():  # it logs each unreadable step it lists; restore_latest says it in one line
       self.mngr = ocp.CheckpointManager(self.dir, options=ocp.CheckpointManagerOptions(
-          max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True))
+          max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True,
+          async_options=ocp.AsyncOptions(create_directories_asynchronously=False)))
 
   def _sum_path(self, step: int) -> str:
     return os.path.join(self.sums, f"{step}.json")
