@@ -43,7 +43,9 @@ def main(argv=None):
     state, _ = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
     rows.append(np.exp(np.asarray(state.server.opt_state.logits)).round(4).tolist())
   names = list(fold.domain_names)
-  res = {"run": args.run, "domains": names, "train_domains": [names[d] for d in fold.train_domains],
+  res = {"run": args.run, "data": os.path.basename(str(config.data.get("fallback_path", "")) or config.data.name),
+         "lam": float(config.partition.lam), "seed": int(config.seed), "unroll": int(config.algorithm.learned.unroll),
+         "num_clients": int(config.num_clients), "domains": names, "train_domains": [names[d] for d in fold.train_domains],
          "val_domains": [names[d] for d in fold.val_domains], "test_domains": [names[d] for d in fold.test_domains],
          "weights_after_round": rows}
   print(json.dumps({"domains": names, "after_last_round": rows[-1]}))
