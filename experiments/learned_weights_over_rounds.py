@@ -44,7 +44,7 @@ def main(argv=None):
     rows.append(np.exp(np.asarray(state.server.opt_state.logits)).round(4).tolist())
   names = list(fold.domain_names)
   res = {"run": args.run, "data": os.path.basename(str(config.data.get("fallback_path", "")) or config.data.name),
-         "lam": float(config.partition.lam), "seed": int(config.seed), "unroll": int(config.algorithm.learned.unroll),
+         "lam": float(config.partition.lam), "seed": int(config.seed), "unroll": int(config.algorithm.learned.get("unroll", 1)),
          "num_clients": int(config.num_clients), "domains": names, "train_domains": [names[d] for d in fold.train_domains],
          "val_domains": [names[d] for d in fold.val_domains], "test_domains": [names[d] for d in fold.test_domains],
          "weights_after_round": rows}

@@ -27,6 +27,7 @@ Paths under the case's folder read `<tmp>` in the table, hex digests `<digest>`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -1222,6 +1223,112 @@ def _(tmp):
     with rundir.owned("/dev/null"):
       pass
   return error_of(enter)
+
+
+# ----------------------------------------------------------------------------- failed writes
+
+def _full_disk(tmp, write):
+  """`write(folder)` on a full file system: a filled one-page tmpfs where mounting is allowed
+  (root), else with the file write failing as on a full disk (ENOSPC, injected)."""
+  import errno
+  import unittest.mock
+  from fedjax_dg import rundir
+  where = tmp / "fs"
+  os.makedirs(where)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(where)], capture_output=True).returncode:
+    def enospc(path, data):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with unittest.mock.patch.object(rundir, "_write_file", enospc):
+      return error_of(lambda: write(where))
+  try:
+    with contextlib.suppress(OSError), open(where / "filler", "wb", buffering=0) as f:
+      while True:
+        f.write(b"\0" * 512)
+    return error_of(lambda: write(where)).replace(str(where), f"{tmp}/W")
+  finally:
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@case(2, "a full disk while writing metrics.jsonl", "the run's file system full when an evaluation is written",
+      "<tmp>/W/metrics.jsonl: cannot write it (no space left on the device); nothing half-written is kept",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  return _full_disk(tmp, lambda w: rundir.write_metrics(str(w), [{"round": 2}])).replace(str(tmp / "fs"), f"{tmp}/W")
+
+
+@case(2, "a full disk while writing selected/", "the run's file system full when a selection rule's parameters "
+      "are saved", "<tmp>/W/selected/heldout_domain.msgpack: cannot write it (no space left on the device)",
+      section="run directory")
+def _(tmp):
+  from fedjax_dg import rundir
+  return _full_disk(tmp, lambda w: rundir.save_selected(str(w), "heldout_domain", 2, {"w": np.ones(4)}, {})
+                    ).replace(str(tmp / "fs"), f"{tmp}/W")
+
+
+@case(2, "a file-size limit below a checkpoint", "`P --config.checkpoint_every=2 --config.algorithm.name=scaffold --config.client.momentum=0` "
+      "--config.model.hidden=(32,) --config.data.image_size=8` under `ulimit -f 16` (RLIMIT_FSIZE 16 kB: the selected "
+      "parameters fit, 10 kB, the checkpoint's 4 client controls do not)",
+      "<tmp>/W/checkpoints/2: cannot write it (larger than the file-size limit (ulimit -f, RLIMIT_FSIZE))",
+      section="run directory")
+def _(tmp):
+  import resource
+
+  def limit():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the suite's cache: JAX warns when an entry is over the limit
+  out = subprocess.run([sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", *P,
+                        f"--config.workdir={tmp}/W", "--config.checkpoint_every=2", "--config.quiet=True", "--config.algorithm.name=scaffold",
+                        "--config.data.image_size=8", "--config.num_rounds=2", "--config.client.momentum=0.0",
+                        "--config.model.hidden=(32,)"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+  assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
+  assert not os.listdir(tmp / "W" / "checkpoint_sums"), "a checksum names the partial checkpoint"
+  return _one_line(out.stderr, "stderr")
+
+
+@case(2, "checkpoints/ read-only while a save runs", "`W/checkpoints` becomes a read-only mount as checkpoint 2's "
+      "save starts (where mounting is not allowed: the save fails with EROFS, injected)",
+      "<tmp>/W/checkpoints/2: cannot write it (read-only file system)", section="run directory")
+def _(tmp):
+  import errno
+  from fedjax_dg import checkpoint
+  w = tmp / "W"
+  ck = checkpoint.Checkpoints(str(w))
+  ckdir = str(w / "checkpoints")
+  mounted = (subprocess.run(["mount", "--bind", ckdir, ckdir], capture_output=True).returncode == 0
+             and subprocess.run(["mount", "-o", "remount,bind,ro", ckdir], capture_output=True).returncode == 0)
+  if not mounted:
+    subprocess.run(["umount", ckdir], capture_output=True)
+
+    def erofs(*a, **k):
+      raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    ck.mngr.save = erofs
+  try:
+    def save():
+      ck.save(2, {"w": np.ones(4, np.float32)})
+      ck.close()
+    line = error_of(save)
+  finally:
+    ck.close(quietly=True)
+    if mounted:
+      subprocess.run(["umount", ckdir], check=True)
+  assert os.listdir(w / "checkpoint_sums") == [], "a checksum names the failed checkpoint"
+  return line
+
+
+@case(9, "learned aggregation through 0 rounds", "`P --config.algorithm.name=learned_agg "
+      "--config.algorithm.learned.unroll=0`", "algorithm.learned.unroll must be >= 1", issue=22)
+def _(tmp):
+  return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.unroll=0")
+
+
+@case(9, "learned aggregation through more rounds than the run", "`P --config.algorithm.name=learned_agg "
+      "--config.algorithm.learned.unroll=5` (4 rounds)", "algorithm.learned.unroll: K=5 is larger than the run "
+      "(num_rounds=4)", issue=22)
+def _(tmp):
+  return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.unroll=5")
 
 
 # ----------------------------------------------------------------------------- running and the table

@@ -199,6 +199,7 @@ def _cli(workdir, *extra, fsize=None):
           "--config.checkpoint_every=2", "--config.client.lr=0.1", "--config.client.momentum=0.0",
           "--config.client.batch_size=16", "--config.quiet=True", f"--config.algorithm.name={c.algorithm.name}", *extra]
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the suite's cache: JAX warns when an entry is over the limit
   return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT,
                         preexec_fn=limit if fsize else None, timeout=600)
 
