@@ -54,7 +54,8 @@ def load(paths):
 def title(r) -> str:
   k = r.get("unroll", 1)
   rule = "one-step" if k == 1 else f"K = {k}"
-  return f"{r.get('data', '?')}, λ = {r.get('lam', '?'):g}, {rule}, seed {r.get('seed', '?')}"
+  lam = f"{r['lam']:g}" if isinstance(r.get("lam"), (int, float)) else "?"
+  return f"{r.get('data', '?')}, λ = {lam}, {rule}, seed {r.get('seed', '?')}"
 
 
 def plot(runs, out: str) -> None:
