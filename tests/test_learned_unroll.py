@@ -1,6 +1,8 @@
 """The K-round learned-aggregation rule (`algorithm.learned.unroll = K`): its outer gradient
 through the last K aggregations against central finite differences of a float64 NumPy
 transcription, its Adam steps against Adam written out, and K = 1 against the one-step rule."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -163,3 +165,23 @@ def test_k_larger_than_the_run_is_refused(tiny_config):
   with pytest.raises(ValueError, match=r"algorithm.learned.unroll: K=7 is larger than the run \(num_rounds=6\)"):
     build_algorithm(tiny_config, tiny_mlp(), make_schedule(4, 2, 1, 10, 5), 8, 8,
                     heldout_val=(np.zeros((2, 6)), np.zeros(2, int)))
+
+
+def test_weight_figure_is_regenerated_byte_for_byte(tmp_path):
+  """The figure of the learned weights, drawn twice from the committed weight files: the
+  same bytes, and no date or software name in the PNG's metadata."""
+  import glob
+  import importlib.util
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location(
+      "plot_weights", os.path.join(root, "experiments", "learned_aggregation", "plot_weights.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  files = sorted(glob.glob(mod.DEFAULT_GLOB))
+  assert len(files) >= 4
+  outs = [str(tmp_path / f"w{k}.png") for k in range(2)]
+  for out in outs:
+    mod.main(files[:2] + ["--out", out])
+  a, b = (open(o, "rb").read() for o in outs)
+  assert a == b and a[:8] == b"\x89PNG\r\n\x1a\n"
+  assert b"tIME" not in a and b"Software" not in a and b"matplotlib" not in a
