@@ -104,9 +104,10 @@ class _DropOrbaxRecords(logging.Filter):
 
 
 def _closed_loop_noise(exc_type, exc, tb) -> bool:
-  """Whether an exception reported through `sys.unraisablehook` (or `sys.excepthook`) is TensorStore calling back into
-  the event loop orbax has closed after a failed save ("Event loop is closed" from asyncio's
-  `call_soon_threadsafe`): noise after the failure the run reports in one line."""
+  """Whether an exception reported through `sys.unraisablehook` (or `sys.excepthook`) is
+  TensorStore calling back into the event loop orbax has closed after a failed save ("Event
+  loop is closed" from asyncio's `call_soon_threadsafe`): noise after the failure the run
+  reports in one line."""
   last = traceback.extract_tb(tb)[-1:] if tb is not None else []
   return (exc_type is RuntimeError and "Event loop is closed" in str(exc)
           and any(f.filename.endswith(os.path.join("asyncio", "base_events.py")) for f in last))
@@ -147,6 +148,9 @@ class Checkpoints:
     with _quiet_orbax():  # it logs each unreadable step it lists; restore_latest says it in one line
       self.mngr = ocp.CheckpointManager(self.dir, options=ocp.CheckpointManagerOptions(
           max_to_keep=self.max_to_keep, create=True, cleanup_tmp_directories=True,
+          # step folders made before save() returns: when they cannot be made (a read-only
+          # checkpoints/), asynchronous creation leaves background threads waiting minutes
+          # for them, which holds the process open after the run has stopped
           async_options=ocp.AsyncOptions(create_directories_asynchronously=False)))
 
   def _sum_path(self, step: int) -> str:
