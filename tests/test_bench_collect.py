@@ -8,6 +8,7 @@ import sys
 import ml_collections
 import pytest
 
+from fedjax_dg import provenance
 from fedjax_dg.bench import collect, difficulty, figures, sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +29,7 @@ def write_run(workdir, rounds: dict, wall=1.0, bytes_per_round=100):
     best = max(recs, key=lambda r: (r["splits"][split]["accuracy"], -r["round"]))
     sel[rule] = {"round": best["round"], "val": best["splits"][split], "test": best["splits"]["test"]}
   summary = {"selection": sel, "wall_time_s": wall, "final": recs[-1], "client_sizes": [30, 30],
+             "provenance": {"source": provenance.source_fingerprint()},  # run under the current code
              "domains": {"names": ["a", "b", "c", "d"]},
              "communication": {"bytes_per_round": bytes_per_round, "setup_bytes": 0}}
   with open(os.path.join(workdir, "summary.json"), "w") as f:
