@@ -87,7 +87,7 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict) -> tuple[str, l
     testable = bool(above or below or same)
     outcomes.append("cannot tell" if not testable else "lower" if above else "higher")
     where = collect.column_label(col)
-    text = f"{where}: {cite_cell(names, baseline, 'here', base)}; "
+    text = f"{where}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
     text += (f"significantly above it: {', '.join(above)}" if above else "no method significantly above it")
     text += (f"; significantly below it: {', '.join(below)}" if below else "")
     text += (f"; no difference: {len(same)}" if same else "") + (f"; untestable: {len(untested)}" if untested else "")
