@@ -259,10 +259,12 @@ def test_welch_against_closed_forms():
 def test_verdict_words():
   assert stats.verdict(["higher", "higher", "cannot tell"], "higher") == "holds"
   assert stats.verdict(["no difference", "lower"], "higher") == "does not hold"
+  assert stats.verdict(["no difference", "no difference", "cannot tell"], "higher") == "no difference"
+  assert stats.verdict(["no difference"], "higher", "most") == "no difference"
   assert stats.verdict(["higher", "no difference", "lower"], "higher") == "holds in 1 of 3 testable comparisons"
   assert stats.verdict(["cannot tell"], "higher") == "cannot tell"
   assert stats.verdict(["higher", "higher", "lower"], "higher", "most") == "holds"
-  assert stats.verdict(["higher", "no difference"], "higher", "most") == "does not hold"
+  assert stats.verdict(["higher", "no difference", "lower"], "higher", "most") == "does not hold"
 
 
 def test_bold_only_where_the_lead_is_significant(tmp_path):

@@ -58,9 +58,14 @@ TRIALS = 8
 LOCAL_STEPS = 8
 
 
-def get_config():
+def get_config(variant: str = "full"):
+  """`variant="slice"` (`--sweep configs/sweeps/report_fmnist.py:slice`): the same pipeline on
+  2 methods, one column (C = 20, lambda = 1), 2 search trials, 2 seeds and 6 rounds, to check
+  search -> seeds -> collect -> report end to end in minutes."""
+  if variant not in ("full", "slice"):
+    raise ValueError(f"configs/sweeps/report_fmnist.py: variant must be 'full' or 'slice', got {variant!r}")
   s = sweep_common.skeleton("FedDG benchmark on rotated Fashion-MNIST (seed 001's protocol)",
-                            "runs/sweeps/report_fmnist")
+                            "runs/sweeps/report_fmnist" + ("" if variant == "full" else "_slice"))
   b = s.base
   fm = rotated_fashion_mnist.get_config()
   b.data = fm.data
@@ -105,4 +110,14 @@ def get_config():
   s.report.out = "experiments/report_fmnist"
   s.report.sweep_file = "configs/sweeps/report_fmnist.py"
   s.launch.workers = 2
+  if variant == "slice":
+    b.num_rounds = 6
+    cells = {"methods": ("fedavg", "fediir"), "client_counts": (CLIENTS[0],), "lams": (1.0,)}
+    s.grids = ml_collections.ConfigDict({
+        "search": {**cells, "seeds": (0,), "num_trials": 2},
+        "table": {**cells, "seeds": (0, 1), "select_from": "search", "select_rule": "heldout_domain"}})
+    s.figures.clients_grid = s.figures.clients_steps_grid = s.figures.rounds_grid = ""
+    s.figures.per_run_grid = ""
+    s.report.out = "runs/sweeps/report_fmnist_slice/report"
+    s.report.sweep_file = "configs/sweeps/report_fmnist.py:slice"
   return s

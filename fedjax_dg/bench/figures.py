@@ -42,14 +42,13 @@ def _plt():
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  plt.rcParams["svg.hashsalt"] = "fedjax_dg"
   return plt
 
 
 def save(fig, path: str, dpi: int = 120) -> None:
   """PNG without metadata (no matplotlib version, no date): equal inputs, equal bytes."""
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  fig.savefig(path, dpi=dpi, metadata={"Software": None})
+  fig.savefig(path, dpi=dpi, metadata={"Software": None}, bbox_inches="tight")
 
 
 def style(k: int) -> dict:
@@ -180,14 +179,15 @@ def plot_clients(panels: list, path: str, metric: str, names: dict, order: dict)
   lams = list(dict.fromkeys(r["lam"] for _, rows in panels for r in rows))
   fig, axes = plt.subplots(len(panels), len(lams), figsize=(3.6 * len(lams) + 0.6, 3.2 * len(panels)),
                            squeeze=False, sharey=True)
+  methods = _order((r["method"] for _, rows in panels for r in rows), order)
   for i, (title, rows) in enumerate(panels):
     cs = sorted({r["num_clients"] for r in rows})
     for j, lam in enumerate(lams):
       ax = axes[i][j]
-      for m in _order((r["method"] for r in rows), order):
+      for k, m in enumerate(methods):
         pts = sorted((r for r in rows if r["lam"] == lam and r["method"] == m), key=lambda r: r["num_clients"])
         _line(ax, [r["num_clients"] for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
-              names.get(m, m), style(order.get(m, 0)))
+              names.get(m, m), style(k))
       ax.set_xscale("log")
       ax.set_xticks(cs, [str(c) for c in cs])
       ax.minorticks_off()
@@ -207,11 +207,11 @@ def plot_rounds(rows: list[dict], path: str, metric: str, names: dict, order: di
   fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 0.6, 3.2), squeeze=False, sharey=True)
   axes = axes[0]
   for ax, (C, lam) in zip(axes, panels):
-    for m in _order((r["method"] for r in rows), order):
+    for k, m in enumerate(_order((r["method"] for r in rows), order)):
       pts = sorted((r for r in rows if (r["num_clients"], r["lam"]) == (C, lam) and r["method"] == m),
                    key=lambda r: r["num_rounds"])
       _line(ax, [r["num_rounds"] for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
-            names.get(m, m), style(order.get(m, 0)))
+            names.get(m, m), style(k))
       for r in pts:
         ax.annotate(f"E={r['local_epochs']}", (r["num_rounds"], r["mean"]), textcoords="offset points",
                     xytext=(0, 6), ha="center", fontsize=7)
@@ -232,7 +232,8 @@ def plot_rounds(rows: list[dict], path: str, metric: str, names: dict, order: di
 def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, split: str, groups: list, names: dict,
                 order: dict, baseline: str) -> None:
   """One row per method group (`groups`: [(group, methods)]), one column per lambda; the
-  baseline drawn grey and dashed in every row for reference."""
+  baseline drawn grey and dashed in every row for reference, the group's other methods in
+  distinct colours (at most 8 a group before a colour repeats with another line style)."""
   plt = _plt()
   rows = [r for r in rows if r["split"] == split]
   lams = list(dict.fromkeys(r["lam"] for r in rows))
@@ -241,10 +242,10 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
   for i, (group, members) in enumerate(groups):
     for j, lam in enumerate(lams):
       ax = axes[i][j]
+      others = [x for x in members if x != baseline]
       for m in members:
         pts = [r for r in rows if r["lam"] == lam and r["method"] == m]
-        grey = m == baseline and group_has_others(members, baseline)
-        st = {"color": BASELINE_COLOUR, "linestyle": "--"} if grey else style(order.get(m, 0))
+        st = {"color": BASELINE_COLOUR, "linestyle": "--"} if m == baseline else style(others.index(m))
         _line(ax, [r["round"] for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts], names.get(m, m),
               {**st, "marker": None})
       ax.set_title(f"{group}: C = {num_clients}, λ = {lam:g}", fontsize=8)
@@ -253,16 +254,12 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
       if i == len(groups) - 1:
         ax.set_xlabel("round")
     axes[i][0].set_ylabel(f"{metric}")
+    axes[i][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # one per group
   fig.suptitle(f"{SPLIT_LABELS[split]} {metric} vs round (mean ± std over seeds of each seed's selected trial)",
                fontsize=9)
-  _legend(fig, axes)
   fig.tight_layout()
   save(fig, path, dpi=110)
   plt.close(fig)
-
-
-def group_has_others(members, baseline) -> bool:
-  return any(m != baseline for m in members)
 
 
 def run_curve_rows(records: list[dict], metric: str = "accuracy") -> list[dict]:

@@ -225,9 +225,9 @@ def provenance_lines(data) -> list[str]:
   for run in data.results.values():
     p = run["summary"].get("provenance") or {}
     g = p.get("git") or {}
-    commits[(g.get("commit") or "unknown")[:12]] += 1
+    commits[(g.get("commit") or "")[:12] or "unknown"] += 1
     dirty["unknown" if g.get("dirty") is None else "uncommitted changes" if g.get("dirty") else "clean tree"] += 1
-    fps[((p.get("source") or {}).get("sha256") or "none recorded")[:12]] += 1
+    fps[((p.get("source") or {}).get("sha256") or "")[:12] or "none recorded"] += 1
   n = len(data.results)
   fmt = lambda c: ", ".join(f"{k} ({v})" for k, v in sorted(c.items()))
   return [f"runs: {n} finished; git commits: {fmt(commits) or '-'}; trees: {fmt(dirty) or '-'}",
@@ -256,7 +256,7 @@ def setup_lines(data, st) -> list[str]:
                  + ("; " + ", ".join(f"`{k}` {tuple(v)}" for k, v in sorted(dist.items())) if dist else ""))
   for n, g in sweep.grids.items():
     if g.get("select_from", ""):
-      lines.append(f"grid `{n}`: {len(g.seeds)} seeds at the trial grid `{g.select_from}` selects per cell "
+      lines.append(f"grid `{n}`: {len(g.seeds)} seeds at the trial that grid `{g.select_from}` selects per cell "
                    f"({g.get('select_rule', 'heldout_domain')} validation, mean over the search's seeds)")
   for m, over in sorted(sweep.get("method_overrides", {}).items()):
     if any(m in g.get("methods", ()) or m in sweep.get("centralized", {}).values() for g in sweep.grids.values()):
@@ -289,12 +289,14 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   r = sweep.get("report", {})
   names = collect.display_names(sweep)
   baseline = r.get("baseline", "") or _baseline()
-  cmd = f"python -m fedjax_dg.bench report --results {collect.RESULTS_FILE}"
+  cmd = f"python -m fedjax_dg.bench report --results {collect.RESULTS_FILE}" + (" --allow_stale" if data.stale else "")
   md = [f"# {r.get('title', sweep.get('name', 'sweep'))}", "",
         f"Generated from {collect.RESULTS_FILE} in this folder (every job's metrics at every evaluation round, with "
         f"its config and provenance) by `{cmd}` run here, or from the runs by "
         f"`python -m fedjax_dg.bench report --sweep {data.sweep_arg or r.get('sweep_file', '<sweep config>')}`"
-        f" (the `--sweep` argument this report was made with). Nothing below is written by hand.", "",
+        f" (the `--sweep` argument this report was made with). Nothing below is written by hand."
+        + (f" {len(data.stale)} of the runs are stale (†: run under other code than the code that collected them)."
+           if data.stale else ""), "",
         "## Setup", ""]
   md += [f"- {l}" for l in setup_lines(data, st)]
   md += [f"- jobs: {len(exp.jobs)} ({', '.join(f'{counts[s]} {s}' for s in sorted(counts))})",

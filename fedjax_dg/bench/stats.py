@@ -50,13 +50,15 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   """Verdict on a claim from comparisons, each "higher" / "lower" / "no difference" /
   "cannot tell"; `supports` names the outcome the claim predicts. `need="all"`: the claim
   holds when every testable comparison supports it; `"most"`: when more than half do.
-  "does not hold" when no testable comparison supports it (or, for "most", half or fewer),
-  "holds in k of n testable comparisons" in between for "all", "cannot tell" when none is
-  testable."""
+  "no difference" when every testable comparison is "no difference", "does not hold" when
+  no testable comparison supports it otherwise (or, for "most", half or fewer do), "holds in
+  k of n testable comparisons" in between for "all", "cannot tell" when none is testable."""
   testable = [o for o in outcomes if o != "cannot tell"]
   k = sum(o == supports for o in testable)
   if not testable:
     return "cannot tell"
+  if all(o == "no difference" for o in testable):
+    return "no difference"
   if need == "most":
     return "holds" if 2 * k > len(testable) else "does not hold"
   if k == len(testable):
