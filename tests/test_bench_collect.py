@@ -191,7 +191,7 @@ def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
   fill(exp)
   pngs = figures.make_figures(s, str(tmp_path / "fig"), exp)
   names = sorted(os.path.relpath(p, tmp_path / "fig") for p in pngs)
-  assert names == sorted(["fig2_clients.png", "fig3_rounds.png", "fig4_test_C4.png", "fig4_heldout_val_C4.png"]
+  assert names == sorted(["fig2_clients.png", "fig3_rounds.png", "fig4_curves_C4.png", "fig4_heldout_val_C4.png"]
                          + [os.path.join("runs", figures.run_name(e.axes, e.key) + ".png") for e in exp.entries
                             if e.grid == "table" and e.axes["method"] == "irm" and e.axes["seed"] == 0])
   for p in pngs:

@@ -171,7 +171,7 @@ def test_report_regenerates_byte_for_byte_from_the_results_file(tmp_path):
   del ta[collect.RESULTS_FILE]
   assert ta == tb  # from the runs or from the file: the same report
   assert {"REPORT.md", "tables.md", "tables.tex", "jobs.csv", "figures/fig2_clients.png",
-          "figures/fig4_test_C4.png", "figures/fig4_heldout_val_C4.png",
+          "figures/fig4_curves_C4.png", "figures/fig4_heldout_val_C4.png",
           "figures/runs/fedavg_C4_lam1_seed0_trial0_" + next(e.key for e in exp.entries if e.grid == "table" and
                                                               e.axes["lam"] == 1.0 and e.axes["method"] == "fedavg"
                                                               and e.axes["seed"] == 0)[:8] + ".png"} <= set(tb)

@@ -9,7 +9,8 @@
                     the curve is about clients, not the step budget)
   fig3_rounds       seed 001 Fig. 3: the same vs communication rounds at fixed total local
                     computation (rounds x local epochs constant), one panel per (C, lambda)
-  fig4_<split>_C<c> seed 001 Fig. 4 style: test (and held-out validation) metric vs round,
+  fig4_curves_C<c>  seed 001 Fig. 4 style: test metric vs round (fig4_heldout_val_C<c>: the
+                    held-out validation domain's),
                     one row per method group (the baseline, grey, in each), one column per
                     lambda (mean over seeds of each seed's selected trial)
   runs/<method>_C<c>_lam<l>_seed<s>_trial<t>_<key>  one run: every split's metric vs round
@@ -385,8 +386,8 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
       rows = curve_rows(exp, results, f.curves_grid, C, rule, metric)
       if rows:
         write_rows(rows, os.path.join(out_dir, f"fig4_curves_C{C}.csv"))
-        for split in ("test", "heldout_val"):
-          path = os.path.join(out_dir, f"fig4_{split}_C{C}.png")
+        for split in ("test", "heldout_val"):  # fig4_curves_C<c>.png: the test domain
+          path = os.path.join(out_dir, f"fig4_{'curves' if split == 'test' else split}_C{C}.png")
           plot_curves(rows, path, metric, C, split, grid_groups, names, order, baseline)
           made.append(path)
   for key, axes in _per_run(sweep, exp, results):
