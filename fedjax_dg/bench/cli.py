@@ -58,6 +58,9 @@ def _sweep_arg(argv) -> str:
 def _from_results(cmd: str) -> int:
   """collect / figures / report from --results alone."""
   from fedjax_dg.bench import collect, figures, report, results as results_lib
+  if not os.path.isfile(_RESULTS.value):
+    print(f"error: --results {_RESULTS.value}: no such file", file=sys.stderr)
+    return 2
   data = results_lib.read(_RESULTS.value)
   out = _OUT.value or os.path.dirname(os.path.abspath(_RESULTS.value))
   if cmd == "report":
