@@ -1077,6 +1077,36 @@ def _(tmp):
   return error_of(lambda: launch.run_local(exp, workers=0, quiet=True))
 
 
+@case(5, "stale jobs in `bench collect`", "a finished job whose summary records another source fingerprint "
+      "(the code changed since it ran); `bench collect`", "finished job(s) ran under other code than the current "
+      "fedjax_dg", section="sweeps")
+def _(tmp):
+  import json as json_lib
+  from fedjax_dg.bench import collect
+  s, exp, w = _tiny_sweep(tmp)
+  with open(os.path.join(w, "metrics.jsonl"), "w") as f:
+    f.write('{"round": 1, "splits": {}}\n')
+  with open(os.path.join(w, "summary.json"), "w") as f:
+    json_lib.dump({"selection": {}, "provenance": {"source": {"sha256": "0" * 64}}}, f)
+  return error_of(lambda: collect.collect(s, str(tmp / "out"), exp))
+
+
+@case(5, "`bench report --results` on a file that is not one", "`python -m fedjax_dg.bench report --results "
+      "x.jsonl.gz` where x.jsonl.gz is not gzip", "x.jsonl.gz: not a results file (gzip JSON lines)", section="sweeps")
+def _(tmp):
+  (tmp / "x.jsonl.gz").write_bytes(b"plain text")
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg.bench", "report", "--results", str(tmp / "x.jsonl.gz")])
+
+
+@case(5, "`select_from` naming no search grid", "`sweep.grids.seeds.select_from = 'nope'`",
+      "sweep.grids.seeds.select_from: 'nope' is not a search grid of this sweep", section="sweeps")
+def _(tmp):
+  from fedjax_dg.bench import sweep as sweep_lib
+  s, _, _ = _tiny_sweep(tmp)
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (0,), "select_from": "nope"}
+  return error_of(lambda: sweep_lib.expand(s))
+
+
 # ----------------------------------------------------------------------------- data files
 
 def _iwildcam(tmp, rows, raw: bytes | None = None):

@@ -8,6 +8,7 @@ import sys
 import ml_collections
 import pytest
 
+from fedjax_dg import provenance
 from fedjax_dg.bench import collect, difficulty, figures, sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,6 +29,7 @@ def write_run(workdir, rounds: dict, wall=1.0, bytes_per_round=100):
     best = max(recs, key=lambda r: (r["splits"][split]["accuracy"], -r["round"]))
     sel[rule] = {"round": best["round"], "val": best["splits"][split], "test": best["splits"]["test"]}
   summary = {"selection": sel, "wall_time_s": wall, "final": recs[-1], "client_sizes": [30, 30],
+             "provenance": {"source": provenance.source_fingerprint()},  # run under the current code
              "domains": {"names": ["a", "b", "c", "d"]},
              "communication": {"bytes_per_round": bytes_per_round, "setup_bytes": 0}}
   with open(os.path.join(workdir, "summary.json"), "w") as f:
@@ -75,17 +77,19 @@ def test_table_mean_std_bold_italics_by_hand(tmp_path):
     assert c.mean == pytest.approx(sum(vals) / 3, abs=1e-12)
     assert c.std == pytest.approx(statistics.stdev(vals), abs=1e-12)  # sample std, ddof = 1
   assert t.cells[("fedprox", (1, None))] is None  # no centralised FedProx: "-"
-  # Column (4, 1): fedavg 0.65, fedprox 0.66, irm 0.54 -> fedprox bold, fedavg italics.
-  # Column (4, 0): irm and fedprox tie at 0.47 (bold both), fedavg 0.42 italics.
-  rk = collect.ranks(t)
-  assert rk[("fedprox", (4, 1.0))] == 1 and rk[("fedavg", (4, 1.0))] == 2 and ("irm", (4, 1.0)) not in rk
-  assert rk[("irm", (4, 0.0))] == rk[("fedprox", (4, 0.0))] == 1 and rk[("fedavg", (4, 0.0))] == 2
+  # Bold only where the column's best beats the runner-up by Welch's t-test (p < 0.05): at C = 1
+  # ERM 0.85 vs IRM 0.72 (p = 0.032, bold); at (4, 1) FedProx 0.66 vs FedAvg 0.65 (no); at
+  # (4, 0) IRM and FedProx tie at 0.47 (no). Cells: mean ± standard error (std / sqrt(3)) (n).
+  lead = collect.leaders(t)
+  assert lead[(1, None)][:2] == ("fedavg", "irm") and lead[(1, None)][3]
+  assert lead[(4, 1.0)][:2] == ("fedprox", "fedavg") and not lead[(4, 1.0)][3]
+  assert lead[(4, 0.0)][:2] == ("irm", "fedprox") and not lead[(4, 0.0)][3]
   md = collect.to_markdown(t, digits=3).splitlines()
-  assert md[2] == "| B | FedAvg-ERM | **0.850 ± 0.050** | *0.650 ± 0.050* | *0.420 ± 0.020* |"
-  assert md[3] == "| DG adapted | IRM | *0.720 ± 0.020* | 0.540 ± 0.053 | **0.470 ± 0.020** |"
-  assert md[4] == "| FL | FedProx | - | **0.660 ± 0.044** | **0.470 ± 0.020** |"
+  assert md[2] == "| B | FedAvg-ERM | **0.850 ± 0.029 (n=3)** | 0.650 ± 0.029 (n=3) | 0.420 ± 0.012 (n=3) |"
+  assert md[3] == "| DG adapted | IRM | 0.720 ± 0.012 (n=3) | 0.540 ± 0.031 (n=3) | 0.470 ± 0.012 (n=3) |"
+  assert md[4] == "| FL | FedProx | - | 0.660 ± 0.025 (n=3) | 0.470 ± 0.012 (n=3) |"
   tex = collect.to_latex(t, digits=2)
-  assert "\\textbf{0.85 $\\pm$ 0.05}" in tex and "\\textit{0.65 $\\pm$ 0.05}" in tex
+  assert "\\textbf{0.85 $\\pm$ 0.03 (n=3)}" in tex and "\\textit" not in tex
   # ddof = 0 (numpy's default) is the population std.
   t0 = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=0)
   assert t0.cells[("irm", (4, 1.0))].std == pytest.approx(statistics.pstdev(TEST[("irm", 4, 1.0)]), abs=1e-12)
@@ -108,7 +112,7 @@ def test_selection_rules_oracle_and_missing_seeds(tmp_path):
   assert orc.cells[("irm", (4, 0.0))].mean == pytest.approx(sum(vals) / 3 + 0.1)
   c = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=1).cells[("fedavg", (4, 1.0))]
   assert c.values == (0.60, 0.70) and c.expected == 3
-  assert collect.format_cell(c, 2) == "0.65 ± 0.07 (2/3)"
+  assert collect.format_cell(c, 2) == "0.65 ± 0.05 (n=2/3)"  # standard error 0.0707 / sqrt(2)
   assert collect.format_cell(collect.Cell(None, None, (), 3), 2) == "X"
 
 
@@ -187,8 +191,8 @@ def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
   fill(exp)
   pngs = figures.make_figures(s, str(tmp_path / "fig"), exp)
   names = sorted(os.path.relpath(p, tmp_path / "fig") for p in pngs)
-  assert names == sorted(["fig2_clients.png", "fig3_rounds.png", "fig4_curves_C4.png"]
-                         + [os.path.join("runs", e.key + ".png") for e in exp.entries
+  assert names == sorted(["fig2_clients.png", "fig3_rounds.png", "fig4_curves_C4.png", "fig4_heldout_val_C4.png"]
+                         + [os.path.join("runs", figures.run_name(e.axes, e.key) + ".png") for e in exp.entries
                             if e.grid == "table" and e.axes["method"] == "irm" and e.axes["seed"] == 0])
   for p in pngs:
     assert os.path.getsize(p) > 5000
@@ -202,21 +206,18 @@ def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
   assert float(r["mean"]) == pytest.approx(sum(TEST[("irm", 4, 0.0)]) / 3 + 0.1)
 
 
-def test_report_keeps_the_reading_and_states_remark_facts(tmp_path):
-  """REPORT.md is regenerated whole, except the hand-written reading (`sweep.report.reading`),
-  included verbatim; remark 4.1's facts are the table's ranks (fedprox 0.66 beats fedavg
-  0.65 at C=4, lambda=1: fedavg ranks 2 of 3)."""
+def test_report_generates_the_reading_from_the_numbers(tmp_path):
+  """REPORT.md is generated whole, the reading too: remark 4.1's verdict per column comes
+  from Welch's t-test against FedAvg-ERM (FedProx 0.66 vs FedAvg 0.65 at C=4, lambda=1 is no
+  difference; at lambda=0 IRM and FedProx, 0.47, are above FedAvg's 0.42 with p ~ 0.04)."""
   from fedjax_dg.bench import report
   s = sweep_config(tmp_path / "runs")
   exp = sweep_lib.expand(s)
   fill(exp)
   out = tmp_path / "out"
   md = open(report.write_report(s, str(out), exp)).read()
-  assert "(not written yet" in md
-  s.report.reading = str(tmp_path / "READING.md")
-  (tmp_path / "READING.md").write_text("FedAvg is **not** best at C=4, lambda=1 (0.650 vs 0.660).\n")
-  md = open(report.write_report(s, str(out), exp)).read()
   reading = md.split("## Reading", 1)[1]
-  assert "FedAvg is **not** best at C=4, lambda=1 (0.650 vs 0.660)." in reading
-  assert "C=4, λ=1: fedavg 0.650 ranks 2 of 3; best fedprox 0.660" in md
+  assert "holds in 2 of 3 testable comparisons" in reading
+  assert "C=4, λ=1: FedAvg-ERM 0.650 ± 0.029 (n=3); no method significantly above it; no difference: 2" in reading
+  assert "C=4, λ=0: FedAvg-ERM 0.420 ± 0.012 (n=3); significantly above it: IRM 0.470 ± 0.012 (n=3) (p = 0.038)" in reading
   assert "jobs: 24 (24 done)" in md  # 3 methods x (C=4 at two lambdas) x 3 seeds + 2 centralised x 3

@@ -60,7 +60,8 @@ def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
                                         "distributions": {}})
   s.grids = ml_collections.ConfigDict()
   s.table = ml_collections.ConfigDict({"grid": "table", "groups": GROUPS, "display": dict(DISPLAY)})
-  s.figures = ml_collections.ConfigDict({"clients_grid": "", "rounds_grid": "", "curves_grid": "",
+  s.figures = ml_collections.ConfigDict({"clients_grid": "", "clients_steps_grid": "", "rounds_grid": "",
+                                         "curves_grid": "",
                                          "per_run_grid": "", "per_run_methods": (), "per_run_seeds": ()})
   s.report = ml_collections.ConfigDict({"metric": "", "std_ddof": 1, "digits": 3, "out": "", "title": name,
                                         "sweep_file": "", "baseline": "fedavg", "dg_group": "DG adapted",

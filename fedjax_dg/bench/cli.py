@@ -9,9 +9,13 @@ Commands:
   status   done / running / failed / interrupted / pending counts and the unfinished jobs
            (--verbose: every job)
   collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
-           and oracle selection), difficulty.md (Table 6), jobs.csv into --out
+           and oracle selection), difficulty.md (Table 6), jobs.csv and results.jsonl.gz
+           (every job's metrics at every evaluation, config and provenance) into --out
   figures  Fig. 2, Fig. 3, Fig. 4-style curves and per-run curves (PNG + CSV) into --out
-  report   collect + figures + REPORT.md into --out (default sweep.report.out)
+  report   collect + figures + REPORT.md into --out (default sweep.report.out), with the
+           results file results.jsonl.gz; `report --results FILE` regenerates it from the
+           file alone. collect / figures / report refuse jobs run under other code than the
+           current one (`status` lists them as stale) unless --allow_stale
   jobs     one line per job: key, workdir, description
 """
 from __future__ import annotations
@@ -33,6 +37,48 @@ _OUT = flags.DEFINE_string("out", None, "collect / figures / report: output fold
 _VERBOSE = flags.DEFINE_bool("verbose", False, "status: list every job.")
 _IGNORE_LOCKS = flags.DEFINE_bool("ignore_locks", False, "run: run jobs even if a lock says they are running.")
 
+# --- report flags (staleness, the results file) -------------------------------------------
+_ALLOW_STALE = flags.DEFINE_bool("allow_stale", False, "collect / figures / report: use jobs run under other code "
+                                 "than the current fedjax_dg (marked with a dagger) instead of refusing them.")
+_RESULTS = flags.DEFINE_string("results", None, "report / collect / figures: regenerate from this results file "
+                               "(results.jsonl.gz) alone; --sweep is then not needed (--out defaults to its folder).")
+
+
+def _sweep_arg(argv) -> str:
+  """The --sweep argument as given (file and overrides), recorded in the report."""
+  out, args = [], list(argv)
+  for i, a in enumerate(args):
+    if a == "--sweep" and i + 1 < len(args):
+      out.append(args[i + 1])
+    elif a.startswith("--sweep=") or a.startswith("--sweep."):
+      out.append(a[len("--sweep="):] if a.startswith("--sweep=") else a)
+  return " ".join(out)
+
+
+def _from_results(cmd: str) -> int:
+  """collect / figures / report from --results alone."""
+  from fedjax_dg.bench import collect, figures, report, results as results_lib
+  if not os.path.isfile(_RESULTS.value):
+    print(f"error: --results {_RESULTS.value}: no such file", file=sys.stderr)
+    return 2
+  data = results_lib.read(_RESULTS.value)
+  out = _OUT.value or os.path.dirname(os.path.abspath(_RESULTS.value))
+  if cmd == "report":
+    report.write_report(data.sweep, out, data=data, allow_stale=_ALLOW_STALE.value)
+    print(f"report in {out}/REPORT.md")
+  elif cmd == "collect":
+    collect.collect(data.sweep, out, data=data, allow_stale=_ALLOW_STALE.value)
+    print(f"tables in {out}/tables.md, jobs in {out}/jobs.csv")
+  elif cmd == "figures":
+    collect.ready(data, _ALLOW_STALE.value)
+    for p in figures.make_figures(data.sweep, out, data=data) or [figures.no_figures(data.sweep) or "no figures"]:
+      print(p)
+  else:
+    print(f"error: --results serves collect, figures and report, not {cmd}", file=sys.stderr)
+    return 2
+  return 0
+# --- end of report flags ---------------------------------------------------------------------
+
 
 def _out(sweep, sub: str) -> str:
   return _OUT.value or (sweep.get("report", {}).get("out", "") if sub == "report" else "") or \
@@ -47,6 +93,12 @@ def main(argv) -> int:
           "python -m fedjax_dg.bench status --sweep configs/sweeps/tiny.py", file=sys.stderr)
     return 2
   from fedjax_dg import main as main_lib
+  if _RESULTS.value:  # report flags: the results file alone
+    try:
+      return _from_results(args[0])
+    except (sweep_lib.SweepError, FileNotFoundError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   try:
     cmd, sweep = args[0], _SWEEP.value
     if sweep is not None:
@@ -59,6 +111,8 @@ def main(argv) -> int:
     return 2
   try:
     exp = sweep_lib.expand(sweep)
+    for grid, why in exp.waiting.items():  # report flags: a seeds phase waiting for its search
+      print(f"waiting: {why}", file=sys.stderr)
     if cmd == "jobs":
       for e in exp.entries:
         print(f"{e.key}  {e.grid:12s} {sweep_lib.describe(e.axes)}  {exp.jobs[e.key].workdir}")
@@ -85,15 +139,17 @@ def main(argv) -> int:
           print("submitted: " + " ".join(str(h.job_id) for h in out))
     elif cmd == "collect":
       out = _out(sweep, "collect")
-      collect.collect(sweep, out, exp)
-      print(f"tables in {out}/tables.md, jobs in {out}/jobs.csv")
+      collect.collect(sweep, out, exp, allow_stale=_ALLOW_STALE.value)
+      print(f"tables in {out}/tables.md, jobs in {out}/jobs.csv, results in {out}/{collect.RESULTS_FILE}")
     elif cmd == "figures":
       out = _out(sweep, "figures")
-      for p in figures.make_figures(sweep, out, exp):
+      if figures.no_figures(sweep):
+        print(figures.no_figures(sweep))
+      for p in figures.make_figures(sweep, out, exp, allow_stale=_ALLOW_STALE.value):
         print(p)
     elif cmd == "report":
       out = _out(sweep, "report")
-      report.write_report(sweep, out, exp)
+      report.write_report(sweep, out, exp, allow_stale=_ALLOW_STALE.value, sweep_arg=_sweep_arg(sys.argv[1:]))
       print(f"report in {out}/REPORT.md")
   except (sweep_lib.SweepError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -107,7 +163,8 @@ def run():
     print_help(__name__, __doc__)
     sys.exit(0)
   from fedjax_dg import main as main_lib
-  flags.mark_flag_as_required("sweep")
+  if not any(a == "--results" or a.startswith("--results=") for a in sys.argv[1:]):  # report flags
+    flags.mark_flag_as_required("sweep")
   app.run(lambda argv: sys.exit(main(argv)), flags_parser=lambda argv: main_lib.parse_flags(argv, flag="sweep"))
 
 

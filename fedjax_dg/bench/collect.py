@@ -10,23 +10,26 @@ validation score is best (the oracle keeps the best test score), as DomainBed do
 (seed 001 App. D.4). A seed's value is the mean over folds; a cell is the mean and the
 standard deviation over trial seeds (`ddof`, default 1: the sample standard deviation;
 seed 001 reports "the standard deviation among 3 runs" without saying which, and
-DomainBed's tables print a standard error, `np.std(x) / sqrt(n)` with ddof 0). Best mean
-per column in bold, second in italics (ties share the mark); "-" = not applicable
-(no centralised counterpart at C = 1); "X" = no finished run; "(k/n)" = k of n seeds
-finished.
+DomainBed's tables print a standard error, `np.std(x) / sqrt(n)` with ddof 0). Tables print
+mean ± standard error (std / sqrt(n)) and n, the number of seeds; a column's best mean is in
+bold only where Welch's t-test over seeds puts it above the runner-up at p < 0.05
+(`fedjax_dg.bench.stats`); "-" = not applicable (no centralised counterpart at C = 1);
+"X" = no finished run; "n=k/m" = k of m seeds finished; "†" = a seed's run ran under other
+code than the current one (a stale job, used only with --allow-stale).
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
+import math
 import os
 
 import warnings
 
 import numpy as np
 
-from fedjax_dg.bench import difficulty, launch, sweep as sweep_lib
+from fedjax_dg.bench import difficulty, stats, sweep as sweep_lib
 from fedjax_dg.bench.runs import _metric, load_run, read_records, rule_scores, selectable  # noqa: F401
 from fedjax_dg.rundir import RunDirError
 
@@ -65,6 +68,12 @@ class Cell:
   std: float | None
   values: tuple          # one per finished seed, in seed order
   expected: int          # seeds the sweep asked for
+  stale: int = 0         # of the chosen runs behind `values`, how many are stale
+
+  @property
+  def se(self) -> float | None:
+    """The standard error of the mean, std / sqrt(n)."""
+    return None if self.std is None else self.std / math.sqrt(len(self.values))
 
 
 def chosen_entries(entries, results, rule: str, metric: str) -> dict:
@@ -100,17 +109,19 @@ def per_seed(entries, chosen: dict) -> dict:
   return out
 
 
-def summarize(values, expected: int, ddof: int) -> Cell:
+def summarize(values, expected: int, ddof: int, stale: int = 0) -> Cell:
   values = tuple(values)
   if not values:
-    return Cell(None, None, values, expected)
+    return Cell(None, None, values, expected, stale)
   std = float(np.std(values, ddof=ddof)) if len(values) > ddof else None
-  return Cell(float(np.mean(values)), std, values, expected)
+  return Cell(float(np.mean(values)), std, values, expected, stale)
 
 
-def cell(entries, results, rule: str, metric: str, ddof: int) -> Cell:
-  seeds = per_seed(entries, select_trials(entries, results, rule, metric))
-  return summarize([seeds[s] for s in sorted(seeds)], len({e.axes["seed"] for e in entries}), ddof)
+def cell(entries, results, rule: str, metric: str, ddof: int, stale=frozenset()) -> Cell:
+  chosen = chosen_entries(entries, results, rule, metric)
+  seeds = per_seed(entries, {k: rule_scores(results[e.key], rule, metric)["test"] for k, e in chosen.items()})
+  n_stale = sum(e.key in stale for e in chosen.values())
+  return summarize([seeds[s] for s in sorted(seeds)], len({e.axes["seed"] for e in entries}), ddof, n_stale)
 
 
 # ---------------------------------------------------------------------------- tables
@@ -126,17 +137,26 @@ class Table:
   metric: str
 
 
+def lam_order(lams) -> list[float]:
+  """Lambdas from homogeneous to heterogeneous, 1, 0.1, 0 (seed 001's order), everywhere."""
+  return sorted(dict.fromkeys(float(l) for l in lams), reverse=True)
+
+
 def table_columns(grid) -> tuple:
   cols = []
   for C in grid.client_counts:
-    cols += [(1, None)] if int(C) == 1 else [(int(C), float(l)) for l in grid.lams]
+    cols += [(1, None)] if int(C) == 1 else [(int(C), l) for l in lam_order(grid.lams)]
   return tuple(cols)
+
+
+def display_names(sweep) -> dict:
+  return dict(sweep.get("table", {}).get("display", {}))
 
 
 def table_rows(sweep, grid) -> tuple:
   """Seed 001's row groups (`sweep.table.groups`: (group, (methods, ...)) pairs), keeping the
   grid's methods; methods no group names go last under "other"."""
-  display = sweep.get("table", {}).get("display", {})
+  display = display_names(sweep)
   methods = list(grid.methods)
   rows, seen = [], set()
   for group, members in sweep.get("table", {}).get("groups", ()):
@@ -148,7 +168,7 @@ def table_rows(sweep, grid) -> tuple:
   return tuple(rows)
 
 
-def build_table(sweep, exp, results, grid_name: str, rule: str, metric: str, ddof: int) -> Table:
+def build_table(sweep, exp, results, grid_name: str, rule: str, metric: str, ddof: int, stale=frozenset()) -> Table:
   grid = sweep.grids[grid_name]
   if len(grid.get("schedules", ())) > 1:
     raise sweep_lib.SweepError(f"sweep.grids.{grid_name}: a table needs one (rounds, epochs) schedule")
@@ -161,22 +181,25 @@ def build_table(sweep, exp, results, grid_name: str, rule: str, metric: str, ddo
       if C == 1 and not centralized.get(m, ""):
         cells[(m, (C, lam))] = None
         continue
-      sel = [e for e in entries if e.axes["method"] == m and e.axes["num_clients"] == C and e.axes["lam"] == lam]
-      cells[(m, (C, lam))] = cell(sel, results, rule, metric, ddof)
+      sel = [e for e in entries if e.axes["method"] == m and e.axes["num_clients"] == C
+             and (e.axes["lam"] if e.axes["lam"] is None else float(e.axes["lam"])) == lam]
+      cells[(m, (C, lam))] = cell(sel, results, rule, metric, ddof, stale)
   return Table(rows, cols, cells, rule, metric)
 
 
-def ranks(table: Table) -> dict:
-  """(method, column) -> 1 (best mean of the column) or 2 (second); ties share."""
+def leaders(table: Table, alpha: float = stats.ALPHA) -> dict:
+  """column -> (best method, runner-up method, Welch test of best vs runner-up, bold?): the
+  best mean is bold only where its lead over the runner-up is significant. Ties: the first
+  row wins the tie and the lead is 0, so nothing is bold."""
   out = {}
   for col in table.columns:
-    means = {m: c.mean for (m, k), c in table.cells.items() if k == col and c is not None and c.mean is not None}
-    distinct = sorted(set(means.values()), reverse=True)
-    for m, v in means.items():
-      if v == distinct[0]:
-        out[(m, col)] = 1
-      elif len(distinct) > 1 and v == distinct[1]:
-        out[(m, col)] = 2
+    ranked = sorted(((c.mean, -i, m) for i, (_, m, _) in enumerate(table.rows)
+                     for c in [table.cells[(m, col)]] if c is not None and c.mean is not None), reverse=True)
+    if len(ranked) < 2:
+      continue
+    best, second = ranked[0][2], ranked[1][2]
+    outcome, w = stats.compare(table.cells[(best, col)].values, table.cells[(second, col)].values, alpha)
+    out[col] = (best, second, w, outcome == "higher")
   return out
 
 
@@ -186,9 +209,10 @@ def format_cell(c: Cell | None, digits: int, latex: bool = False) -> str:
   if c.mean is None:
     return "X"
   pm = " $\\pm$ " if latex else " ± "
-  s = f"{c.mean:.{digits}f}" + (f"{pm}{c.std:.{digits}f}" if c.std is not None else "")
-  if len(c.values) < c.expected:
-    s += f" ({len(c.values)}/{c.expected})"
+  s = f"{c.mean:.{digits}f}" + (f"{pm}{c.se:.{digits}f}" if c.se is not None else "")
+  s += f" (n={len(c.values)})" if len(c.values) >= c.expected else f" (n={len(c.values)}/{c.expected})"
+  if c.stale:
+    s += "$^\\dagger$" if latex else "†"
   return s
 
 
@@ -199,17 +223,31 @@ def _column_label(col, latex: bool) -> str:
   return "C=1 (centralised)" if lam is None else f"C={C}, λ={lam:g}"
 
 
+def column_label(col) -> str:
+  return _column_label(col, False)
+
+
+def table_notes(table: Table) -> list[str]:
+  """The lines under a table: what a cell is, what bold means, the stale mark."""
+  notes = ["Cells: mean ± standard error over seeds (n seeds; n=k/m: k of m finished). Bold: the column's best mean, "
+           f"only where Welch's t-test puts it above the runner-up at p < {stats.ALPHA} (two-sided)."]
+  if any(c is not None and c.stale for c in table.cells.values()):
+    notes.append("†: at least one of the cell's runs ran under other code than the current fedjax_dg (a stale job, "
+                 "included with --allow-stale); rerun before citing it.")
+  return notes
+
+
 def to_markdown(table: Table, digits: int = 3) -> str:
-  rk = ranks(table)
-  mark = {1: "**{}**", 2: "*{}*"}
+  lead = leaders(table)
   lines = ["| group | method | " + " | ".join(_column_label(c, False) for c in table.columns) + " |",
            "|---|---|" + "---:|" * len(table.columns)]
   last = None
   for group, m, label in table.rows:
-    cells = [mark.get(rk.get((m, col)), "{}").format(format_cell(table.cells[(m, col)], digits)) for col in table.columns]
+    cells = [("**{}**" if lead.get(col, (None,) * 4)[0] == m and lead[col][3] else "{}").format(
+        format_cell(table.cells[(m, col)], digits)) for col in table.columns]
     lines.append(f"| {group if group != last else ''} | {label} | " + " | ".join(cells) + " |")
     last = group
-  return "\n".join(lines)
+  return "\n".join(lines + [""] + table_notes(table))
 
 
 def _tex(s: str) -> str:
@@ -217,19 +255,19 @@ def _tex(s: str) -> str:
 
 
 def to_latex(table: Table, digits: int = 3, caption: str = "") -> str:
-  rk = ranks(table)
-  mark = {1: "\\textbf{{{}}}", 2: "\\textit{{{}}}"}
+  lead = leaders(table)
   out = ["\\begin{table}[t]", "\\centering"]
   if caption:
-    out.append(f"\\caption{{{_tex(caption)}}}")
+    notes = _tex(" ".join(table_notes(table))).replace("±", "$\\pm$").replace("†", "$^\\dagger$")
+    out.append("\\caption{" + _tex(caption) + " " + notes + "}")
   out += ["\\begin{tabular}{ll" + "c" * len(table.columns) + "}", "\\toprule",
           " & Method & " + " & ".join(_column_label(c, True) for c in table.columns) + " \\\\", "\\midrule"]
   last = None
   for group, m, label in table.rows:
     if last is not None and group != last:
       out.append("\\midrule")
-    cells = [mark.get(rk.get((m, col)), "{}").format(format_cell(table.cells[(m, col)], digits, latex=True))
-             for col in table.columns]
+    cells = [("\\textbf{{{}}}" if lead.get(col, (None,) * 4)[0] == m and lead[col][3] else "{}").format(
+        format_cell(table.cells[(m, col)], digits, latex=True)) for col in table.columns]
     out.append(f"{_tex(group) if group != last else ''} & {_tex(label)} & " + " & ".join(cells) + " \\\\")
     last = group
   out += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
@@ -242,10 +280,11 @@ CSV_AXES = ("method", "algorithm", "num_clients", "lam", "seed", "test_domains",
             "local_epochs", "trial", "role")
 
 
-def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
+def job_rows(data, metric: str) -> list[dict]:
   """One row per job: its axes (the first grid entry's; every grid and method naming it),
-  state, the selected rounds and scores under each rule, the final round's test score,
-  wall time and bytes communicated."""
+  state, whether it is stale, the selected rounds and scores under each rule, the final
+  round's test score, wall time, bytes communicated and the git commit it ran from."""
+  exp = data.exp
   by_key = {}
   for e in exp.entries:
     by_key.setdefault(e.key, []).append(e)
@@ -253,7 +292,8 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
   for key, job in exp.jobs.items():
     es = by_key[key]
     ax = es[0].axes
-    row = {"key": key, "workdir": job.workdir, "state": launch.job_state(job.workdir),
+    row = {"key": key, "workdir": job.workdir, "state": data.states.get(key, "pending"),
+           "stale": int(key in data.stale),
            "grids": ";".join(dict.fromkeys(e.grid for e in es)),
            "methods": ";".join(dict.fromkeys(e.axes["method"] for e in es))}
     for a in CSV_AXES:
@@ -261,27 +301,24 @@ def job_rows(exp: sweep_lib.Expansion, metric: str) -> list[dict]:
       row[a] = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else ("" if v is None else v)
     row["overrides"] = json.dumps(ax.get("overrides", {}), sort_keys=True)
     row["metric"] = metric
-    run = _load(job.workdir) if row["state"] == "done" else None
+    run = data.results.get(key)
     for rule in RULES:
-      s = rule_scores(run, rule, metric) if run else None
+      sc = rule_scores(run, rule, metric) if run else None
       for f in ("round", "val", "test", "in_test"):
-        row[f"{rule}_{f}"] = "" if s is None or s[f] is None else s[f]
+        row[f"{rule}_{f}"] = "" if sc is None or sc[f] is None else repr(sc[f]) if isinstance(sc[f], float) else sc[f]
     if run:
       sm = run["summary"]
       final = sm.get("final") or {}
       comm = sm.get("communication", {})
-      rounds = final.get("round", 0) or 0
-      row.update(final_round=rounds, final_test=_metric(final.get("splits", {}).get("test"), metric) or "",
-                 wall_time_s=round(sm.get("wall_time_s", 0.0), 2), bytes_per_round=comm.get("bytes_per_round", ""),
+      ft = _metric(final.get("splits", {}).get("test"), metric)
+      row.update(final_round=final.get("round", 0) or 0, final_test="" if ft is None else repr(ft),
+                 wall_time_s=f"{sm.get('wall_time_s', 0.0):.2f}", bytes_per_round=comm.get("bytes_per_round", ""),
                  bytes_total=(comm.get("bytes_per_round", 0) * int(job.config.num_rounds) + (comm.get("setup_bytes") or 0))
                  if comm else "")
-      row["git_commit"] = (sm.get("provenance") or {}).get("git", {}).get("commit") or ""
+      row["git_commit"] = ((sm.get("provenance") or {}).get("git") or {}).get("commit") or ""
     else:
-      row.update(final_round="", final_test="", wall_time_s="", bytes_per_round="", bytes_total="")
-    row["error"] = ""
-    if row["state"] == "failed":
-      ev = [e for e in launch.read_events(job.workdir) if e["event"] == "failed"]
-      row["error"] = ev[-1].get("error", "") if ev else ""
+      row.update(final_round="", final_test="", wall_time_s="", bytes_per_round="", bytes_total="", git_commit="")
+    row["error"] = data.errors.get(key, "")
     rows.append(row)
   return rows
 
@@ -304,19 +341,40 @@ def report_settings(sweep) -> dict:
           "table_grid": sweep.get("table", {}).get("grid", "table")}
 
 
-def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None) -> dict:
-  """Writes tables.md, tables.tex, difficulty.md / .tex (when the sweep has a difficulty
-  grid) and jobs.csv into `out_dir`; returns the markdown texts by name."""
-  exp = exp or sweep_lib.expand(sweep)
-  results = load_results(exp)
+def ready(data, allow_stale: bool = False) -> None:
+  """Refuses, in one line, a sweep whose seeds phase still waits for its search, or stale jobs
+  unless `allow_stale`."""
+  from fedjax_dg.bench import results as results_lib
+  if data.exp.waiting:
+    raise sweep_lib.SweepError(next(iter(data.exp.waiting.values())))
+  results_lib.check_stale(data, allow_stale)
+
+
+def tables(data, rule: str):
+  st = report_settings(data.sweep)
+  return build_table(data.sweep, data.exp, data.results, st["table_grid"], rule, st["metric"], st["ddof"], data.stale)
+
+
+def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None, data=None, allow_stale: bool = False,
+            results_file: bool = True) -> dict:
+  """Writes tables.md, tables.tex, difficulty.md / .tex / .json (when the sweep has a
+  difficulty grid), jobs.csv and (from run directories, with `results_file`) the results
+  file results.jsonl.gz into `out_dir`; returns the markdown texts by name. `data` (a
+  `fedjax_dg.bench.results.Data`) replaces reading the runs; stale jobs and a waiting
+  seeds phase are refused first (`ready`)."""
+  from fedjax_dg.bench import results as results_lib
+  from_runs = data is None
+  data = data or results_lib.from_runs(sweep, exp)
+  ready(data, allow_stale)
+  sweep, exp, results = data.sweep, data.exp, data.results
   st = report_settings(sweep)
   os.makedirs(out_dir, exist_ok=True)
   texts = {}
   if st["table_grid"] in sweep.grids:
     md, tex = [], []
     for rule in RULES:
-      t = build_table(sweep, exp, results, st["table_grid"], rule, st["metric"], st["ddof"])
-      title = f"Test {st['metric']} (mean ± std over trial seeds), model selection: {RULE_TITLES[rule]}"
+      t = tables(data, rule)
+      title = f"Test {st['metric']}, model selection: {RULE_TITLES[rule]}"
       texts[f"table_{rule}"] = to_markdown(t, st["digits"])
       md += [f"### {title}", "", texts[f"table_{rule}"], ""]
       tex += [to_latex(t, st["digits"], caption=title), ""]
@@ -329,9 +387,14 @@ def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None) -> dict
       texts["difficulty"] = difficulty.to_markdown(d, _dataset_name(sweep), st["digits"])
       _write(os.path.join(out_dir, "difficulty.md"), texts["difficulty"] + "\n")
       _write(os.path.join(out_dir, "difficulty.tex"), difficulty.to_latex(d, _dataset_name(sweep), st["digits"]) + "\n")
-      _write(os.path.join(out_dir, "difficulty.json"), json.dumps(d, indent=1) + "\n")
-  write_csv(job_rows(exp, st["metric"]), os.path.join(out_dir, "jobs.csv"))
+      _write(os.path.join(out_dir, "difficulty.json"), json.dumps(d, indent=1, sort_keys=True) + "\n")
+  write_csv(job_rows(data, st["metric"]), os.path.join(out_dir, "jobs.csv"))
+  if from_runs and results_file:
+    results_lib.write(data, os.path.join(out_dir, RESULTS_FILE))
   return texts
+
+
+RESULTS_FILE = "results.jsonl.gz"
 
 
 def _dataset_name(sweep) -> str:

@@ -28,7 +28,7 @@ import warnings
 from fedjax_dg import rundir
 from fedjax_dg.bench import sweep as sweep_lib
 
-STATES = ("done", "running", "failed", "interrupted", "pending", "broken")
+STATES = ("done", "running", "failed", "interrupted", "pending", "broken", "stale")
 MAX_CRASHES = 2  # a job whose worker process died this many times is recorded as failed
 
 
@@ -287,11 +287,19 @@ def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = No
 
 
 def status(exp: sweep_lib.Expansion) -> list[dict]:
-  """One row per job: key, state, description, workdir, and the first line of any error."""
+  """One row per job: key, state, description, workdir, and the first line of any error. A
+  finished job whose recorded source fingerprint is not the current code's is "stale"
+  (`fedjax_dg.bench.results.is_stale`): it stays finished for `run`, and collect / report
+  refuse it unless told otherwise."""
+  from fedjax_dg import provenance
+  from fedjax_dg.bench import results as results_lib
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
+  current = provenance.source_fingerprint()["sha256"]
   rows = []
   for key, job in exp.jobs.items():
     state = job_state(job.workdir)
+    if state == "done" and results_lib.is_stale(rundir.read_summary(job.workdir), current):
+      state = "stale"
     err = ""
     if state == "failed":
       ev = [e for e in read_events(job.workdir) if e["event"] == "failed"]
@@ -304,7 +312,7 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
 
 def status_text(rows: list[dict], verbose: bool = False) -> str:
   counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
-  shown = [s for s in STATES if s != "broken" or counts[s]]  # "broken" only when a job is
+  shown = [s for s in STATES if s not in ("broken", "stale") or counts[s]]  # these two only when a job is
   lines = [", ".join(f"{counts[s]} {s}" for s in shown) + f" (of {len(rows)} jobs)"]
   for r in rows:
     if verbose or r["state"] != "done":

@@ -1,15 +1,23 @@
-"""REPORT.md from a sweep's finished runs: tables, Table 6, figures, timing, and the numbers
-behind seed 001's remarks 4.1, 4.2, 4.7 and 4.8 stated as measured facts (which way each
-comparison goes and by how much), for the author to read before writing any conclusion.
+"""REPORT.md from a sweep's finished runs or from its results file: setup, tables, Table 6,
+figures, timing, and the reading: seed 001's remarks 4.1, 4.2 (centralised vs federated;
+lambda = 1 vs 0.1, as seed 001 compares it), 4.7 and 4.8, and each seed paper's headline
+claim against FedAvg (FedIIR, FedOMG, FedDIM, FedLOE, FedGA), each stated as holds / does
+not hold / cannot tell from Welch's t-test over seeds (`fedjax_dg.bench.stats`), every
+sentence generated from the numbers by a template and citing the cells it rests on.
 
-  python -m fedjax_dg.bench report --sweep configs/sweeps/report.py
+  python -m fedjax_dg.bench report --sweep configs/sweeps/quick.py      # from the runs
+  python -m fedjax_dg.bench report --results experiments/report_quick/results.jsonl.gz
 """
 from __future__ import annotations
 
 import collections
 import os
 
-from fedjax_dg.bench import collect, figures, launch, sweep as sweep_lib
+from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
+
+# The seed papers' methods whose headline claim is "better than FedAvg" (seeds 000, 002-004, FedGA).
+SEED_PAPER_CLAIMS = {"fediir": "FedIIR (seed 003)", "fedomg": "FedOMG (seed 002)", "feddim": "FedDIM (seed 004)",
+                     "fedloe": "FedLOE (seed 000)", "fedga": "FedGA"}
 
 
 def _fmt(v, digits=3):
@@ -38,110 +46,269 @@ def _baseline() -> str:
   return BASELINE
 
 
-def remark_4_1(table: collect.Table, baseline: str) -> list[str]:
-  """FedAvg-ERM a strong baseline: its rank in each column, and each column's best."""
-  out = []
+# ---------------------------------------------------------------------------- citations
+
+def cite_cell(names: dict, m: str, where: str, c) -> str:
+  """"FedLOE (C=20, λ=1) 0.608 ± 0.021 (n=3)": a method's cell, mean ± standard error."""
+  return f"{names.get(m, m)} ({where}) {collect.format_cell(c, 3)}"
+
+
+def _cmp_text(outcome: str, w) -> str:
+  return f"{outcome}, Welch {stats.fmt_p(w)}"
+
+
+def _headline(title: str, v: str) -> str:
+  return f"**{title}: {v}.**"
+
+
+def _bullets(lines):
+  return "\n".join(f"- {l}" for l in lines) if lines else "- (no finished runs for this)"
+
+
+# ---------------------------------------------------------------------------- remarks
+
+def remark_4_1(table: collect.Table, baseline: str, names: dict) -> tuple[str, list[str]]:
+  """FedAvg-ERM is a strong baseline: in each column, does any method beat it significantly?
+  A column supports the remark when none does."""
+  lines, outcomes = [], []
   for col in table.columns:
-    vals = sorted(((c.mean, m) for (m, k), c in table.cells.items() if k == col and c and c.mean is not None),
-                  reverse=True)
     base = table.cells.get((baseline, col))
-    if not vals or base is None or base.mean is None:
+    if base is None or base.mean is None:
       continue
-    rank = 1 + sum(v > base.mean for v, _ in vals)
-    out.append(f"{collect._column_label(col, False)}: {baseline} {_fmt(base.mean)} ranks {rank} of {len(vals)}; "
-               f"best {vals[0][1]} {_fmt(vals[0][0])}")
-  return out
+    above, below, same, untested = [], [], [], []
+    for _, m, _ in table.rows:
+      c = table.cells.get((m, col))
+      if m == baseline or c is None or c.mean is None:
+        continue
+      o, w = stats.compare(c.values, base.values)
+      {"higher": above, "lower": below, "no difference": same, "cannot tell": untested}[o].append(
+          f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_p(w)})" if o in ("higher", "lower")
+          else names.get(m, m))
+    testable = bool(above or below or same)
+    outcomes.append("cannot tell" if not testable else "lower" if above else "higher")
+    where = collect.column_label(col)
+    text = f"{where}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
+    text += (f"significantly above it: {', '.join(above)}" if above else "no method significantly above it")
+    text += (f"; significantly below it: {', '.join(below)}" if below else "")
+    text += (f"; no difference: {len(same)}" if same else "") + (f"; untestable: {len(untested)}" if untested else "")
+    lines.append(text)
+  return stats.verdict(outcomes, "higher", "all"), lines
 
 
-def remark_4_2(table: collect.Table, methods) -> list[str]:
-  """DG methods degrade in FL (C = 1 -> C > 1) and as lambda falls."""
-  out = []
+def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: dict) -> tuple[str, list[str]]:
+  """DG methods degrade in FL: each method's centralised cell (C = 1) against each federated
+  column. Supports where the centralised cell is significantly higher; the remark holds when
+  most testable comparisons support it. FedAvg-ERM's own drop is listed for comparison."""
+  lines, outcomes = [], []
   fl_cols = [c for c in table.columns if c[1] is not None]
-  for m in methods:
+  for m in [m for m in methods if any(r[1] == m for r in table.rows)] + [baseline]:
     cen = table.cells.get((m, (1, None)))
+    if cen is None or cen.mean is None:
+      continue
     parts = []
     for col in fl_cols:
       c = table.cells.get((m, col))
       if c is None or c.mean is None:
         continue
-      d = "" if cen is None or cen.mean is None else f" ({c.mean - cen.mean:+.3f} vs C=1)"
-      parts.append(f"{collect._column_label(col, False)} {_fmt(c.mean)}{d}")
-    if parts:
-      out.append(f"{m}: C=1 {_fmt(cen.mean if cen else None)}; " + "; ".join(parts))
-  return out
+      o, w = stats.compare(cen.values, c.values)
+      if m != baseline:
+        outcomes.append(o)
+      word = {"higher": "degrades", "lower": "improves", "no difference": "no difference",
+              "cannot tell": "cannot tell"}[o]
+      parts.append(f"{collect.column_label(col)} {collect.format_cell(c, 3)}: {word} ({stats.fmt_p(w)})")
+    ref = " (the baseline, for comparison)" if m == baseline else ""
+    lines.append(f"{names.get(m, m)}{ref}: C=1 {collect.format_cell(cen, 3)}; " + "; ".join(parts))
+  return stats.verdict(outcomes, "higher", "most"), lines
 
 
-def _trend(xs, ys) -> str:
-  diffs = [b - a for a, b in zip(ys, ys[1:])]
-  if all(d <= 0 for d in diffs):
-    return "never rises"
-  if all(d >= 0 for d in diffs):
-    return "never falls"
-  return f"is not monotone (best at {xs[max(range(len(ys)), key=ys.__getitem__)]})"
+def remark_4_2_lambda(table: collect.Table, methods, names: dict, hi: float = 1.0, lo: float = 0.1
+                      ) -> tuple[str, list[str]]:
+  """...and degrade from homogeneous (lambda = 1) to heterogeneous (lambda = 0.1) clients,
+  the two columns seed 001 compares; supports where lambda = 1 is significantly higher."""
+  lines, outcomes = [], []
+  for C in sorted({c[0] for c in table.columns if c[1] is not None}):
+    for m in methods:
+      a, b = table.cells.get((m, (C, hi))), table.cells.get((m, (C, lo)))
+      if a is None or b is None or a.mean is None or b.mean is None:
+        continue
+      o, w = stats.compare(a.values, b.values)
+      outcomes.append(o)
+      word = {"higher": "degrades", "lower": "improves", "no difference": "no difference",
+              "cannot tell": "cannot tell"}[o]
+      lines.append(f"{names.get(m, m)} at C={C}: λ={hi:g} {collect.format_cell(a, 3)} vs λ={lo:g} "
+                   f"{collect.format_cell(b, 3)}: {word} ({stats.fmt_p(w)})")
+  return stats.verdict(outcomes, "higher", "most"), lines
 
 
-def remark_4_7(rows: list[dict]) -> list[str]:
-  """Accuracy vs number of clients, per (lambda, method)."""
-  out = []
+def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
+  """Accuracy falls with the number of clients: per (lambda, method), the smallest C against
+  the largest; supports where the smallest C is significantly higher."""
+  lines, outcomes = [], []
   for lam, m in dict.fromkeys((r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if r["lam"] == lam and r["method"] == m), key=lambda r: r["num_clients"])
-    if len(pts) > 1:
-      xs, ys = [r["num_clients"] for r in pts], [r["mean"] for r in pts]
-      out.append(f"λ={lam:g} {m}: " + ", ".join(f"C={x} {_fmt(y)}" for x, y in zip(xs, ys))
-                 + f"; as C grows it {_trend(xs, ys)}")
-  return out
+    if len(pts) < 2:
+      continue
+    o, w = stats.compare(pts[0]["_values"], pts[-1]["_values"])
+    outcomes.append(o)
+    word = {"higher": "falls", "lower": "rises", "no difference": "no difference", "cannot tell": "cannot tell"}[o]
+    lines.append(f"λ={lam:g} {names.get(m, m)}: " + ", ".join(f"C={r['num_clients']} {_fmt(r['mean'])}" for r in pts)
+                 + f"; C={pts[0]['num_clients']} vs C={pts[-1]['num_clients']}: {word} ({stats.fmt_p(w)})")
+  return stats.verdict(outcomes, "higher", "most"), lines
 
 
-def remark_4_8(rows: list[dict]) -> list[str]:
-  """Accuracy vs rounds at fixed computation, per (C, lambda, method)."""
-  out = []
+def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
+  """Accuracy is not monotone in communication rounds at fixed computation: per (C, lambda,
+  method), the best interior schedule against both ends. Supports where it is significantly
+  above both; against where an end is significantly above it."""
+  lines, outcomes = [], []
   for C, lam, m in dict.fromkeys((r["num_clients"], r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if (r["num_clients"], r["lam"], r["method"]) == (C, lam, m)),
                  key=lambda r: r["num_rounds"])
-    if len(pts) > 1:
-      xs, ys = [r["num_rounds"] for r in pts], [r["mean"] for r in pts]
-      out.append(f"C={C} λ={lam:g} {m}: " + ", ".join(f"R={x} {_fmt(y)}" for x, y in zip(xs, ys))
-                 + f"; as rounds grow it {_trend(xs, ys)}")
+    if len(pts) < 3:
+      continue
+    mid = max(pts[1:-1], key=lambda r: r["mean"])
+    res = [stats.compare(mid["_values"], end["_values"]) for end in (pts[0], pts[-1])]
+    os_ = [o for o, _ in res]
+    o = ("cannot tell" if "cannot tell" in os_ else "higher" if all(x == "higher" for x in os_)
+         else "lower" if "lower" in os_ else "no difference")
+    outcomes.append(o)
+    lines.append(f"C={C} λ={lam:g} {names.get(m, m)}: " + ", ".join(f"R={r['num_rounds']} {_fmt(r['mean'])}" for r in pts)
+                 + f"; best interior R={mid['num_rounds']} vs R={pts[0]['num_rounds']}: {_cmp_text(*res[0])}, "
+                 f"vs R={pts[-1]['num_rounds']}: {_cmp_text(*res[1])}")
+  return stats.verdict(outcomes, "higher", "all"), lines
+
+
+def seed_paper_claims(table: collect.Table, baseline: str, names: dict) -> list[tuple[str, str, list[str]]]:
+  """Each seed paper's headline claim, "our method beats FedAvg", in every federated column:
+  [(claim, verdict, lines)] for the methods the table holds."""
+  out = []
+  for m, who in SEED_PAPER_CLAIMS.items():
+    if not any(r[1] == m for r in table.rows):
+      continue
+    lines, outcomes = [], []
+    for col in [c for c in table.columns if c[1] is not None]:
+      a, b = table.cells.get((m, col)), table.cells.get((baseline, col))
+      if a is None or b is None or a.mean is None or b.mean is None:
+        continue
+      o, w = stats.compare(a.values, b.values)
+      outcomes.append(o)
+      word = {"higher": "holds", "lower": "does not hold (below the baseline)", "no difference": "no difference",
+              "cannot tell": "cannot tell"}[o]
+      lines.append(f"{collect.column_label(col)}: {names.get(m, m)} {collect.format_cell(a, 3)} vs "
+                   f"{names.get(baseline, baseline)} {collect.format_cell(b, 3)}: {word} ({stats.fmt_p(w)})")
+    out.append((f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}", stats.verdict(outcomes, "higher"),
+                lines))
   return out
 
 
-def _bullets(lines):
-  return "\n".join(f"- {l}" for l in lines) if lines else "- (no finished runs for this yet)"
+# ---------------------------------------------------------------------------- setup facts
+
+def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -> tuple[int, int]:
+  """(k, n): of the n runs the table's cells rest on (each seed's selected trial), k selected
+  a round in the last `last` fraction of their rounds (the model still improving)."""
+  entries = sweep_lib.grid_entries(data.exp, grid)
+  cells = {}
+  for e in entries:
+    cells.setdefault((e.axes["method"], e.axes["num_clients"], e.axes["lam"]), []).append(e)
+  k = n = 0
+  for es in cells.values():
+    for e in collect.chosen_entries(es, data.results, rule, metric).values():
+      s = collect.rule_scores(data.results[e.key], rule, metric)
+      rounds = int(data.exp.jobs[e.key].config.num_rounds)
+      n += 1
+      k += s["round"] > (1.0 - last) * rounds
+  return k, n
 
 
-def _reading(path: str) -> str:
-  """The hand-written reading of the numbers (`sweep.report.reading`, a markdown file kept
-  beside the results), included verbatim so that regenerating the report keeps it."""
-  if path and os.path.isfile(path):
-    with open(path, encoding="utf-8") as fh:
-      return fh.read().strip()
-  return f"(not written yet: put it in `{path or 'sweep.report.reading'}`, which is included here verbatim)"
+def provenance_lines(data) -> list[str]:
+  commits, dirty, fps = collections.Counter(), collections.Counter(), collections.Counter()
+  for run in data.results.values():
+    p = run["summary"].get("provenance") or {}
+    g = p.get("git") or {}
+    commits[(g.get("commit") or "")[:12] or "unknown"] += 1
+    dirty["unknown" if g.get("dirty") is None else "uncommitted changes" if g.get("dirty") else "clean tree"] += 1
+    fps[((p.get("source") or {}).get("sha256") or "")[:12] or "none recorded"] += 1
+  n = len(data.results)
+  fmt = lambda c: ", ".join(f"{k} ({v})" for k, v in sorted(c.items()))
+  return [f"runs: {n} finished; git commits: {fmt(commits) or '-'}; trees: {fmt(dirty) or '-'}",
+          f"source fingerprints (sha256 of fedjax_dg/**/*.py): {fmt(fps) or '-'}; stale runs: {len(data.stale)}"]
 
 
-def write_report(sweep, out_dir: str, exp=None) -> str:
-  exp = exp or sweep_lib.expand(sweep)
-  results = collect.load_results(exp)
+def setup_lines(data, st) -> list[str]:
+  sweep, b = data.sweep, data.sweep.base
+  c = b.client
+  lines = [f"data: `{b.data.name}`" + (f" from `{b.data.get('fallback_path', '') or b.data.get('path', '')}`"
+                                        if b.data.get("path", "") else "")
+           + (f", at most {b.data.max_per_domain} images per domain" if b.data.get("max_per_domain", 0) else "")
+           + f"; test domains {tuple(b.data.test_domains)}, held-out validation domains {tuple(b.data.val_domains)}",
+           f"model `{b.model.name}`; {b.num_rounds} rounds, evaluated every {b.eval_every}; client "
+           f"{c.optimizer} lr {c.lr:g}, batch {c.batch_size}, "
+           + (f"{c.local_steps} local steps" if c.local_steps else f"{c.local_epochs} local epoch(s)")
+           + f" per round; server lr {b.server.lr:g}",
+           f"metric: test {st['metric']}; model selection on the held-out domain (seed 001 Sec. 4.3) unless a "
+           "table says otherwise"]
+  search = sweep.get("search", {})
+  trial_grids = {n: int(g.get("num_trials", 0)) for n, g in sweep.grids.items() if int(g.get("num_trials", 0)) > 1}
+  if trial_grids:
+    dist = sweep_lib.flatten_distributions(search.get("distributions", {}))
+    lines.append("random search: " + ", ".join(f"{n} {t} trials" for n, t in trial_grids.items())
+                 + " (trial 0 the defaults)" + ("; the methods' declared ranges" if search.get("method_ranges") else "")
+                 + ("; " + ", ".join(f"`{k}` {tuple(v)}" for k, v in sorted(dist.items())) if dist else ""))
+  for n, g in sweep.grids.items():
+    if g.get("select_from", ""):
+      lines.append(f"grid `{n}`: {len(g.seeds)} seeds at the trial that grid `{g.select_from}` selects per cell "
+                   f"({g.get('select_rule', 'heldout_domain')} validation, mean over the search's seeds)")
+  for m, over in sorted(sweep.get("method_overrides", {}).items()):
+    if any(m in g.get("methods", ()) or m in sweep.get("centralized", {}).values() for g in sweep.grids.values()):
+      flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
+      lines.append(f"{m}: " + ", ".join(f"`{k}={v}`" for k, v in sorted(flat.items())))
+  return lines
+
+
+# ---------------------------------------------------------------------------- the report
+
+def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = False, sweep_arg: str = "") -> str:
+  """Writes REPORT.md (with tables, figures and the generated reading) into `out_dir`; from
+  `data` (a results file's bundle) when given, else from the sweep's runs, whose results file
+  it writes too."""
+  from fedjax_dg.bench import results as results_lib
+  if data is None:
+    data = results_lib.from_runs(sweep, exp, sweep_arg=sweep_arg)
+    from_file = False
+  else:
+    from_file = True
+  texts = collect.collect(data.sweep, out_dir, data=data, allow_stale=allow_stale, results_file=False)
+  if not from_file:
+    results_lib.write(data, os.path.join(out_dir, collect.RESULTS_FILE))
+  sweep, exp, results = data.sweep, data.exp, data.results
   st = collect.report_settings(sweep)
-  texts = collect.collect(sweep, out_dir, exp)
   fig_dir = os.path.join(out_dir, "figures")
-  pngs = figures.make_figures(sweep, fig_dir, exp, results)
-  rows = launch.status(exp)
-  counts = collections.Counter(r["state"] for r in rows)
+  pngs = figures.make_figures(sweep, fig_dir, data=data)
+  counts = collections.Counter(data.states.get(k, "pending") for k in exp.jobs)
   tm = timing(exp, results)
   r = sweep.get("report", {})
-  b = sweep.base
+  names = collect.display_names(sweep)
+  baseline = r.get("baseline", "") or _baseline()
+  cmd = f"python -m fedjax_dg.bench report --results {collect.RESULTS_FILE}" + (" --allow_stale" if data.stale else "")
   md = [f"# {r.get('title', sweep.get('name', 'sweep'))}", "",
-        "Generated by `python -m fedjax_dg.bench report --sweep " + r.get("sweep_file", "<sweep config>") + "` from the "
-        f"runs under `{sweep.root}`; the reading at the end comes from `" + (r.get("reading", "") or "-") + "`, "
-        "everything else is regenerated.", "",
-        "## Setup", "",
-        f"- data: `{b.data.name}`, test domains {tuple(b.data.test_domains)}, held-out validation {tuple(b.data.val_domains)}"
-        f"; model `{b.model.name}`; {b.num_rounds} rounds of {b.client.local_epochs} local epoch(s), "
-        f"client {b.client.optimizer} lr {b.client.lr}, batch {b.client.batch_size}",
-        f"- metric: test {st['metric']}; cells are mean ± std (ddof={st['ddof']}) over trial seeds",
-        f"- jobs: {len(rows)} ({', '.join(f'{counts[s]} {s}' for s in launch.STATES if counts[s])})",
-        f"- run time (sum of the runs' wall times): {_duration(tm['total'])} on {', '.join(tm['backends']) or '-'}; "
-        "per grid: " + ", ".join(f"{g} {_duration(t)}" for g, t in tm["per_grid"].items()), ""]
+        f"Generated from {collect.RESULTS_FILE} in this folder (every job's metrics at every evaluation round, with "
+        f"its config and provenance) by `{cmd}` run here, or from the runs by "
+        f"`python -m fedjax_dg.bench report --sweep {data.sweep_arg or r.get('sweep_file', '<sweep config>')}`"
+        f" (the `--sweep` argument this report was made with). Nothing below is written by hand."
+        + (f" {len(data.stale)} of the runs are stale (†: run under other code than the code that collected them)."
+           if data.stale else ""), "",
+        "## Setup", ""]
+  md += [f"- {l}" for l in setup_lines(data, st)]
+  md += [f"- jobs: {len(exp.jobs)} ({', '.join(f'{counts[s]} {s}' for s in sorted(counts))})",
+         f"- run time (sum of the runs' wall times): {_duration(tm['total'])} on {', '.join(tm['backends']) or '-'}; "
+         "per grid: " + ", ".join(f"{g} {_duration(t)}" for g, t in tm["per_grid"].items())]
+  md += [f"- {l}" for l in provenance_lines(data)]
+  table = collect.tables(data, "heldout_domain") if st["table_grid"] in sweep.grids else None
+  if table is not None:
+    k, n = late_selection(data, st["table_grid"], "heldout_domain", st["metric"])
+    md.append(f"- selected rounds: {k} of {n} runs behind the table's cells "
+              f"({(k / n if n else 0):.0%}) selected a round in the last 10% of training")
+  md.append("")
   for rule in collect.RULES:
     if f"table_{rule}" in texts:
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
@@ -150,29 +317,55 @@ def write_report(sweep, out_dir: str, exp=None) -> str:
   if pngs:
     md += ["## Figures", ""] + [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})" for p in pngs
                                 if os.sep + "runs" + os.sep not in p] + [""]
-  failed = [r for r in rows if r["state"] == "failed"]
+  failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
   if failed:
-    md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds); `error.txt` in each workdir has the "
-           "traceback.", ""] + [f"- {r['job']}: {r['error']} (`{r['workdir']}`)" for r in failed] + [""]
-  table = (collect.build_table(sweep, exp, results, st["table_grid"], "heldout_domain", st["metric"], st["ddof"])
-           if st["table_grid"] in sweep.grids else None)
-  f = sweep.get("figures", {})
-  fig2 = (figures.clients_rows(sweep, exp, results, f.clients_grid, "heldout_domain", st["metric"], st["ddof"])
-          if f.get("clients_grid", "") in sweep.grids else [])
-  fig3 = (figures.rounds_rows(exp, results, f.rounds_grid, "heldout_domain", st["metric"], st["ddof"])
-          if f.get("rounds_grid", "") in sweep.grids else [])
-  dg = [m for g, ms in sweep.get("table", {}).get("groups", ()) if g == r.get("dg_group", "DG adapted") for m in ms]
-  md += ["## Seed 001's remarks against these numbers", "",
-         "Measured facts only; a difference smaller than the seeds' std is not a difference.", "",
-         "**4.1 FedAvg-ERM is a strong baseline** (held-out-domain selection):", "",
-         _bullets(remark_4_1(table, r.get("baseline", _baseline())) if table else []), "",
-         "**4.2 DG methods degrade in FL, and as lambda falls:**", "",
-         _bullets(remark_4_2(table, dg) if table else []), "",
-         "**4.7 accuracy falls with the number of clients** (Fig. 2):", "", _bullets(remark_4_7(fig2)), "",
-         "**4.8 accuracy is not monotone in communication rounds at fixed computation** (Fig. 3):", "",
-         _bullets(remark_4_8(fig3)), "",
-         "## Reading", "", _reading(r.get("reading", "")), ""]
+    label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
+    md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds).", ""]
+    md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in failed] + [""]
+  md += reading(data, table, st, names, baseline)
   path = os.path.join(out_dir, "REPORT.md")
   with open(path, "w") as fh:
     fh.write("\n".join(md))
   return path
+
+
+def reading(data, table, st, names: dict, baseline: str) -> list[str]:
+  """The reading: one generated verdict per remark and per seed-paper claim, with the
+  comparisons (cells cited, Welch's p) it rests on."""
+  sweep, exp, results = data.sweep, data.exp, data.results
+  r, f = sweep.get("report", {}), sweep.get("figures", {})
+  dg = [m for g, ms in sweep.get("table", {}).get("groups", ()) if g == r.get("dg_group", "DG adapted") for m in ms]
+  dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
+  md = ["## Reading", "",
+        f"Each verdict is generated from the held-out-domain table and figures above by Welch's t-test over seeds "
+        f"(two-sided, p < {stats.ALPHA}, no correction for the number of comparisons): a comparison is 'no difference' "
+        "where p >= 0.05 and 'cannot tell' where a cell has fewer than two seeds. Cells: mean ± standard error (n).", ""]
+
+  def section(title, res):
+    v, lines = res
+    return [_headline(title, v), "", _bullets(lines), ""]
+
+  if table is not None:
+    md += section("Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column)",
+                  remark_4_1(table, baseline, names))
+    if any(c[0] == 1 for c in table.columns):
+      md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons)",
+                    remark_4_2_federated(table, dg_in, baseline, names))
+    md += section("Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons)",
+                  remark_4_2_lambda(table, dg_in, names))
+  rule, metric, ddof = "heldout_domain", st["metric"], st["ddof"]
+  for key, what in (("clients_grid", "at a fixed number of local epochs per round"),
+                    ("clients_steps_grid", "at a fixed number of local steps per round (steps x rounds equal at "
+                                           "every C: the clients' effect alone)")):
+    if f.get(key, "") in sweep.grids and sweep_lib.grid_entries(exp, f[key]):
+      rows = figures.clients_rows(sweep, exp, results, f[key], rule, metric, ddof, data.stale)
+      md += section(f"Remark 4.7, accuracy falls with the number of clients, {what} (Fig. 2; smallest vs largest C)",
+                    remark_4_7(rows, names))
+  if f.get("rounds_grid", "") in sweep.grids and sweep_lib.grid_entries(exp, f.rounds_grid):
+    rows = figures.rounds_rows(exp, results, f.rounds_grid, rule, metric, ddof, data.stale)
+    md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; an interior "
+                  "schedule significantly above both ends)", remark_4_8(rows, names))
+  if table is not None:
+    for claim, v, lines in seed_paper_claims(table, baseline, names):
+      md += [_headline(claim, v), "", _bullets(lines), ""]
+  return md

@@ -20,6 +20,17 @@ named grids, each crossing the benchmark's axes:
   Draws depend on (search seed, trial, algorithm) only, so one trial is one setting of the
   hyperparameters across cells and seeds.
 
+Two phases (seed 001 App. D.4: a random search selected on the held-out domain, then seeds
+at the chosen values): a grid with `select_from = "<search grid>"` runs its `seeds` at the
+trial the search grid's finished runs select for each cell (method, C, lam, fold), by the
+mean over the search's seeds of the `select_rule` validation score (`select_winners`). Until
+every search job has finished it expands to no jobs and `exp.waiting` says why; `collect`
+and `report` refuse such a sweep in one line.
+
+A grid's `local_steps` (> 0) fixes every client's local steps per round
+(`client.local_steps`), so steps x rounds is the same at every C (seed 001 Fig. 2 with the
+step budget held fixed: the clients' effect alone).
+
 A grid with `kind = "difficulty"` expands into the runs of seed 001's Table 6 (R_DG and
 R_FL; `fedjax_dg.bench.difficulty`).
 
@@ -74,6 +85,7 @@ class Entry:
 class Expansion:
   jobs: dict          # key -> Job, in first-seen order
   entries: list       # Entry, one per (grid, point of the grid)
+  waiting: dict = dataclasses.field(default_factory=dict)  # grid -> why it has no jobs yet (`select_from`)
 
 
 # ---------------------------------------------------------------------------- configs
@@ -266,14 +278,18 @@ def _fold_settings(fold) -> dict:
   return {"data.test_domains": fold[0], "data.val_domains": fold[1]}
 
 
-def _expand_grid(exp: Expansion, sweep, name: str, g) -> None:
+def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = None) -> None:
+  """`winners`: (method, C, lam, fold) -> the trial a `select_from` grid runs its seeds at."""
   base = sweep.base
   centralized = sweep.get("centralized", {})
   schedules = [tuple(s) for s in g.get("schedules", ())] or [(int(base.num_rounds), int(base.client.local_epochs))]
   if g.get("schedules", ()) and base.client.local_steps > 0:
     raise SweepError(f"sweep.grids.{name}.schedules set client.local_epochs, but base.client.local_steps > 0 "
                      "fixes the local steps; set sweep.base.client.local_steps=0")
-  trials = range(max(1, int(g.get("num_trials", 0))))
+  steps = int(g.get("local_steps", 0))
+  if steps < 0:
+    raise SweepError(f"sweep.grids.{name}.local_steps must be >= 0 (0: the schedule's local epochs), got {steps}")
+  trials = range(max(1, int(g.get("num_trials", 0)))) if winners is None else (None,)
   for method, C, (rounds, epochs), fold, seed, trial in itertools.product(
       g.methods, g.client_counts, schedules, _folds(sweep), g.seeds, trials):
     C = int(C)
@@ -282,16 +298,58 @@ def _expand_grid(exp: Expansion, sweep, name: str, g) -> None:
     algorithm = centralized.get(method, "") if C == 1 else method
     if not algorithm:
       continue  # not applicable: no centralised counterpart
-    over = trial_overrides(sweep, algorithm, trial)
     for lam in ((None,) if C == 1 else g.lams):
+      t = trial if winners is None else winners.get((method, C, None if lam is None else float(lam), fold))
+      if t is None:
+        raise SweepError(f"sweep.grids.{name}: its search grid {g.select_from!r} has no run of {method} at C={C}"
+                         f"{'' if lam is None else f', lam={float(lam):g}'}; give both grids the same cells")
+      over = trial_overrides(sweep, algorithm, t)
       settings = {"num_clients": C, "num_rounds": int(rounds), "client.local_epochs": int(epochs),
                   **_fold_settings(fold), **_seed_settings(sweep, seed), **over}
+      if steps:
+        settings["client.local_steps"] = steps
       if lam is not None:
         settings["partition.lam"] = float(lam)
       axes = {"method": method, "algorithm": algorithm, "num_clients": C, "lam": lam, "seed": int(seed),
               "test_domains": list(fold[0]), "val_domains": list(fold[1]), "num_rounds": int(rounds),
-              "local_epochs": int(epochs), "trial": int(trial), "overrides": over}
+              "local_epochs": int(epochs), "trial": int(t), "overrides": over}
+      if steps:
+        axes["local_steps"] = steps
       _add(exp, sweep, name, axes, settings, algorithm)
+
+
+def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, str]:
+  """Seed 001 App. D.4's second phase: for each cell (method, C, lam, fold) of the search grid
+  `g.select_from`, the trial whose mean validation score over the search's seeds is best
+  (rule `g.select_rule`, default the held-out domain; lowest trial on ties). Returns
+  (winners, "") when every search job has finished, else (None, why)."""
+  from fedjax_dg.bench.runs import load_run, rule_scores
+  src = g.select_from
+  if src not in sweep.grids or sweep.grids[src].get("select_from", ""):
+    raise SweepError(f"sweep.grids.{name}.select_from: {src!r} is not a search grid of this sweep")
+  rule = g.get("select_rule", "heldout_domain")
+  metric = sweep.get("report", {}).get("metric", "") or sweep.base.data.get("select_metric", "accuracy")
+  scores, missing, total = {}, 0, 0
+  for e in grid_entries(exp, src):
+    total += 1
+    run = load_run(exp.jobs[e.key].workdir)
+    if run is None:
+      missing += 1
+      continue
+    s = rule_scores(run, rule, metric)
+    val = s["val"] if s and s["val"] is not None else float("-inf")  # a diverged trial never wins
+    lam = None if e.axes["lam"] is None else float(e.axes["lam"])
+    cell = (e.axes["method"], e.axes["num_clients"], lam, tuple(e.axes["test_domains"]),
+            tuple(e.axes["val_domains"]))
+    scores.setdefault(cell, {}).setdefault(e.axes["trial"], []).append(val)
+  if missing:
+    return None, (f"sweep.grids.{name} runs seeds at the trials its search grid {src!r} selects, and {missing} of "
+                  f"{total} search jobs have not finished: run the sweep again once they have")
+  winners = {}
+  for (m, C, lam, test, val), per_trial in scores.items():
+    best = max(sorted(per_trial), key=lambda t: float(np.mean(per_trial[t])))
+    winners[(m, C, lam, (test, val))] = best
+  return winners, ""
 
 
 def _expand_difficulty(exp: Expansion, sweep, name: str, g) -> None:
@@ -322,14 +380,23 @@ def expand(sweep) -> Expansion:
     if field not in sweep:
       raise SweepError(f"sweep.{field} is required")
   exp = Expansion({}, [])
+  later = []
   for name, g in sweep.grids.items():
     kind = g.get("kind", "grid")
-    if kind == "grid":
+    if kind == "grid" and g.get("select_from", ""):
+      later.append((name, g))  # after the grid it selects from
+    elif kind == "grid":
       _expand_grid(exp, sweep, name, g)
     elif kind == "difficulty":
       _expand_difficulty(exp, sweep, name, g)
     else:
       raise SweepError(f"sweep.grids.{name}.kind must be 'grid' or 'difficulty', got {kind!r}")
+  for name, g in later:
+    winners, why = select_winners(exp, sweep, name, g)
+    if winners is None:
+      exp.waiting[name] = why
+    else:
+      _expand_grid(exp, sweep, name, g, winners)
   return exp
 
 

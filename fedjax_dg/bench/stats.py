@@ -1,0 +1,74 @@
+"""Significance over trial seeds: Welch's unequal-variance t-test between two cells, and the
+verdict words the report's reading is written in.
+
+A comparison of two cells (each a tuple of per-seed scores) is one of
+  "higher"         the first cell's mean is above the second's and Welch's two-sided p < alpha
+  "lower"          below, with p < alpha
+  "no difference"  p >= alpha
+  "cannot tell"    a cell has fewer than two seeds (no variance to test with)
+No correction for multiple comparisons is applied: the reading makes dozens of comparisons
+at alpha = 0.05, so expect about one in twenty "higher" / "lower" among truly equal cells.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ALPHA = 0.05
+
+
+def welch(a, b) -> dict | None:
+  """Welch's t-test of mean(a) - mean(b): {"diff", "t", "df", "p"} (two-sided), None where a
+  cell has fewer than two values. Two constant cells: p = 1 if their means are equal, else 0
+  (identical runs are "no difference"; two different constants differ for certain)."""
+  a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+  if len(a) < 2 or len(b) < 2:
+    return None
+  diff = float(a.mean() - b.mean())
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  if va + vb == 0.0:
+    return {"diff": diff, "t": 0.0 if diff == 0.0 else math.copysign(math.inf, diff), "df": float("nan"),
+            "p": 1.0 if diff == 0.0 else 0.0}
+  from scipy import stats
+  res = stats.ttest_ind(a, b, equal_var=False)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))  # Welch-Satterthwaite
+  return {"diff": diff, "t": float(res.statistic), "df": float(df), "p": float(res.pvalue)}
+
+
+def compare(a, b, alpha: float = ALPHA) -> tuple[str, dict | None]:
+  """("higher" | "lower" | "no difference" | "cannot tell", the test) for cell a against b."""
+  w = welch(a, b)
+  if w is None:
+    return "cannot tell", None
+  if w["p"] >= alpha:
+    return "no difference", w
+  return ("higher" if w["diff"] > 0 else "lower"), w
+
+
+def verdict(outcomes, supports: str, need: str = "all") -> str:
+  """Verdict on a claim from comparisons, each "higher" / "lower" / "no difference" /
+  "cannot tell"; `supports` names the outcome the claim predicts. `need="all"`: the claim
+  holds when every testable comparison supports it; `"most"`: when more than half do.
+  "no difference" when every testable comparison is "no difference", "does not hold" when
+  no testable comparison supports it otherwise (or, for "most", half or fewer do), "holds in
+  k of n testable comparisons" in between for "all", "cannot tell" when none is testable."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  k = sum(o == supports for o in testable)
+  if not testable:
+    return "cannot tell"
+  if all(o == "no difference" for o in testable):
+    return "no difference"
+  if need == "most":
+    return "holds" if 2 * k > len(testable) else "does not hold"
+  if k == len(testable):
+    return "holds"
+  if k == 0:
+    return "does not hold"
+  return f"holds in {k} of {len(testable)} testable comparisons"
+
+
+def fmt_p(w: dict | None) -> str:
+  if w is None:
+    return "untestable"
+  return "p < 0.001" if w["p"] < 0.001 else f"p = {w['p']:.3f}"

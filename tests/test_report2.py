@@ -1,0 +1,383 @@
+"""The benchmark report's second edition: source fingerprints and stale jobs, the results file
+and byte-identical regeneration, significance (Welch) in tables and in the generated reading,
+the two-phase search-then-seeds sweep, the fixed-steps Fig. 2 grid and figure naming."""
+import gzip
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from fedjax_dg import provenance
+from fedjax_dg.bench import collect, figures, launch, report, results as results_lib, stats, sweep as sweep_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
+import sweep_common  # noqa: E402
+
+
+def write_run(workdir, rounds: dict, fingerprint=None, num_rounds=None):
+  """A finished run: `rounds[t] = {split: accuracy}`, selections as the runner writes them,
+  recording `fingerprint` (default: the current code's) as its source."""
+  os.makedirs(workdir, exist_ok=True)
+  recs = [{"round": t, "train_loss": 0.0, "splits": {k: {"accuracy": v, "n": 10} for k, v in sp.items()}}
+          for t, sp in sorted(rounds.items())]
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in recs)
+  sel = {}
+  for rule, split in (("heldout_domain", "heldout_val"), ("in_domain", "in_val")):
+    best = max(recs, key=lambda r: (r["splits"][split]["accuracy"], -r["round"]))
+    sel[rule] = {"round": best["round"], "val": best["splits"][split], "test": best["splits"]["test"]}
+  fp = fingerprint or provenance.source_fingerprint()["sha256"]
+  summary = {"selection": sel, "wall_time_s": 1.5, "final": recs[-1], "client_sizes": [30, 30],
+             "domains": {"names": ["a", "b", "c", "d"]}, "backend": "cpu", "devices": 1,
+             "provenance": {"source": {"sha256": fp, "files": 1}, "git": {"commit": "abc", "dirty": False}},
+             "communication": {"bytes_per_round": 100, "setup_bytes": 0}}
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f)
+
+
+# Held-out-selected test accuracy per (method, C, lam), one value per seed 0, 1, 2.
+TEST = {("fedavg", 1, None): (0.90, 0.80, 0.85), ("irm", 1, None): (0.70, 0.72, 0.74),
+        ("fedavg", 4, 1.0): (0.60, 0.62, 0.61), ("irm", 4, 1.0): (0.50, 0.52, 0.51),
+        ("fediir", 4, 1.0): (0.70, 0.71, 0.72),
+        ("fedavg", 4, 0.1): (0.58, 0.63, 0.60), ("irm", 4, 0.1): (0.40, 0.41, 0.42),
+        ("fediir", 4, 0.1): (0.59, 0.61, 0.66),
+        ("fedavg", 4, 0.0): (0.40, 0.44, 0.42), ("irm", 4, 0.0): (0.45, 0.47, 0.49),
+        ("fediir", 4, 0.0): (0.40, 0.44, 0.42)}
+
+
+def sweep_config(root, **grid):
+  s = sweep_common.skeleton("fixture", str(root))
+  s.base.num_rounds = 2
+  g = {"methods": ("fedavg", "irm", "fediir"), "client_counts": (1, 4), "lams": (0.0, 1.0, 0.1), "seeds": (0, 1, 2),
+       "num_trials": 0}
+  g.update(grid)
+  s.grids = ml_collections.ConfigDict({"table": g})
+  s.figures.curves_grid = "table"
+  return s
+
+
+def fill(exp, test=TEST, fingerprint=None, keys=None):
+  """Round 1: held-out val 0.5, test = the table value; round 2: val 0.4, test = value + 0.1."""
+  for e in exp.entries:
+    if keys is not None and e.key not in keys:
+      continue
+    a = e.axes
+    lam = None if a["lam"] is None else float(a["lam"])
+    v = test[(a["method"], a["num_clients"], lam)][a["seed"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.5, "in_val": 0.3, "in_test": 0.9, "test": v},
+                                        2: {"heldout_val": 0.4, "in_val": 0.6, "in_test": 0.8, "test": v + 0.1}},
+              fingerprint)
+
+
+def tree_bytes(folder) -> dict:
+  out = {}
+  for dirpath, _, files in os.walk(folder):
+    for f in files:
+      p = os.path.join(dirpath, f)
+      out[os.path.relpath(p, folder)] = open(p, "rb").read()
+  return out
+
+
+# ---------------------------------------------------------------------------- staleness
+
+def test_fingerprint_changes_with_one_source_line_and_ignores_caches(tmp_path):
+  pkg = tmp_path / "fedjax_dg"
+  shutil.copytree(provenance.package_dir(), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+  a = provenance.fingerprint_of(str(pkg))
+  assert a == provenance.fingerprint_of(str(pkg))  # deterministic
+  assert a["sha256"] == provenance.source_fingerprint()["sha256"]  # the copy is the code this process runs
+  (pkg / "__pycache__").mkdir(exist_ok=True)
+  (pkg / "__pycache__" / "x.py").write_text("junk\n")
+  (pkg / "notes.txt").write_text("not source\n")
+  assert provenance.fingerprint_of(str(pkg)) == a
+  path = pkg / "engine" / "round.py"
+  path.write_text(path.read_text() + "# one more line\n")
+  b = provenance.fingerprint_of(str(pkg))
+  assert b["sha256"] != a["sha256"] and b["files"] == a["files"]
+  path = pkg / "bench" / "report.py"  # a reader of finished runs: not part of what produced them
+  path.write_text(path.read_text() + "# one more line\n")
+  assert provenance.fingerprint_of(str(pkg)) == b
+
+
+def test_runner_records_fingerprint_and_git_state():
+  p = provenance.provenance()
+  assert p["source"] == provenance.source_fingerprint() and len(p["source"]["sha256"]) == 64
+  assert set(p["git"]) == {"commit", "dirty", "package_clean"}
+
+
+def test_status_lists_stale_jobs_and_collect_refuses_them(tmp_path, monkeypatch):
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  rows = launch.status(exp)
+  assert {r["state"] for r in rows} == {"done"}
+  # One source line changes: the current fingerprint is no longer the one the runs recorded.
+  now = dict(provenance.source_fingerprint(), sha256="0" * 64)
+  monkeypatch.setattr(provenance, "source_fingerprint", lambda: now)
+  rows = launch.status(exp)
+  assert {r["state"] for r in rows} == {"stale"}
+  assert launch.status_text(rows).startswith("0 done, 0 running, 0 failed, 0 interrupted, 0 pending, 33 stale")
+  with pytest.raises(results_lib.StaleError) as e:
+    collect.collect(s, str(tmp_path / "out"))
+  assert len(str(e.value).splitlines()) == 1 and "--allow-stale" in str(e.value)
+  with pytest.raises(results_lib.StaleError):
+    report.write_report(s, str(tmp_path / "out"))
+  texts = collect.collect(s, str(tmp_path / "out"), allow_stale=True)
+  md = texts["table_heldout_domain"]
+  assert md.count("†") == 11 + 1  # every cell, and the footnote
+  assert "†: at least one of the cell's runs ran under other code" in md
+  tex = open(tmp_path / "out" / "tables.tex").read()
+  assert "$^\\dagger$" in tex
+
+
+def test_old_runs_without_fingerprint_are_stale(tmp_path):
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,))
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  key = next(iter(exp.jobs))
+  p = os.path.join(exp.jobs[key].workdir, "summary.json")
+  sm = json.load(open(p))
+  del sm["provenance"]
+  json.dump(sm, open(p, "w"))
+  states = {r["key"]: r["state"] for r in launch.status(exp)}
+  assert states[key] == "stale" and sum(v == "stale" for v in states.values()) == 1
+
+
+# ---------------------------------------------------------------------------- the results file
+
+def test_report_regenerates_byte_for_byte_from_the_results_file(tmp_path):
+  s = sweep_config(tmp_path / "runs")
+  s.grids.clients = {"methods": ("fedavg", "irm"), "client_counts": (1, 4), "lams": (1.0, 0.1, 0.0),
+                     "seeds": (0, 1, 2)}
+  s.figures.clients_grid = "clients"
+  s.figures.per_run_grid, s.figures.per_run_methods, s.figures.per_run_seeds = "table", ("fedavg",), (0,)
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+  report.write_report(s, str(a), sweep_arg="fixture.py")
+  path = str(a / collect.RESULTS_FILE)
+  shutil.rmtree(tmp_path / "runs")  # the file alone
+  for out in (b, c):
+    report.write_report(None, str(out), data=results_lib.read(path))
+  ta, tb, tc = tree_bytes(a), tree_bytes(b), tree_bytes(c)
+  assert tb == tc
+  del ta[collect.RESULTS_FILE]
+  assert ta == tb  # from the runs or from the file: the same report
+  assert {"REPORT.md", "tables.md", "tables.tex", "jobs.csv", "figures/fig2_clients.png",
+          "figures/fig4_curves_C4.png", "figures/fig4_heldout_val_C4.png",
+          "figures/runs/fedavg_C4_lam1_seed0_trial0_" + next(e.key for e in exp.entries if e.grid == "table" and
+                                                              e.axes["lam"] == 1.0 and e.axes["method"] == "fedavg"
+                                                              and e.axes["seed"] == 0)[:8] + ".png"} <= set(tb)
+  assert b"Software" not in tb["figures/fig2_clients.png"]  # no version or date metadata
+  assert "--sweep fixture.py" in tb["REPORT.md"].decode()
+  with gzip.open(path, "rb") as f:
+    assert f.read().count(b"\n") == 1 + len(exp.jobs)
+  assert open(path, "rb").read()[4:8] == b"\0\0\0\0"  # gzip header mtime 0
+
+
+def test_cells_recomputed_independently_from_the_results_file(tmp_path):
+  """Every held-out-domain cell of tables.md, from the results file read with gzip and json
+  only: each seed's score is the test accuracy at the round its summary's held-out selection
+  names, a cell is mean ± stdev/sqrt(n) over seeds."""
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  texts = collect.collect(s, str(tmp_path / "out"))
+  with gzip.open(tmp_path / "out" / collect.RESULTS_FILE, "rt") as f:
+    docs = [json.loads(l) for l in f]
+  assert docs[0]["kind"] == "header" and docs[0]["sweep"]["name"] == "fixture"
+  per_cell = {}
+  for d in docs[1:]:
+    ax = d["entries"][0]["axes"]
+    r = d["summary"]["selection"]["heldout_domain"]["round"]
+    test = next(rec["splits"]["test"]["accuracy"] for rec in d["records"] if rec["round"] == r)
+    per_cell.setdefault((ax["method"], ax["num_clients"], ax["lam"]), {})[ax["seed"]] = test
+  lines = texts["table_heldout_domain"].splitlines()
+  header = [h.strip() for h in lines[0].split("|")[3:-1]]
+  assert header == ["C=1 (centralised)", "C=4, λ=1", "C=4, λ=0.1", "C=4, λ=0"]  # lambda 1, 0.1, 0
+  cols = [(1, None), (4, 1.0), (4, 0.1), (4, 0.0)]
+  names = {"FedAvg-ERM": "fedavg", "IRM": "irm", "FedIIR": "fediir"}
+  checked = 0
+  for line in lines[2:5]:
+    parts = [p.strip().strip("*") for p in line.split("|")[1:-1]]
+    m = names[parts[1]]
+    for (C, lam), text in zip(cols, parts[2:]):
+      vals = per_cell.get((m, C, lam))
+      if vals is None:
+        assert text == "-"
+        continue
+      v = [vals[k] for k in sorted(vals)]
+      want = f"{statistics.mean(v):.3f} ± {statistics.stdev(v) / math.sqrt(len(v)):.3f} (n={len(v)})"
+      assert text == want
+      checked += 1
+  assert checked == 11
+
+
+def test_results_file_read_errors_are_one_line(tmp_path):
+  p = tmp_path / "x.jsonl.gz"
+  p.write_bytes(b"not gzip")
+  with pytest.raises(sweep_lib.SweepError) as e:
+    results_lib.read(str(p))
+  assert "not a results file" in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- significance
+
+def test_welch_against_closed_forms():
+  # Two cells of two seeds with equal variances: Welch's df is exactly 2, where Student's t
+  # has the closed-form CDF F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
+  a, b = [1.0, 3.0], [0.0, 0.0 + 2.0]
+  b = [x - 1.5 for x in b]
+  w = stats.welch(a, b)
+  t = (np.mean(a) - np.mean(b)) / math.sqrt(np.var(a, ddof=1) / 2 + np.var(b, ddof=1) / 2)
+  assert w["t"] == pytest.approx(t, rel=1e-12) and w["df"] == pytest.approx(2.0, rel=1e-12)
+  assert w["p"] == pytest.approx(2 * (1 - (0.5 + abs(t) / (2 * math.sqrt(2 + t * t)))), rel=1e-9)
+  # Unequal sizes and variances: the Welch-Satterthwaite df by hand.
+  a, b = [0.61, 0.65, 0.70, 0.58], [0.50, 0.71, 0.40]
+  va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 3
+  w = stats.welch(a, b)
+  assert w["df"] == pytest.approx((va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2), rel=1e-12)
+  # df = 1 (one cell constant, two seeds each): the Cauchy CDF, p = 1 - 2 atan(|t|) / pi.
+  a, b = [0.0, 1.0], [0.2, 0.2]
+  w = stats.welch(a, b)
+  assert w["df"] == pytest.approx(1.0) and w["p"] == pytest.approx(1 - 2 * math.atan(abs(w["t"])) / math.pi)
+  assert stats.welch([0.5], [0.1, 0.2]) is None
+  assert stats.welch([0.3, 0.3], [0.3, 0.3])["p"] == 1.0  # identical runs: no difference
+  assert stats.compare([0.3, 0.3], [0.3, 0.3])[0] == "no difference"
+  assert stats.compare([0.9, 0.91, 0.92], [0.1, 0.11, 0.12])[0] == "higher"
+  assert stats.compare([0.1, 0.11, 0.12], [0.9, 0.91, 0.92])[0] == "lower"
+  assert stats.compare([0.5], [0.4, 0.41])[0] == "cannot tell"
+
+
+def test_verdict_words():
+  assert stats.verdict(["higher", "higher", "cannot tell"], "higher") == "holds"
+  assert stats.verdict(["no difference", "lower"], "higher") == "does not hold"
+  assert stats.verdict(["no difference", "no difference", "cannot tell"], "higher") == "no difference"
+  assert stats.verdict(["no difference"], "higher", "most") == "no difference"
+  assert stats.verdict(["higher", "no difference", "lower"], "higher") == "holds in 1 of 3 testable comparisons"
+  assert stats.verdict(["cannot tell"], "higher") == "cannot tell"
+  assert stats.verdict(["higher", "higher", "lower"], "higher", "most") == "holds"
+  assert stats.verdict(["higher", "no difference", "lower"], "higher", "most") == "does not hold"
+
+
+def test_bold_only_where_the_lead_is_significant(tmp_path):
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  t = collect.tables(results_lib.from_runs(s, exp), "heldout_domain")
+  lead = collect.leaders(t)
+  # C=1: ERM 0.85 vs IRM 0.72 (Welch p ~ 0.03): bold. C=4, lambda=1: FedIIR 0.71 vs FedAvg
+  # 0.61, equal tiny spreads: bold. C=4, lambda=0.1: FedIIR 0.62 vs FedAvg 0.603: no.
+  # C=4, lambda=0: IRM 0.47 vs 0.42 (p ~ 0.04): bold.
+  assert lead[(1, None)][:2] == ("fedavg", "irm") and lead[(1, None)][3]
+  assert lead[(4, 1.0)][:2] == ("fediir", "fedavg") and lead[(4, 1.0)][3]
+  assert lead[(4, 0.1)][:2] == ("fediir", "fedavg") and not lead[(4, 0.1)][3]
+  assert lead[(4, 0.0)][0] == "irm" and lead[(4, 0.0)][3]
+  p = stats.welch(TEST[("fediir", 4, 0.1)], TEST[("fedavg", 4, 0.1)])["p"]
+  assert p > 0.05
+  md = collect.to_markdown(t)
+  assert md.count("**") == 2 * 3
+  assert "| FedIIR | - | **0.710 ± 0.006 (n=3)** | 0.620 ± 0.021 (n=3) |" in md
+
+
+def test_reading_is_generated_from_the_numbers(tmp_path):
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
+  reading = md.split("## Reading", 1)[1]
+  # 4.1: FedIIR is significantly above FedAvg at lambda = 1, IRM at lambda = 0: 2 of 4 columns against.
+  assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column): " \
+         "holds in 2 of 4 testable comparisons.**" in reading
+  # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs (.40,.41,.42).
+  p = stats.welch(TEST[("irm", 4, 1.0)], TEST[("irm", 4, 0.1)])["p"]
+  assert p < 0.05
+  assert f"IRM at C=4: λ=1 0.510 ± 0.006 (n=3) vs λ=0.1 0.410 ± 0.006 (n=3): degrades (p {'< 0.001' if p < 1e-3 else f'= {p:.3f}'})" in reading
+  assert "**Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons): holds.**" in reading
+  # FedIIR's claim: above at lambda = 1, no difference at 0.1 and at 0 (identical values).
+  assert "**FedIIR (seed 003): FedIIR beats FedAvg-ERM: holds in 1 of 3 testable comparisons.**" in reading
+  assert "C=4, λ=0: FedIIR 0.420 ± 0.012 (n=3) vs FedAvg-ERM 0.420 ± 0.012 (n=3): no difference (p = 1.000)" in reading
+  assert "selected rounds: 0 of 33 runs" in md
+
+
+# ---------------------------------------------------------------------------- sweeps
+
+def test_seeds_phase_waits_for_the_search_then_runs_at_the_winner(tmp_path):
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (0, 1, 2),
+                   "select_from": "table"}
+  s.table.grid = "seeds"
+  exp = sweep_lib.expand(s)
+  assert len(exp.jobs) == 3 and "seeds" in exp.waiting and "3 of 3 search jobs have not finished" in exp.waiting["seeds"]
+  with pytest.raises(sweep_lib.SweepError) as e:
+    collect.collect(s, str(tmp_path / "out"))
+  assert len(str(e.value).splitlines()) == 1
+  # Trial 2 has the best held-out validation score.
+  for e in exp.entries:
+    v = {0: 0.5, 1: 0.6, 2: 0.7}[e.axes["trial"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": v, "in_val": 0.3, "in_test": 0.9, "test": 0.4},
+                                        2: {"heldout_val": 0.1, "in_val": 0.6, "in_test": 0.8, "test": 0.5}})
+  exp2 = sweep_lib.expand(s)
+  assert not exp2.waiting
+  seeds = sweep_lib.grid_entries(exp2, "seeds")
+  win = sweep_lib.trial_overrides(s, "fedavg", 2)
+  assert [e.axes["seed"] for e in seeds] == [0, 1, 2] and all(e.axes["trial"] == 2 for e in seeds)
+  assert all(e.axes["overrides"] == win for e in seeds) and win["client.lr"] != s.base.client.lr
+  assert exp2.jobs[seeds[1].key].config.client.lr == win["client.lr"]
+  # Seed 0 at the winner is the search's own run: one job, not two.
+  assert seeds[0].key == next(e.key for e in exp.entries if e.axes["trial"] == 2)
+  assert len(exp2.jobs) == 5
+
+
+def test_fixed_steps_grid_sets_local_steps(tmp_path):
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(1, 4), lams=(1.0,), seeds=(0,),
+                   local_steps=7)
+  exp = sweep_lib.expand(s)
+  assert all(j.config.client.local_steps == 7 for j in exp.jobs.values())
+  assert all(e.axes["local_steps"] == 7 for e in exp.entries)
+  with pytest.raises(sweep_lib.SweepError, match="local_steps must be >= 0"):
+    sweep_lib.expand(sweep_config(tmp_path / "runs", local_steps=-1))
+
+
+def test_figures_say_so_when_no_grid_is_named(tmp_path):
+  s = sweep_config(tmp_path / "runs")
+  s.figures.curves_grid = ""
+  assert figures.no_figures(s).startswith("no figures: the sweep names no grid")
+  s.figures.curves_grid = "table"
+  assert figures.no_figures(s) is None
+
+
+def test_run_figure_names_say_what_the_run_is():
+  assert figures.run_name({"method": "fediir+omg", "num_clients": 20, "lam": 0.1, "seed": 2, "trial": 3},
+                          "0123456789abcdef") == "fediir-omg_C20_lam0.1_seed2_trial3_01234567"
+  assert figures.run_name({"method": "fedavg", "num_clients": 1, "lam": None, "seed": 0}, "ab" * 8) == \
+      "fedavg_C1_seed0_trial0_abababab"
+
+
+def test_palette_styles_are_distinct_for_32_lines():
+  st = [figures.style(k) for k in range(32)]
+  assert len({(s["color"], s["linestyle"]) for s in st}) == 32
+  assert set(s["color"] for s in st) == set(figures.OKABE_ITO)
+
+
+def test_quick_sweep_expands():
+  q = sweep_lib.expand(sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "quick.py")))
+  assert len(q.jobs) == 66 and not q.waiting
+
+
+@pytest.mark.slow
+def test_full_report_sweep_expands_and_waits_for_its_search():
+  """1,016 search entries (127 cells x 8 trials) and 1,476 jobs before the seeds phase, as
+  docs/benchmark_report.md counts them."""
+  f = sweep_lib.expand(sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py")))
+  assert sum(e.grid == "search" for e in f.entries) == 127 * 8 and "table" in f.waiting
+  assert len(f.jobs) == 1476
