@@ -7,11 +7,8 @@ import pytest
 
 from fedjax_dg.algorithms.base import (LocalSchedule, batch_indices, ClientData, local_train,
                                        erm_objective, make_schedule)
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.fedprox import fedprox
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round, STRATEGIES
-from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
+from helpers import adam_config, client_arrays, method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 
 STORE = ragged_store()
 SIZES = STORE.counts.tolist()
@@ -57,11 +54,11 @@ def reference_round(model, params, controls, c_server, kind, cohort, mu=0.0, ser
 
 
 def build(kind, model, cohort_size=C, server_lr=1.0, mu=0.1):
-  if kind == "fedavg":
-    return fedavg(model, FULL, optax.sgd(LR), optax.sgd(server_lr))
+  """`kind` from the config, as the runner builds it (its hyperparameters in the round state)."""
+  overrides = {"algorithm.name": kind, **sgd_config(LR), "server.lr": server_lr}
   if kind == "fedprox":
-    return fedprox(model, FULL, optax.sgd(LR), optax.sgd(server_lr), mu)
-  return scaffold(model, FULL, LR, server_lr, cohort_size, C)
+    overrides["algorithm.fedprox.mu"] = mu
+  return method(overrides, model, FULL, C, cohort_size, builder=True)
 
 
 @pytest.mark.parametrize("kind", ["fedavg", "fedprox", "scaffold"])
@@ -118,7 +115,7 @@ def test_fedavg_one_full_batch_step_is_centralised_gd():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=1, batch_size=N_MAX, epochs=1, passes=1, unroll=1)
-  alg = fedavg(model, sched, optax.sgd(LR), optax.sgd(1.0))
+  alg = method({**sgd_config(LR), "server.lr": 1.0}, model, sched, C, builder=True)
   state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
   round_fn = make_round(alg, C, C, "vmap")
   store = jax.tree.map(jnp.asarray, STORE)
@@ -172,7 +169,8 @@ def test_minibatch_strategies_agree_with_momentum():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = make_schedule(4, 0, 2, N_MAX, min(SIZES))
-  alg = fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.adam(0.05))
+  alg = method({"algorithm.name": "fedadam", **sgd_config(0.1, 0.9), **adam_config(0.05, prefix="server")},
+               model, sched, C, 5, builder=True)
   store = jax.tree.map(jnp.asarray, STORE)
   results = {}
   for strategy in STRATEGIES:
@@ -190,16 +188,15 @@ import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 import jax, jax.numpy as jnp, optax
 assert jax.device_count() == 4, jax.devices()
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 store = ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6))
 C = 9
 model = tiny_mlp()
 params = model.init(jax.random.PRNGKey(0))
 sched = make_schedule(4, 0, 2, 12, 3)
-algs = [fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.sgd(1.0)), scaffold(model, sched, 0.1, 1.0, 7, C)]
+algs = [method({{"algorithm.name": name, **sgd_config(0.1, momentum), "server.lr": 1.0}}, model, sched, C, 7)
+        for name, momentum in (("fedavg", 0.9), ("scaffold", 0.0))]
 # FedAvg under every strategy; SCAFFOLD (persistent client state) under one scan-based
 # strategy (vmap, chunked and sequential share the sharded chunk code) and the host loop.
 for alg in algs:
