@@ -11,10 +11,9 @@ import pytest
 from fedjax_dg import experiment
 from fedjax_dg.algorithms import ALGORITHMS
 from fedjax_dg.algorithms.base import Batch, LocalSchedule, erm_objective
-from fedjax_dg.algorithms.fedavg import fedavg, minibatch_sgd
 from fedjax_dg.algorithms.fedprox import proximal_objective
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import client_arrays, ragged_store, run_from, tiny_mlp, tree_max_diff
+from helpers import adam_config, client_arrays, method, ragged_store, run_from, sgd_config, tiny_mlp, tree_max_diff
 
 jax.config.update("jax_enable_x64", False)
 
@@ -56,14 +55,16 @@ def test_fedadam_and_fedavgm_server_steps():
   C = len(st.counts)
   # FedAdam, one round: m_hat = g, v_hat = g^2 with g = -Delta, so theta + lr Delta / (|Delta| + eps).
   lr, eps = 0.01, 1e-3
-  alg = fedavg(model, sched, optax.sgd(0.1), optax.adam(lr, eps=eps))
+  alg = method({"algorithm.name": "fedadam", **sgd_config(0.1), **adam_config(lr, eps=eps, prefix="server")},
+               model, sched, C)
   state, _ = make_round(alg, C, C, "vmap")(init_round_state(alg, None, params, C), store, jax.random.PRNGKey(0))
   d = _one_round_delta(model, params, st, 0.1)
   expect = jax.tree.map(lambda p, dd: p + lr * dd / (jnp.abs(dd) + eps), params, d)
   assert tree_max_diff(state.server.params, expect) < 1e-6
   # FedAvgM, two rounds: v1 = -D1, v2 = beta v1 - D2, theta2 = theta1 - lr v2.
   beta, lr = 0.9, 0.5
-  alg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(lr, momentum=beta))
+  alg = method({"algorithm.name": "fedavgm", **sgd_config(0.1), **sgd_config(lr, beta, prefix="server")}, model,
+               sched, C)
   rf = make_round(alg, C, C, "vmap")
   state = init_round_state(alg, None, params, C)
   state, _ = rf(state, store, jax.random.PRNGKey(0))
@@ -80,7 +81,9 @@ def test_minibatch_sgd_is_gradient_descent_on_equal_clients():
   st = ragged_store(sizes=(6, 6, 6, 6))
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = minibatch_sgd(model, 6, optax.sgd(0.2))  # batch = a client's whole data
+  sched = LocalSchedule(num_steps=1, batch_size=6, epochs=1, passes=1, unroll=1)
+  alg = method({"algorithm.name": "minibatch_sgd", "client.batch_size": 6, **sgd_config(0.2)}, model, sched, 4)
+  # batch = a client's whole data
   rf = make_round(alg, 4, 4, "vmap")
   state = init_round_state(alg, None, params, 4)
   p = params
