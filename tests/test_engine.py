@@ -1,4 +1,6 @@
 """The vectorised round against a plain sequential per-client implementation."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,6 +63,22 @@ def build(kind, model, cohort_size=C, server_lr=1.0, mu=0.1):
   return method(overrides, model, FULL, C, cohort_size, builder=True)
 
 
+@functools.lru_cache(maxsize=None)
+def reference_rounds(kind, rounds, cohorts=None, server_lr=1.0):
+  """`rounds` rounds of `reference_round` from the tiny MLP's initial parameters (`cohorts`:
+  each round's sampled clients; None: all). The loop does not depend on the strategy, so each
+  test module computes it once per case and every strategy is compared with it."""
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
+  for t in range(rounds):
+    cohort = list(cohorts[t]) if cohorts else list(range(C))
+    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, cohort,
+                                              mu=0.1 if kind == "fedprox" else 0.0, server_lr=server_lr)
+  return ref_p, ref_ctrl, ref_c
+
+
 @pytest.mark.parametrize("kind", ["fedavg", "fedprox", "scaffold"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_round_equals_sequential_reference(kind, strategy):
@@ -70,12 +88,9 @@ def test_round_equals_sequential_reference(kind, strategy):
   state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
   round_fn = make_round(alg, C, C, strategy, chunk_size=4)
   store = jax.tree.map(jnp.asarray, STORE)
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
   for t in range(3):
     state, _ = round_fn(state, store, jax.random.PRNGKey(10 + t))
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, list(range(C)),
-                                              mu=0.1 if kind == "fedprox" else 0.0)
+  ref_p, ref_ctrl, ref_c = reference_rounds(kind, 3)
   assert tree_max_diff(state.server.params, ref_p) < 1e-5
   if kind == "scaffold":
     assert tree_max_diff(state.server.control, ref_c) < 1e-5
@@ -93,15 +108,14 @@ def test_partial_cohort_scaffold_keeps_unsampled_state(strategy):
   round_fn = make_round(alg, C, S, strategy, chunk_size=3)  # 4 members, chunks of 3: padding
   store = jax.tree.map(jnp.asarray, STORE)
   zeros = jax.tree.map(jnp.zeros_like, params)
-  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
-  seen = set()
+  cohorts = []
   for t in range(4):
     rng = jax.random.PRNGKey(20 + t)
     k_cohort, _ = jax.random.split(rng)
-    cohort = sorted(np.asarray(jax.random.choice(k_cohort, C, (S,), replace=False)).tolist())
-    seen |= set(cohort)
+    cohorts.append(tuple(sorted(np.asarray(jax.random.choice(k_cohort, C, (S,), replace=False)).tolist())))
     state, _ = round_fn(state, store, rng)
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, "scaffold", cohort, server_lr=0.7)
+  seen = set().union(*cohorts)
+  ref_p, ref_ctrl, ref_c = reference_rounds("scaffold", 4, tuple(cohorts), server_lr=0.7)
   assert tree_max_diff(state.server.params, ref_p) < 1e-5
   for c in range(C):
     got = jax.tree.map(lambda a: a[c], state.clients)
