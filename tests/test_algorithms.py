@@ -238,9 +238,11 @@ def test_no_method_name_outside_the_algorithms_package():
   from fedjax_dg.algorithms import METHODS, RULES
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   files = ["fedjax_dg/experiment.py", "fedjax_dg/config.py"]
-  for layer in ("engine", "models", "eval", "bench"):
-    files += [os.path.join("fedjax_dg", layer, f) for f in os.listdir(os.path.join(root, "fedjax_dg", layer))
-              if f.endswith(".py")]
+  for layer in ("engine", "models", "eval", "bench"):  # every module, subpackages included
+    for folder, _, names in os.walk(os.path.join(root, "fedjax_dg", layer)):
+      files += [os.path.relpath(os.path.join(folder, f), root) for f in names if f.endswith(".py")]
+  assert {"fedjax_dg/engine/round.py", "fedjax_dg/models/__init__.py", "fedjax_dg/eval/evaluate.py",
+          "fedjax_dg/bench/sweep.py"} <= set(files)
   names = set(METHODS) | {n for n in RULES if len(n) > 3} - {"adam", "yogi"} | {"phi", "to_z"}
   for f in files:
     text = open(os.path.join(root, f)).read()
