@@ -164,7 +164,7 @@ def main(argv=None):
   import optax
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from fedjax_dg.algorithms.base import make_schedule
-  from fedjax_dg.algorithms.fedavg import fedavg
+  from fedjax_dg import algorithms, default_config
   from fedjax_dg.data.store import ClientStore
   from fedjax_dg.engine import init_round_state, make_round
   from fedjax_dg.models import build_model
@@ -230,7 +230,9 @@ def main(argv=None):
                             shape, w["classes"])
         params = model.init(jax.random.PRNGKey(0))
         sched = make_schedule(B, K, 1, n, n, unroll=1)
-        alg = fedavg(model, sched, optax.sgd(0.01), optax.sgd(1.0))
+        config = default_config()  # FedAvg: local SGD at 0.01 without momentum, server step 1
+        config.client.lr, config.client.momentum = 0.01, 0.0
+        alg = algorithms.build_algorithm(config, model, sched, C, C)
         rf = make_round(alg, C, C, strategy, chunk_size=chunk)
         state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
         t = time.perf_counter()

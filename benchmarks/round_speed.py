@@ -119,10 +119,9 @@ def run(args):
   import jax.numpy as jnp
   import ml_collections
   import numpy as np
-  import optax
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from fedjax_dg.algorithms.base import make_schedule
-  from fedjax_dg.algorithms.fedavg import fedavg
+  from fedjax_dg import algorithms, default_config
   from fedjax_dg.data.store import ClientStore
   from fedjax_dg.engine import init_round_state, make_round
   from fedjax_dg.models import build_model
@@ -154,7 +153,9 @@ def run(args):
     store = jax.tree.map(jnp.asarray, store)
     unroll = True if jax.default_backend() == "cpu" else 1
     sched = make_schedule(B, K, 1, n, n, unroll=unroll)
-    alg = fedavg(model, sched, optax.sgd(0.01), optax.sgd(1.0))
+    config = default_config()  # FedAvg: local SGD at 0.01 without momentum, server step 1
+    config.client.lr, config.client.momentum = 0.01, 0.0
+    alg = algorithms.build_algorithm(config, model, sched, C, C)
     results = {}
     for strategy in (getattr(args, f"{wname}_strategies") or args.strategies).split(","):
       chunk = args.chunk_size or min(10, max(2, C // 2))

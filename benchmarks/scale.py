@@ -93,16 +93,14 @@ def _peak_rss_mb() -> float:
 
 def _mlp_and_round(jax, num_clients, cohort, sched, strategy, algorithm, buckets=None):
   import ml_collections
-  import optax
-  from fedjax_dg.algorithms.fedavg import fedavg
-  from fedjax_dg.algorithms.scaffold import scaffold
+  from fedjax_dg import algorithms, default_config
   from fedjax_dg.engine import make_round
   from fedjax_dg.models import build_model
   model = build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": (200, 200)}), (28, 28, 1), 10)
-  if algorithm == "scaffold":
-    alg = scaffold(model, sched, 0.05, 1.0, cohort, num_clients)
-  else:
-    alg = fedavg(model, sched, optax.sgd(0.05), optax.sgd(1.0))
+  config = default_config()  # `algorithm` with local SGD at 0.05 without momentum, server step 1
+  config.algorithm.name = algorithm
+  config.client.lr, config.client.momentum = 0.05, 0.0
+  alg = algorithms.build_algorithm(config, model, sched, num_clients, cohort)
   return model, alg, make_round(alg, num_clients, cohort, strategy, chunk_size=10, buckets=buckets)
 
 

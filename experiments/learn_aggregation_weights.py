@@ -25,9 +25,8 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fedjax_dg.algorithms import make_optimizer                          # noqa: E402
+from fedjax_dg import algorithms, default_config                          # noqa: E402
 from fedjax_dg.algorithms.base import make_schedule                       # noqa: E402
-from fedjax_dg.algorithms.fedavg import fedavg                            # noqa: E402
 from fedjax_dg.data import datasets, partition, splits, store as store_lib  # noqa: E402
 from fedjax_dg.engine import init_round_state, make_round                 # noqa: E402
 from fedjax_dg.engine.differentiable import run_rounds                    # noqa: E402
@@ -52,8 +51,9 @@ def main(argv=None):
   model = build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": (32,)}), ds.input_shape, 2)
   params = model.init(jax.random.PRNGKey(args.seed))
   sched = make_schedule(32, 0, 1, int(st.counts.max()), int(st.counts.min()))
-  server_opt = make_optimizer(ml_collections.ConfigDict({"optimizer": "sgd", "lr": 1.0}), inject=True)
-  alg = fedavg(model, sched, optax.sgd(0.05, momentum=0.9), server_opt)
+  config = default_config()  # FedAvg: local SGD at 0.05 with momentum 0.9, server step 1
+  config.client.lr, config.client.momentum = 0.05, 0.9
+  alg = algorithms.build_algorithm(config, model, sched, C, C)
   rf = make_round(alg, C, C, "vmap")
   state0 = init_round_state(alg, None, params, C)
   xv, yv = jnp.asarray(fold.heldout_val.x), jnp.asarray(fold.heldout_val.y)

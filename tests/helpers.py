@@ -140,3 +140,82 @@ def run_config(config, rounds: int):
   for t in range(rounds):
     state, _ = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
   return state
+
+
+def config_with(overrides: dict | None = None, base=None):
+  """`base` (default: `fedjax_dg.default_config()`) with the dotted `overrides` applied, as a
+  config file or `--config.client.lr=0.1` sets them: `{"algorithm.name": "fedprox",
+  "algorithm.fedprox.mu": 0.1, "client.lr": 0.1}`. An unknown key is a KeyError naming it."""
+  import copy
+  from fedjax_dg import default_config
+  c = default_config() if base is None else copy.deepcopy(base)
+  for key, value in (overrides or {}).items():
+    *parents, leaf = key.split(".")
+    node = c
+    for p in parents:
+      node = node[p]
+    if leaf not in node:
+      raise KeyError(f"config_with: unknown config key {key!r}")
+    node[leaf] = value
+  return c
+
+
+def method(overrides: dict, model, sched, num_clients: int = 1, cohort_size: int | None = None,
+           num_domains: int = 1, train_domains=None, store=None, tune_store=None, heldout_val=None,
+           builder: bool = False):
+  """The method the config `config_with(overrides)` names, built as the runner builds it
+  (`experiment.setup`: the config validated, `algorithms.context`, `algorithms.Builder`):
+  the `Algorithm` with the config's hyperparameters, or with `builder` the `Builder` itself
+  (the engine then carries the hyperparameters in the round state). `model` and the local
+  schedule `sched` are given (the runner derives them from `config.model` and `config.client`),
+  so a test picks its own tiny model and loop; `config.client` gives the optimizer and its
+  values, `config.server` the server rule's."""
+  from fedjax_dg import algorithms
+  from fedjax_dg import config as config_lib
+  cohort_size = cohort_size or num_clients
+  config = config_with({"num_clients": num_clients, "cohort_size": cohort_size, **overrides})
+  config_lib.validate(config)
+  ctx = algorithms.context(config, model, sched, num_clients, cohort_size, num_domains,
+                           train_domains, store, tune_store, heldout_val)
+  b = algorithms.Builder(ctx)
+  return b if builder else b()
+
+
+def sgd_config(lr: float, momentum: float = 0.0, prefix: str = "client") -> dict:
+  """Overrides for `optax.sgd(lr, momentum)` as the client optimizer (`prefix="server"`: the
+  server's values; the server rule, `fedavg` or `avgm`, is the method's choice)."""
+  out = {f"{prefix}.optimizer": "sgd", f"{prefix}.lr": lr, f"{prefix}.momentum": momentum}
+  return out if prefix == "client" else {k: v for k, v in out.items() if not k.endswith(".optimizer")}
+
+
+def adam_config(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, prefix: str = "client") -> dict:
+  """Overrides for `optax.adam(lr, b1, b2, eps)` (optax's defaults) as the client optimizer
+  (`prefix="server"`: the server's values, for the `adam` rule)."""
+  out = {f"{prefix}.optimizer": "adam", f"{prefix}.lr": lr, f"{prefix}.b1": b1, f"{prefix}.b2": b2,
+         f"{prefix}.eps": eps}
+  return out if prefix == "client" else {k: v for k, v in out.items() if not k.endswith(".optimizer")}
+
+
+def learn_in_process(config) -> dict:
+  """Stage 1 of the run `config` describes, in this process: built as the runner builds it
+  (`experiment.setup`), with the runner's keys, `config.num_rounds` rounds. Returns each
+  round's `train_loss`, the final model's scores on the evaluation splits (the runner's
+  `Evaluator` and metric) and the number of clients: what a whole run's metrics.jsonl and
+  summary.json report of stage 1, without its files, checkpoints and periodic evaluations."""
+  from fedjax_dg import experiment
+  from fedjax_dg.data import datasets, splits
+  from fedjax_dg.engine import init_round_state
+  from fedjax_dg.eval.evaluate import Evaluator
+  fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
+  s = experiment.setup(config, fold)
+  stage = s["stages"][0]
+  k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
+  store = jax.tree.map(jnp.asarray, s["packed"])
+  losses = []
+  for t in range(int(config.num_rounds)):
+    state, m = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
+    losses.append(float(m["train_loss"]))
+  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size, metrics=fold.metrics)
+  return {"train_loss": losses, "splits": evaluator(stage.algorithm.params_of(state.server)),
+          "num_clients": s["num_clients"]}

@@ -11,10 +11,10 @@ import pytest
 from fedjax_dg import experiment
 from fedjax_dg.algorithms import ALGORITHMS
 from fedjax_dg.algorithms.base import Batch, LocalSchedule, erm_objective
-from fedjax_dg.algorithms.fedavg import fedavg, minibatch_sgd
 from fedjax_dg.algorithms.fedprox import proximal_objective
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import client_arrays, ragged_store, run_from, tiny_mlp, tree_max_diff
+from helpers import (adam_config, client_arrays, learn_in_process, method, ragged_store, run_from, sgd_config,
+                     tiny_mlp, tree_max_diff)
 
 jax.config.update("jax_enable_x64", False)
 
@@ -56,14 +56,16 @@ def test_fedadam_and_fedavgm_server_steps():
   C = len(st.counts)
   # FedAdam, one round: m_hat = g, v_hat = g^2 with g = -Delta, so theta + lr Delta / (|Delta| + eps).
   lr, eps = 0.01, 1e-3
-  alg = fedavg(model, sched, optax.sgd(0.1), optax.adam(lr, eps=eps))
+  alg = method({"algorithm.name": "fedadam", **sgd_config(0.1), **adam_config(lr, eps=eps, prefix="server")},
+               model, sched, C)
   state, _ = make_round(alg, C, C, "vmap")(init_round_state(alg, None, params, C), store, jax.random.PRNGKey(0))
   d = _one_round_delta(model, params, st, 0.1)
   expect = jax.tree.map(lambda p, dd: p + lr * dd / (jnp.abs(dd) + eps), params, d)
   assert tree_max_diff(state.server.params, expect) < 1e-6
   # FedAvgM, two rounds: v1 = -D1, v2 = beta v1 - D2, theta2 = theta1 - lr v2.
   beta, lr = 0.9, 0.5
-  alg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(lr, momentum=beta))
+  alg = method({"algorithm.name": "fedavgm", **sgd_config(0.1), **sgd_config(lr, beta, prefix="server")}, model,
+               sched, C)
   rf = make_round(alg, C, C, "vmap")
   state = init_round_state(alg, None, params, C)
   state, _ = rf(state, store, jax.random.PRNGKey(0))
@@ -80,7 +82,9 @@ def test_minibatch_sgd_is_gradient_descent_on_equal_clients():
   st = ragged_store(sizes=(6, 6, 6, 6))
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = minibatch_sgd(model, 6, optax.sgd(0.2))  # batch = a client's whole data
+  sched = LocalSchedule(num_steps=1, batch_size=6, epochs=1, passes=1, unroll=1)
+  alg = method({"algorithm.name": "minibatch_sgd", "client.batch_size": 6, **sgd_config(0.2)}, model, sched, 4)
+  # batch = a client's whole data
   rf = make_round(alg, 4, 4, "vmap")
   state = init_round_state(alg, None, params, 4)
   p = params
@@ -97,6 +101,10 @@ def test_minibatch_sgd_is_gradient_descent_on_equal_clients():
 # test_lowers_the_training_loss_on_the_embedded_dataset, Mixup's and FedDG's NumPy checks,
 # FedSR and FedOMG each learning alone).
 SLOW_LEARNERS = ("fedadg", "mixup", "feddg", "fedsr+omg")
+# Whole runs (`train_and_evaluate`: files, evaluations, checkpoints' schedule) once per runner
+# path: one stage, and two stages (FedLOE). Every other method trains in this process with the
+# program the runner builds (`helpers.learn_in_process`) and meets the same assertions.
+WHOLE_RUNS = ("fedavg", "fedloe")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LEARNERS else n
@@ -117,17 +125,24 @@ def test_every_algorithm_learns_on_the_embedded_dataset(tiny_config, tmp_path, n
   if name == "fedloe":
     tiny_config.client.optimizer = "adam"
     tiny_config.client.lr = 0.01
-  out = experiment.train_and_evaluate(tiny_config, str(tmp_path / name))
-  recs = [json.loads(l) for l in open(tmp_path / name / "metrics.jsonl")]
-  stage1 = [r for r in recs if r.get("stage", 1) == 1]
-  assert stage1[-1]["train_loss"] < stage1[0]["train_loss"]
-  if name == "fedloe":  # stage 2 ran after stage 1, with a combination over the 8 clients
-    stage2 = [r for r in recs if r.get("stage") == 2]
-    assert [r["round"] for r in stage2] == [10, 12]   # stage 2's rounds 9-12, evaluated every 2 and at its end
-    assert len(stage2[-1]["phi"]) == 8
-  assert out["final"]["splits"]["in_val"]["accuracy"] > 0.3  # chance is 0.1
+  if name in WHOLE_RUNS:
+    out = experiment.train_and_evaluate(tiny_config, str(tmp_path / name))
+    recs = [json.loads(l) for l in open(tmp_path / name / "metrics.jsonl")]
+    stage1 = [r for r in recs if r.get("stage", 1) == 1]
+    first, last = stage1[0]["train_loss"], stage1[-1]["train_loss"]
+    if name == "fedloe":  # stage 2 ran after stage 1, with a combination over the 8 clients
+      stage2 = [r for r in recs if r.get("stage") == 2]
+      assert [r["round"] for r in stage2] == [10, 12]   # stage 2's rounds 9-12, evaluated every 2 and at its end
+      assert len(stage2[-1]["phi"]) == 8
+    final, num_clients = out["final"]["splits"], out["num_clients"]
+  else:  # the same numbers from the same program, without the run's files
+    out = learn_in_process(tiny_config)
+    first, last = out["train_loss"][tiny_config.eval_every - 1], out["train_loss"][-1]
+    final, num_clients = out["splits"], out["num_clients"]
+  assert last < first        # the training loss at the first and the last evaluation
+  assert final["in_val"]["accuracy"] > 0.3  # chance is 0.1
   if name == "erm":
-    assert out["num_clients"] == 1
+    assert num_clients == 1
 
 
 def test_sam_gradient_matches_numpy_on_a_linear_model():
@@ -223,9 +238,11 @@ def test_no_method_name_outside_the_algorithms_package():
   from fedjax_dg.algorithms import METHODS, RULES
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   files = ["fedjax_dg/experiment.py", "fedjax_dg/config.py"]
-  for layer in ("engine", "models", "eval", "bench"):
-    files += [os.path.join("fedjax_dg", layer, f) for f in os.listdir(os.path.join(root, "fedjax_dg", layer))
-              if f.endswith(".py")]
+  for layer in ("engine", "models", "eval", "bench"):  # every module, subpackages included
+    for folder, _, names in os.walk(os.path.join(root, "fedjax_dg", layer)):
+      files += [os.path.relpath(os.path.join(folder, f), root) for f in names if f.endswith(".py")]
+  assert {"fedjax_dg/engine/round.py", "fedjax_dg/models/__init__.py", "fedjax_dg/eval/evaluate.py",
+          "fedjax_dg/bench/sweep.py"} <= set(files)
   names = set(METHODS) | {n for n in RULES if len(n) > 3} - {"adam", "yogi"} | {"phi", "to_z"}
   for f in files:
     text = open(os.path.join(root, f)).read()

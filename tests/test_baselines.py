@@ -6,17 +6,24 @@ import optax
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedjax_dg.algorithms.afl import afl, afl_objective, project_simplex
+from fedjax_dg.algorithms.afl import afl_objective, project_simplex
 from fedjax_dg.algorithms.base import Batch, make_schedule
 from fedjax_dg.algorithms.dg import mixup_loss, mixup_pairing
 from fedjax_dg.algorithms.feddg import amplitude_bank, amplitude_mix, low_freq_window, other_clients
-from fedjax_dg.algorithms.fedavg import optax_rule
-from fedjax_dg.algorithms.fedsr import fedsr, fedsr_loss, gaussian_kl, probabilistic_model
+from fedjax_dg.algorithms.fedsr import fedsr_loss, gaussian_kl, probabilistic_model
 from fedjax_dg.algorithms.fish import fish_step
-from fedjax_dg.algorithms.groupdro import groupdro, groupdro_loss
+from fedjax_dg.algorithms.groupdro import groupdro_loss
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.objectives import domain_risks, domain_slots, mixup_partners, slot_mask
-from helpers import ragged_store, tiny_mlp
+from helpers import method, ragged_store, sgd_config, tiny_mlp
+
+
+def _method(name, fields, model, lr=0.1, **kw):
+  """`name` with `algorithm.<name>.<field>` values from the config (local SGD at `lr`, FedAvg's
+  rule at step 1) on 6 clients, built as the runner builds it."""
+  overrides = {f"algorithm.{name}.{k}": v for k, v in fields.items()}
+  return method({"algorithm.name": name, **overrides, **sgd_config(lr), "server.lr": 1.0}, model,
+                make_schedule(4, 0, 1, 12, 3), 6, **kw)
 
 
 
@@ -235,7 +242,7 @@ def test_groupdro_weights_are_persistent_client_state():
   store = store._replace(domain=jnp.asarray(np.random.default_rng(0).integers(0, 3, store.y.shape), jnp.int32))
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = groupdro(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.5, 3)
+  alg = _method("groupdro", {"eta": 0.5}, model, num_domains=3)
   state = init_round_state(alg, None, params, 6)
   rf = make_round(alg, 6, 6, "vmap")
   qs = []
@@ -312,7 +319,7 @@ def test_afl_objective_and_beta_step_match_numpy():
   want = sum(float(beta[e]) * (ce[(d == e) & m].mean() if ((d == e) & m).any() else 0) for e in range(3))
   np.testing.assert_allclose(afl_objective(model, 3)(beta)(params, b, None)[0], want, rtol=1e-5)
 
-  alg = afl(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), gamma, 3)
+  alg = _method("afl", {"step": gamma}, model, num_domains=3)
   state = init_round_state(alg, None, params, 6)
   rf = make_round(alg, 6, 6, "vmap")
   state, _ = rf(state, store, jax.random.PRNGKey(0))
@@ -362,8 +369,7 @@ def test_afl_objective_and_loss_report_over_5000_domains_match_numpy():
 
 def test_afl_beta_stays_zero_on_domains_no_client_holds():
   model = tiny_mlp(hidden=())
-  alg = afl(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 1.0, 5,
-            train_domains=(0, 1, 2))
+  alg = _method("afl", {"step": 1.0}, model, num_domains=5, train_domains=(0, 1, 2))
   s = alg.server_init(None, model.init(jax.random.PRNGKey(0)))
   np.testing.assert_allclose(s.beta, [1 / 3, 1 / 3, 1 / 3, 0, 0], rtol=1e-6)
   s = alg.server_prepare(s._replace(round=jnp.asarray(1)), (jnp.asarray([3.0, 1, 2, 0, 0]), jnp.asarray([5.0, 5, 5, 0, 0])))
@@ -428,7 +434,7 @@ def test_fedsr_references_stay_on_the_clients():
   store = jax.tree.map(jnp.asarray, ragged_store())
   model = _sr_model(z_dim=3)
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedsr(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.5), optax_rule(optax.sgd(1.0)), 3, 0.01, 0.5)
+  alg = _method("fedsr", {"z_dim": 3, "l2": 0.01, "cmi": 0.5}, model, lr=0.5)  # `model`: FedSR's model
   state = init_round_state(alg, None, params, 6)
   state, _ = make_round(alg, 6, 6, "vmap")(state, store, jax.random.PRNGKey(0))
   assert jax.tree.structure(state.server.params) == jax.tree.structure(params)  # the server holds no reference

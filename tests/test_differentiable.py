@@ -1,16 +1,13 @@
 """Gradients through rounds against central finite differences in float64."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from fedjax_dg.algorithms import make_optimizer
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.engine.differentiable import run_rounds, with_server_lr
-from helpers import ragged_store, tiny_mlp
+from helpers import method, ragged_store, sgd_config, tiny_mlp
 
 
 def test_grad_wrt_aggregation_weights_and_server_lr_matches_finite_differences():
@@ -21,8 +18,8 @@ def test_grad_wrt_aggregation_weights_and_server_lr_matches_finite_differences()
     model = tiny_mlp()
     params = jax.tree.map(lambda a: a.astype(jnp.float64), model.init(jax.random.PRNGKey(0)))
     sched = make_schedule(4, 3, 1, int(st.counts.max()), int(st.counts.min()))
-    server_opt = make_optimizer(ml_collections.ConfigDict({"optimizer": "sgd", "lr": 1.0, "momentum": 0.5}), inject=True)
-    alg = fedavg(model, sched, optax.sgd(0.3), server_opt)
+    alg = method({"algorithm.name": "fedavgm", **sgd_config(0.3), **sgd_config(1.0, 0.5, prefix="server")}, model,
+                 sched, C, builder=True)  # eta_g lives in the round state's hyperparameters
     rf = make_round(alg, C, C, "vmap")
     state0 = init_round_state(alg, None, params, C)
     keys = [jax.random.PRNGKey(t) for t in range(2)]

@@ -1,4 +1,6 @@
 """The vectorised round against a plain sequential per-client implementation."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,11 +9,8 @@ import pytest
 
 from fedjax_dg.algorithms.base import (LocalSchedule, batch_indices, ClientData, local_train,
                                        erm_objective, make_schedule)
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.fedprox import fedprox
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round, STRATEGIES
-from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
+from helpers import adam_config, client_arrays, method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 
 STORE = ragged_store()
 SIZES = STORE.counts.tolist()
@@ -57,11 +56,27 @@ def reference_round(model, params, controls, c_server, kind, cohort, mu=0.0, ser
 
 
 def build(kind, model, cohort_size=C, server_lr=1.0, mu=0.1):
-  if kind == "fedavg":
-    return fedavg(model, FULL, optax.sgd(LR), optax.sgd(server_lr))
+  """`kind` from the config, as the runner builds it (its hyperparameters in the round state)."""
+  overrides = {"algorithm.name": kind, **sgd_config(LR), "server.lr": server_lr}
   if kind == "fedprox":
-    return fedprox(model, FULL, optax.sgd(LR), optax.sgd(server_lr), mu)
-  return scaffold(model, FULL, LR, server_lr, cohort_size, C)
+    overrides["algorithm.fedprox.mu"] = mu
+  return method(overrides, model, FULL, C, cohort_size, builder=True)
+
+
+@functools.lru_cache(maxsize=None)
+def reference_rounds(kind, rounds, cohorts=None, server_lr=1.0):
+  """`rounds` rounds of `reference_round` from the tiny MLP's initial parameters (`cohorts`:
+  each round's sampled clients; None: all). The loop does not depend on the strategy, so each
+  test module computes it once per case and every strategy is compared with it."""
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
+  for t in range(rounds):
+    cohort = list(cohorts[t]) if cohorts else list(range(C))
+    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, cohort,
+                                              mu=0.1 if kind == "fedprox" else 0.0, server_lr=server_lr)
+  return ref_p, ref_ctrl, ref_c
 
 
 @pytest.mark.parametrize("kind", ["fedavg", "fedprox", "scaffold"])
@@ -73,12 +88,9 @@ def test_round_equals_sequential_reference(kind, strategy):
   state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
   round_fn = make_round(alg, C, C, strategy, chunk_size=4)
   store = jax.tree.map(jnp.asarray, STORE)
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
   for t in range(3):
     state, _ = round_fn(state, store, jax.random.PRNGKey(10 + t))
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, list(range(C)),
-                                              mu=0.1 if kind == "fedprox" else 0.0)
+  ref_p, ref_ctrl, ref_c = reference_rounds(kind, 3)
   assert tree_max_diff(state.server.params, ref_p) < 1e-5
   if kind == "scaffold":
     assert tree_max_diff(state.server.control, ref_c) < 1e-5
@@ -96,15 +108,14 @@ def test_partial_cohort_scaffold_keeps_unsampled_state(strategy):
   round_fn = make_round(alg, C, S, strategy, chunk_size=3)  # 4 members, chunks of 3: padding
   store = jax.tree.map(jnp.asarray, STORE)
   zeros = jax.tree.map(jnp.zeros_like, params)
-  ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
-  seen = set()
+  cohorts = []
   for t in range(4):
     rng = jax.random.PRNGKey(20 + t)
     k_cohort, _ = jax.random.split(rng)
-    cohort = sorted(np.asarray(jax.random.choice(k_cohort, C, (S,), replace=False)).tolist())
-    seen |= set(cohort)
+    cohorts.append(tuple(sorted(np.asarray(jax.random.choice(k_cohort, C, (S,), replace=False)).tolist())))
     state, _ = round_fn(state, store, rng)
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, "scaffold", cohort, server_lr=0.7)
+  seen = set().union(*cohorts)
+  ref_p, ref_ctrl, ref_c = reference_rounds("scaffold", 4, tuple(cohorts), server_lr=0.7)
   assert tree_max_diff(state.server.params, ref_p) < 1e-5
   for c in range(C):
     got = jax.tree.map(lambda a: a[c], state.clients)
@@ -118,7 +129,7 @@ def test_fedavg_one_full_batch_step_is_centralised_gd():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=1, batch_size=N_MAX, epochs=1, passes=1, unroll=1)
-  alg = fedavg(model, sched, optax.sgd(LR), optax.sgd(1.0))
+  alg = method({**sgd_config(LR), "server.lr": 1.0}, model, sched, C, builder=True)
   state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
   round_fn = make_round(alg, C, C, "vmap")
   store = jax.tree.map(jnp.asarray, STORE)
@@ -172,7 +183,8 @@ def test_minibatch_strategies_agree_with_momentum():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = make_schedule(4, 0, 2, N_MAX, min(SIZES))
-  alg = fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.adam(0.05))
+  alg = method({"algorithm.name": "fedadam", **sgd_config(0.1, 0.9), **adam_config(0.05, prefix="server")},
+               model, sched, C, 5, builder=True)
   store = jax.tree.map(jnp.asarray, STORE)
   results = {}
   for strategy in STRATEGIES:
@@ -190,16 +202,15 @@ import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 import jax, jax.numpy as jnp, optax
 assert jax.device_count() == 4, jax.devices()
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 store = ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6))
 C = 9
 model = tiny_mlp()
 params = model.init(jax.random.PRNGKey(0))
 sched = make_schedule(4, 0, 2, 12, 3)
-algs = [fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.sgd(1.0)), scaffold(model, sched, 0.1, 1.0, 7, C)]
+algs = [method({{"algorithm.name": name, **sgd_config(0.1, momentum), "server.lr": 1.0}}, model, sched, C, 7)
+        for name, momentum in (("fedavg", 0.9), ("scaffold", 0.0))]
 # FedAvg under every strategy; SCAFFOLD (persistent client state) under one scan-based
 # strategy (vmap, chunked and sequential share the sharded chunk code) and the host loop.
 for alg in algs:

@@ -8,14 +8,11 @@ import sys
 
 import jax
 import numpy as np
-import optax
 import pytest
 
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp
+from helpers import method, ragged_store, sgd_config, tiny_mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES, C, COHORT, ROUNDS = (9, 5, 12, 7, 3, 10, 4, 8, 6), 9, 7, 3
@@ -49,8 +46,8 @@ def run_case(case, devices=None):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = make_schedule(4, 0, 2, max(SIZES), min(SIZES))
-  alg = (fedavg(model, sched, optax.sgd(0.1, momentum=0.9), optax.sgd(1.0)) if name == "fedavg"
-         else scaffold(model, sched, 0.1, 1.0, COHORT, C))
+  momentum = 0.9 if name == "fedavg" else 0.0   # SCAFFOLD option II: plain SGD
+  alg = method({"algorithm.name": name, **sgd_config(0.1, momentum), "server.lr": 1.0}, model, sched, C, COHORT)
   state = init_round_state(alg, jax.random.PRNGKey(1), params, C)
   rf = make_round(alg, C, COHORT, strategy, chunk_size=2, devices=devices)
   store = ragged_store(sizes=SIZES)

@@ -7,17 +7,27 @@ import optax
 import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule, local_train, erm_objective, make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.scaffold import scaffold
 from fedjax_dg.engine import STRATEGIES, init_round_state, make_round
 from fedjax_dg.engine.round import buckets_for
-from helpers import client_arrays, ragged_store, tiny_mlp, tree_max_diff
+from helpers import adam_config, client_arrays, method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 
 STORE = ragged_store()
 SIZES = STORE.counts.tolist()
 C, N_MAX = len(SIZES), max(SIZES)
 LR, EPOCHS = 0.2, 3
 FULL = LocalSchedule(num_steps=EPOCHS, batch_size=N_MAX, epochs=EPOCHS, passes=EPOCHS, unroll=1)
+
+
+def fedavg(model, sched=FULL, server_adam=None, momentum=0.0, lr=LR):
+  """FedAvg (local SGD at `lr`) from the config, with FedAdam's rule at `server_adam`."""
+  server = ({"algorithm.name": "fedadam", **adam_config(server_adam, prefix="server")} if server_adam
+            else {"algorithm.name": "fedavg", "server.lr": 1.0})
+  return method({**sgd_config(lr, momentum), **server}, model, sched, C, builder=True)
+
+
+def scaffold(model, sched, lr, server_lr, cohort_size, num_clients):
+  return method({"algorithm.name": "scaffold", **sgd_config(lr), "server.lr": server_lr}, model, sched, num_clients,
+                cohort_size, builder=True)
 
 
 def strategies(*fast):
@@ -74,7 +84,7 @@ def fedavg_over(model, params, reporters, steps):
 def test_dropout_and_stragglers_equal_a_loop_over_the_reporters(strategy):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedavg(model, FULL, optax.sgd(LR), optax.sgd(1.0))
+  alg = fedavg(model)
   S = 5
   rf = make_round(alg, C, S, strategy, chunk_size=2, dropout=0.4, straggler_fraction=0.6)
   state = init_round_state(alg, None, params, C)
@@ -96,7 +106,7 @@ def test_dropout_and_stragglers_equal_a_loop_over_the_reporters(strategy):
 def test_zero_dropout_is_todays_round_bit_for_bit(strategy):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedavg(model, make_schedule(4, 0, 2, N_MAX, min(SIZES)), optax.sgd(0.1, momentum=0.9), optax.adam(0.05))
+  alg = fedavg(model, make_schedule(4, 0, 2, N_MAX, min(SIZES)), server_adam=0.05, momentum=0.9, lr=0.1)
   out = []
   for kw in ({}, dict(dropout=0.0, straggler_fraction=0.0)):
     state = init_round_state(alg, None, params, C)
@@ -140,7 +150,7 @@ def test_dropped_scaffold_clients_keep_their_controls(strategy):
 def test_a_round_without_reporters_keeps_the_server_state(strategy):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedavg(model, FULL, optax.sgd(LR), optax.adam(0.05))  # Adam would move on a zero update
+  alg = fedavg(model, server_adam=0.05)  # Adam would move on a zero update
   state = init_round_state(alg, None, params, C)
   state, _ = make_round(alg, C, 3, strategy)(state, jax.tree.map(jnp.asarray, STORE), jax.random.PRNGKey(0))
   p = 0.9
@@ -152,7 +162,7 @@ def test_a_round_without_reporters_keeps_the_server_state(strategy):
 
 
 def test_failure_fields_are_checked():
-  alg = fedavg(tiny_mlp(), FULL, optax.sgd(LR), optax.sgd(1.0))
+  alg = fedavg(tiny_mlp())
   with pytest.raises(ValueError, match="engine.dropout"):
     make_round(alg, C, 3, dropout=1.0)
   with pytest.raises(ValueError, match="engine.straggler_fraction"):
@@ -278,7 +288,7 @@ def test_runner_with_buckets_gives_the_masked_runs_metrics(tiny_config, tmp_path
 def test_the_host_loop_does_not_run_dropped_members():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedavg(model, FULL, optax.sgd(LR), optax.sgd(1.0))
+  alg = fedavg(model)()  # the Algorithm the builder makes, to count its client updates
   runs = []
 
   def update(*args):

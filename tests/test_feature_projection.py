@@ -12,11 +12,9 @@ from safetensors.numpy import save_file
 
 from fedjax_dg import config as config_lib
 from fedjax_dg.algorithms.base import LocalSchedule
-from fedjax_dg.algorithms.fedavg import optax_rule
-from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.models import build_model, convert, resnet
-from helpers import client_arrays, ragged_store
+from helpers import client_arrays, method, ragged_store, sgd_config
 from test_configs import _load
 from test_resnet import torchvision_state_dict
 
@@ -138,7 +136,8 @@ def test_fediir_round_on_the_projected_mlp():
   model = build_model(_cfg("mlp", 4), (6,), K)
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  alg = fediir(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.05, ema=0.9, stat_chunk=5)
+  alg = method({"algorithm.name": "fediir", "algorithm.fediir.gamma": 0.05, "algorithm.fediir.ema": 0.9,
+                **sgd_config(0.1), "server.lr": 1.0}, model, sched, C)
   state = init_round_state(alg, None, params, C)
   state, _ = make_round(alg, C, C, "vmap", chunk_size=4)(state, jax.tree.map(jnp.asarray, st), jax.random.PRNGKey(0))
   p = _np(params)

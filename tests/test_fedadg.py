@@ -6,11 +6,11 @@ import numpy as np
 import optax
 
 from fedjax_dg.algorithms.base import Batch, ClientData, make_schedule
-from fedjax_dg.algorithms.fedadg import (AdgCarry, Discriminator, Generator, adg_step, disc_loss, fedadg,
+from fedjax_dg.algorithms.fedadg import (AdgCarry, Discriminator, Generator, adg_step, disc_loss,
                                          feature_adv_loss, gen_loss, label_code, reference_noise, task_loss)
-from fedjax_dg.algorithms.fedavg import erm, local_update, optax_rule
+from fedjax_dg.algorithms.fedavg import erm, local_update
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 
 DIM, K, NZ = 6, 3, 5
 
@@ -154,9 +154,17 @@ def test_padding_rows_of_a_batch_have_no_effect():
   assert tree_max_diff(a, c) == 0.0 and float(ce_a) == float(ce_c)
 
 
+def fedadg(model, sched, num_clients, client_lr, lam0, e0, gen_lr, noise_dim, hidden):
+  """FedADG from the config: an MLP, local SGD (its generator and discriminator steps at
+  `gen_lr`), FedAvg's rule at step 1."""
+  fields = {"lambda0": lam0, "e0_epochs": e0, "gen_lr": gen_lr, "disc_lr": gen_lr, "noise_dim": noise_dim,
+            "hidden": hidden}
+  return method({"algorithm.name": "fedadg", "model.name": "mlp", **sgd_config(client_lr), "server.lr": 1.0,
+                 **{f"algorithm.fedadg.{k}": v for k, v in fields.items()}}, model, sched, num_clients)
+
+
 def _alg(model, sched, lam0=0.55, e0=1, client_lr=0.1):
-  return fedadg(model, sched, optax.sgd(client_lr), optax_rule(optax.sgd(1.0)), feature_dim=8, num_classes=K,
-                noise_dim=NZ, lambda0=lam0, gen_opt=optax.sgd(0.05), disc_opt=optax.sgd(0.05), hidden=6, e0_epochs=e0)
+  return fedadg(model, sched, 6, client_lr, lam0, e0, gen_lr=0.05, noise_dim=NZ, hidden=6)
 
 
 def test_rounds_agree_across_strategies_and_ignore_padding_rows():
@@ -223,9 +231,7 @@ def test_lowers_the_training_loss_on_the_embedded_dataset():
   model = build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": (32,)}), fold.train.x.shape[1:],
                       fold.num_classes)
   sched = make_schedule(16, 0, 1, int(packed.counts.max()), int(packed.counts.min()))
-  alg = fedadg(model, sched, optax.sgd(0.3), optax_rule(optax.sgd(1.0)), feature_dim=32,
-               num_classes=fold.num_classes, noise_dim=16, lambda0=0.55, gen_opt=optax.sgd(7e-3),
-               disc_opt=optax.sgd(7e-3), hidden=32, e0_epochs=1)
+  alg = fedadg(model, sched, 4, 0.3, 0.55, 1, gen_lr=7e-3, noise_dim=16, hidden=32)
   state = init_round_state(alg, jax.random.PRNGKey(1), model.init(jax.random.PRNGKey(0)), 4)
   rf = make_round(alg, 4, 4, "vmap")
   store = jax.tree.map(jnp.asarray, packed)

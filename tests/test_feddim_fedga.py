@@ -6,12 +6,32 @@ import optax
 import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule
-from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
-from fedjax_dg.algorithms.feddim import (VARIANTS, class_mean_insights, dim_regularizer, feddim, last_input,
+from fedjax_dg.algorithms.feddim import (VARIANTS, class_mean_insights, dim_regularizer, last_input,
                                          last_kernel, momentum_update, statistic)
 from fedjax_dg.engine import init_round_state
-from fedjax_dg.algorithms.fedga import fedga, ga_weights
-from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
+from fedjax_dg.algorithms.fedga import ga_weights
+from helpers import method, ragged_store, run_from, sgd_config, tiny_mlp, tree_max_diff
+
+
+def feddim(model, sched, lam, momentum, store, variant="insight"):
+  """FedDIM from the config (local SGD 0.1, FedAvg's rule at step 1), on `store`'s clients."""
+  return method({"algorithm.name": "feddim", "algorithm.feddim.lam": lam, "algorithm.feddim.momentum": momentum,
+                 "algorithm.feddim.variant": variant, **sgd_config(0.1), "server.lr": 1.0}, model, sched,
+                len(store.counts), store=store)
+
+
+def uniform_fedavg(model, sched, num_clients):
+  """FedAvg from the config (local SGD 0.1, step 1) with uniform client weights: the reference."""
+  return method({**sgd_config(0.1), "server.lr": 1.0}, model, sched, num_clients)._replace(weighting="uniform")
+
+
+def fedga(model, sched, lr, num_clients, num_rounds, step_size, gap_store=None, fair=None):
+  """FedGA from the config; `gap_store`: each client's held-out rows (`gap_fraction > 0`)."""
+  overrides = {"algorithm.name": "fedga", "algorithm.fedga.step": step_size, "num_rounds": num_rounds,
+               "algorithm.fedga.gap_fraction": 0.1 if gap_store is not None else 0.0, **sgd_config(lr)}
+  if fair is not None:
+    overrides["algorithm.fedga.fair"] = fair
+  return method(overrides, model, sched, num_clients, tune_store=gap_store)
 
 RNG = np.random.default_rng(0)
 
@@ -129,7 +149,7 @@ def test_feddim_initialises_the_class_insight_at_the_initial_model(variant, head
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
   want = _np_initial_bar(model, params, st, variant, K)
   for m in (0.5, 0.0):
-    alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.1, m, K, st, variant)
+    alg = feddim(model, sched, 0.1, m, st, variant)
     state = init_round_state(alg, None, params, C)
     assert bool(state.server.initialized.all())
     np.testing.assert_allclose(np.asarray(state.server.i_bar), want, rtol=1e-4, atol=1e-5)
@@ -146,8 +166,7 @@ def test_feddim_first_round_is_regularised():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  out = [run_from(feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), lam, 0.5, 3, st), params, st,
-                  C, C, 1) for lam in (0.0, 1.0)]
+  out = [run_from(feddim(model, sched, lam, 0.5, st), params, st, C, C, 1) for lam in (0.0, 1.0)]
   assert tree_max_diff(out[0].server.params, out[1].server.params) > 1e-4
 
 
@@ -157,8 +176,8 @@ def test_feddim_lambda_zero_is_uniform_fedavg():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  alg = feddim(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.0, 0.5, 3, st)
-  ref = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")
+  alg = feddim(model, sched, 0.0, 0.5, st)
+  ref = uniform_fedavg(model, sched, C)
   out = [run_from(a, params, st, C, C, 2) for a in (alg, ref)]
   assert tree_max_diff(out[0].server.params, out[1].server.params) < 1e-6
 
@@ -241,9 +260,7 @@ def test_fedga_rounds_match_the_authors_loop(fair, held):
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=3, batch_size=4, epochs=1, passes=1, unroll=1)
-  kw = {} if fair is None else {"fair": fair}
-  alg = fedga(model, sched, optax.sgd(lr), C, T, step_size=d, **kw) if gap is None else \
-      fedga(model, sched, optax.sgd(lr), C, T, step_size=d, gap_store=gap, **kw)
+  alg = fedga(model, sched, lr, C, T, step_size=d, gap_store=gap, fair=fair)
   state = run_from(alg, params, st, C, C, R)
   fair = fair or "acc"
   update = jax.jit(local_update(erm(model), optax.sgd(lr), sched))
@@ -272,6 +289,5 @@ def test_fedga_zero_step_is_uniform_fedavg():
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
   out = [run_from(a, params, st, C, 4, 3).server.params
-         for a in (fedga(model, sched, optax.sgd(0.1), C, 10, step_size=0.0),
-                   fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform"))]
+         for a in (fedga(model, sched, 0.1, C, 10, step_size=0.0), uniform_fedavg(model, sched, C))]
   assert tree_max_diff(out[0], out[1]) < 1e-6

@@ -2,12 +2,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dg.algorithms.base import LocalSchedule, Stacked
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.fedgma import fedgma, gma_rule
-from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
+from fedjax_dg.algorithms.fedgma import gma_rule
+from helpers import method, ragged_store, run_from, sgd_config, tiny_mlp, tree_max_diff
 
 
 def test_gma_step_matches_numpy():
@@ -32,6 +30,8 @@ def test_threshold_zero_is_fedavg():
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
+  common = {**sgd_config(0.1), "server.lr": 0.8}
   out = [run_from(alg, params, st, C, 4, 3, "chunked", chunk_size=3).server.params
-         for alg in (fedgma(model, sched, optax.sgd(0.1), 0.8, 0.0), fedavg(model, sched, optax.sgd(0.1), optax.sgd(0.8)))]
+         for alg in (method({"algorithm.name": "fedgma", "algorithm.gma.tau": 0.0, **common}, model, sched, C, 4),
+                     method({"algorithm.name": "fedavg", **common}, model, sched, C, 4))]
   assert tree_max_diff(out[0], out[1]) < 1e-6

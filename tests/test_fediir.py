@@ -6,11 +6,11 @@ import numpy as np
 import optax
 
 from fedjax_dg.algorithms.base import Batch, LocalSchedule
-from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
-from fedjax_dg.algorithms.fediir import fediir, iir_objective, iir_penalty
+from fedjax_dg.algorithms.base import in_chunks
+from fedjax_dg.algorithms.fediir import iir_objective, iir_penalty
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.models import build_model
-from helpers import client_arrays, ragged_store, run_from, tiny_mlp, tree_max_diff
+from helpers import client_arrays, method, ragged_store, run_from, sgd_config, tiny_mlp, tree_max_diff
 
 
 def _f64(tree):
@@ -47,17 +47,31 @@ def test_penalty_gradient_matches_central_differences_float64():
     np.testing.assert_allclose(float(v), float(ce + gamma * pen(params)), rtol=1e-12)
 
 
-def _setup(gamma, rule):
+def fediir_config(gamma, ema=0.9):
+  return {"algorithm.name": "fediir", "algorithm.fediir.gamma": gamma, "algorithm.fediir.ema": ema,
+          **sgd_config(0.1), "server.lr": 1.0}
+
+
+def _setup(gamma):
   st = ragged_store()
   C = len(st.counts)
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=1, passes=1, unroll=1)
-  return st, C, model, params, sched, fediir(model, sched, optax.sgd(0.1), rule, gamma, ema=0.9, stat_chunk=5)
+  return st, C, model, params, sched, method(fediir_config(gamma), model, sched, C)
+
+
+def test_full_passes_in_chunks_equal_one_pass():
+  """The pre-round statistics' full passes (`in_chunks`): chunks of 5 over 12 rows (the last
+  one padded by repeating the last row) give the one-pass rows, to float32 rounding (the
+  chunked products may sum in another order)."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(12, 6)), jnp.float32)
+  fn = lambda xb: jnp.tanh(xb @ jnp.arange(18.0).reshape(6, 3) / 10)
+  np.testing.assert_allclose(np.asarray(in_chunks(fn, x, 5)), np.asarray(fn(x)), rtol=1e-5, atol=1e-7)  # float32
 
 
 def test_pre_round_statistic_and_ema():
-  st, C, model, params, sched, alg = _setup(0.05, optax_rule(optax.sgd(1.0)))
+  st, C, model, params, sched, alg = _setup(0.05)
   store = jax.tree.map(jnp.asarray, st)
   for strategy in ("vmap", "chunked", "host_loop"):
     state = init_round_state(alg, None, params, C)
@@ -74,8 +88,8 @@ def test_pre_round_statistic_and_ema():
 
 
 def test_gamma_zero_is_uniform_fedavg():
-  st, C, model, params, sched, alg = _setup(0.0, optax_rule(optax.sgd(1.0)))
-  ref = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))._replace(weighting="uniform")
+  st, C, model, params, sched, alg = _setup(0.0)
+  ref = method({**fediir_config(0.0), "algorithm.name": "fedavg"}, model, sched, C)._replace(weighting="uniform")
   out = [run_from(a, params, st, C, 4, 3).server.params for a in (alg, ref)]
   assert tree_max_diff(out[0], out[1]) < 1e-6
 
@@ -100,8 +114,8 @@ def test_alg1_full_pass_head_gradient_against_the_authors_pooled_minibatches():
   C, K, B = len(st.counts), 3, 4
   model = tiny_mlp(hidden=())
   params = model.init(jax.random.PRNGKey(0))
-  alg = fediir(model, LocalSchedule(num_steps=1, batch_size=B, epochs=1, passes=1, unroll=1), optax.sgd(0.1),
-               optax_rule(optax.sgd(1.0)), 0.0, ema=0.0)
+  alg = method(fediir_config(0.0, ema=0.0), model, LocalSchedule(num_steps=1, batch_size=B, epochs=1, passes=1, unroll=1),
+               C)
   state, _ = make_round(alg, C, C, "vmap")(init_round_state(alg, None, params, C), jax.tree.map(jnp.asarray, st),
                                            jax.random.PRNGKey(0))
   got = state.server.g_tilde["Dense_0"]

@@ -2,13 +2,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule
-from fedjax_dg.algorithms.fedavg import fedavg
-from fedjax_dg.algorithms.fedomg import fedomg, omg_direction
-from helpers import ragged_store, run_from, tiny_mlp, tree_max_diff
+from fedjax_dg.algorithms.fedomg import omg_direction
+from helpers import method, ragged_store, run_from, sgd_config, tiny_mlp, tree_max_diff
 
 
 def numpy_omg(G, kappa, lr=25.0, mu=0.5, steps=20):
@@ -83,8 +81,9 @@ def test_fedomg_kappa_zero_round_is_fedavg_scaled(strategy):
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=0, passes=3, unroll=1)
   S = 5
-  omg = fedomg(model, sched, optax.sgd(0.1), server_lr=1.0, kappa=0.0)
-  avg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))
+  common = {**sgd_config(0.1), "server.lr": 1.0}
+  omg = method({"algorithm.name": "fedomg", "algorithm.omg.kappa": 0.0, **common}, model, sched, C, S, builder=True)
+  avg = method({"algorithm.name": "fedavg", **common}, model, sched, C, S, builder=True)
   out = [run_from(alg, params, st, C, S, 3, strategy, chunk_size=2).server.params for alg in (omg, avg)]
   assert tree_max_diff(out[0], out[1]) < 1e-5
 

@@ -2,17 +2,16 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
-from fedjax_dg.algorithms.fediir import fediir
 from fedjax_dg.data.host_store import pack_clients_host
 from fedjax_dg.data.splits import Split
 from fedjax_dg.data.store import pack_clients
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import tiny_mlp, tree_max_diff
+from helpers import method, sgd_config, tiny_mlp, tree_max_diff
+
+LOCAL = {**sgd_config(0.1), "server.lr": 1.0}  # local SGD at 0.1, FedAvg's rule at step 1
 
 
 def _split_and_parts(seed=0, sizes=(9, 5, 12, 7, 3, 10), dim=6):
@@ -41,8 +40,9 @@ def test_host_store_equals_the_packed_store(strategy):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   sched = make_schedule(4, 0, 1, 12, 3)
-  algs = [fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0)),
-          fediir(model, sched, optax.sgd(0.1), optax_rule(optax.sgd(1.0)), 0.1)]  # a full pass per client
+  algs = [method(LOCAL, model, sched, len(parts)),
+          method({"algorithm.name": "fediir", "algorithm.fediir.gamma": 0.1, "algorithm.fediir.ema": 0.95, **LOCAL},
+                 model, sched, len(parts))]  # a full pass per client
   for alg in algs:
     a = _run(alg, pack_clients(split, parts), strategy, params)
     b = _run(alg, pack_clients_host(split, parts), strategy, params)
@@ -66,7 +66,7 @@ def test_local_steps_are_served_from_the_prefetch(strategy):
   model = tiny_mlp()
   sched = make_schedule(4, 0, 1, 12, 3)
   store = pack_clients_host(split, parts)
-  _run(fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0)), store, strategy, model.init(jax.random.PRNGKey(0)))
+  _run(method(LOCAL, model, sched, len(store.counts)), store, strategy, model.init(jax.random.PRNGKey(0)))
   source = store.x.source
   assert source.direct == 0
   assert source.prefetched == 2 * 4 * sched.num_steps  # rounds x cohort x steps
@@ -118,7 +118,7 @@ def test_file_rows_read_from_disk_give_the_in_memory_round(tmp_path):
     rows[np.array([len(split.x)])]
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
-  alg = fedavg(model, make_schedule(4, 0, 1, 12, 3), optax.sgd(0.1), optax.sgd(1.0))
+  alg = method(LOCAL, model, make_schedule(4, 0, 1, 12, 3), len(parts))
   a = _run(alg, pack_clients(split, parts), "sequential", params)
   b = _run(alg, pack_clients_host(Split(rows, split.y, split.domain), parts), "sequential", params)
   assert tree_max_diff(a, b) == 0.0

@@ -5,16 +5,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from fedjax_dg import experiment
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg
 from fedjax_dg.data import augment
 from fedjax_dg.data.store import ClientStore
 from fedjax_dg.engine import init_round_state, make_round
 from fedjax_dg.models import build_model
-from helpers import tree_max_diff
+from helpers import method, sgd_config, tree_max_diff
 from test_folders import write_folder
 from test_wilds import write_iwildcam
 
@@ -29,7 +27,7 @@ def _image_store(seed=0, clients=4, n=10, size=8):
 
 def _rounds(store, sched, rounds=2):
   model = build_model(ml_collections.ConfigDict({"name": "mlp", "hidden": (16,)}), store.x.shape[2:], 3)
-  alg = fedavg(model, sched, optax.sgd(0.1), optax.sgd(1.0))
+  alg = method({**sgd_config(0.1), "server.lr": 1.0}, model, sched, store.num_clients)
   state = init_round_state(alg, None, model.init(jax.random.PRNGKey(0)), store.num_clients)
   rf = make_round(alg, store.num_clients, store.num_clients, "vmap")
   st = jax.tree.map(jnp.asarray, store)

@@ -4,82 +4,56 @@ import pytest
 
 SCRIPT = r"""
 import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-import jax, jax.numpy as jnp, numpy as np, optax
+import jax, jax.numpy as jnp, numpy as np
 assert jax.device_count() == 4, jax.devices()
+from fedjax_dg import algorithms
 from fedjax_dg.algorithms.base import make_schedule
-from fedjax_dg.algorithms.fedavg import fedavg, optax_rule
-from fedjax_dg.algorithms.fedomg import fedomg
-from fedjax_dg.algorithms.fediir import fediir
-from fedjax_dg.algorithms.fedomg import omg_rule
-from fedjax_dg.algorithms.feddim import feddim
-from fedjax_dg.algorithms.fedga import fedga
-from fedjax_dg.algorithms.fedgma import fedgma
-from fedjax_dg.algorithms.fedsam import sam
-from fedjax_dg.algorithms.fedavg import erm
-from fedjax_dg.algorithms.fedloe import stage2
-from fedjax_dg.algorithms.dg import dg_fedavg
-from fedjax_dg.algorithms.fish import fish
-from fedjax_dg.algorithms.groupdro import groupdro
-from fedjax_dg.algorithms.afl import afl
-from fedjax_dg.algorithms.fedsr import fedsr, probabilistic_model
-from fedjax_dg.algorithms.feddg import amplitude_bank, feddg
-from fedjax_dg.algorithms.fedadg import fedadg
 from fedjax_dg.engine import init_round_state, make_round
-from helpers import ragged_store, tiny_mlp, tree_max_diff
+from helpers import config_with, method, ragged_store, sgd_config, tiny_mlp, tree_max_diff
 store = ragged_store(sizes=(9, 5, 12, 7, 3, 10, 4, 8, 6))
 store = store._replace(domain=np.random.default_rng(0).integers(0, 3, store.y.shape).astype(np.int32))
 img_store = jax.tree.map(jnp.asarray, store._replace(x=store.x.reshape(9, 12, 3, 2, 1)))  # for FedDG's spectra
-bank = amplitude_bank(img_store, 4)
 store = jax.tree.map(jnp.asarray, store)
 C = 9
 model = tiny_mlp()
 params = model.init(jax.random.PRNGKey(0))
 sched = make_schedule(4, 0, 1, 12, 3)
-sgd = optax.sgd(0.1)
-algs = [
-  fedomg(model, sched, sgd, 7.0, 0.5),
-  fedomg(model, sched, sgd, 7.0, 0.5, objective_factory=sam(erm(model), 0.05), name="fedsam+omg"),
-  fedavg(model, sched, sgd, optax.sgd(1.0), sam(erm(model), 0.05), name="fedsam"),
-  fediir(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01),
-  fediir(model, sched, sgd, omg_rule(7.0, 0.5), 0.01, name="fediir+omg", weighting="examples"),
-  feddim(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.01, 0.5, 3, store),
-  fedga(model, sched, sgd, C, 5),
-  fedgma(model, sched, sgd, 1.0, 0.4),
-  dg_fedavg(model, sched, sgd, optax_rule(optax.sgd(1.0)), "mixup", 0.2, 3),
-  dg_fedavg(model, sched, sgd, optax_rule(optax.sgd(1.0)), "irm", 10.0, 3, 2),
-  fish(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.5, 3),
-  groupdro(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.1, 3),
-  afl(model, sched, sgd, optax_rule(optax.sgd(1.0)), 0.5, 3),
-  [fedsr(probabilistic_model(model, 4), sched, sgd, optax_rule(optax.sgd(1.0)), 4), probabilistic_model(model, 4)],
-  [fedsr(probabilistic_model(model, 4), sched, sgd, omg_rule(7.0, 0.5), 4, name="fedsr+omg"), probabilistic_model(model, 4)],
-  [feddg(tiny_mlp(), sched, sgd, optax_rule(optax.sgd(1.0)), bank, 0.5), img_store],  # [model or store to use]
-  fedadg(model, sched, sgd, optax_rule(optax.sgd(1.0)), 8, 3, noise_dim=4, hidden=8),
-]
-WANT = NAMES
-name_of = lambda a: (a[0] if isinstance(a, list) else a).name
-algs = [a for a in algs if name_of(a) in WANT]
-assert len(algs) == len(WANT), [name_of(a) for a in algs]
-for alg in algs:
-  p0, st = params, store
-  if isinstance(alg, list):
-    alg, extra = alg
-    if hasattr(extra, "init"):
-      p0 = extra.init(jax.random.PRNGKey(0))
-    else:
-      st = extra
+# Each method from the config, as the runner builds it: the config's method fields, local SGD
+# at 0.1; the sizes small (FedSR's z, FedADG's networks, FedDG's bank).
+FIELDS = {{
+  "fedomg": {{}}, "fedsam+omg": {{"algorithm.fedsam.rho": 0.05}}, "fedsam": {{"algorithm.fedsam.rho": 0.05}},
+  "fediir": {{"algorithm.fediir.gamma": 0.01}}, "fediir+omg": {{"algorithm.fediir.gamma": 0.01}},
+  "feddim": {{"algorithm.feddim.lam": 0.01}}, "fedga": {{"algorithm.fedga.gap_fraction": 0.0, "num_rounds": 5}},
+  "fedgma": {{"algorithm.gma.tau": 0.4}}, "mixup": {{}}, "irm": {{"algorithm.irm.lam": 10.0, "algorithm.irm.anneal_steps": 2}},
+  "fish": {{}}, "groupdro": {{"algorithm.groupdro.eta": 0.1}}, "afl": {{"algorithm.afl.step": 0.5}},
+  "fedsr": {{"algorithm.fedsr.z_dim": 4}}, "fedsr+omg": {{"algorithm.fedsr.z_dim": 4}},
+  "feddg": {{"algorithm.feddg.bank_size": 4}},
+  "fedadg": {{"model.name": "mlp", "algorithm.fedadg.noise_dim": 4, "algorithm.fedadg.hidden": 8}},
+}}
+for name in NAMES:
+  overrides = {{"algorithm.name": name, **sgd_config(0.1), **FIELDS[name]}}
+  m = algorithms.model_for(config_with(overrides), model)  # FedSR's probabilistic model
+  st = img_store if name == "feddg" else store
+  alg = method(overrides, m, sched, C, 7, num_domains=3, store=st)
+  p0 = m.init(jax.random.PRNGKey(0))
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
     state = init_round_state(alg, None, p0, C)
     rf = make_round(alg, C, 7, "vmap", devices=devices)
     for t in range(2):
-      state, m = rf(state, st, jax.random.PRNGKey(t))
+      state, m_ = rf(state, st, jax.random.PRNGKey(t))
     out.append(state)
   d = tree_max_diff(out[0].server, out[1].server)
-  print(alg.name, d, float(m["train_loss"]))
+  print(alg.name, d, float(m_["train_loss"]))
   assert d < 1e-5, (alg.name, d)
-# FedLOE's stage 2 with the Fish manager (SGD steps on phi). Adam's sign-like steps on the
-# near-zero gradients of identical unsampled heads would amplify summation-order noise.
-s2_alg = stage2(model, sched, optax.sgd(0.1), store, "fish", 1.0, C, solver_steps=20)
+# FedLOE's stage 2 with the Fish manager (SGD steps on phi), as the runner builds it after
+# stage 1. Adam's sign-like steps on the near-zero gradients of identical unsampled heads
+# would amplify summation-order noise.
+loe = {{"algorithm.name": "fedloe", **sgd_config(0.1), "client.batch_size": 4, "algorithm.fedloe.penalty": "fish",
+        "algorithm.fedloe.lam": 1.0, "algorithm.fedloe.solver_steps": 20}}
+ctx = method(loe, model, sched, C, 7, num_domains=3, store=store, tune_store=store, builder=True).ctx
+[(_, _, build)] = algorithms.later_stages(ctx)
+s2_alg = build()
 s2 = [make_round(s2_alg, C, 7, "vmap", devices=d)(init_round_state(s2_alg, None, params, C), store,
                                                    jax.random.PRNGKey(0))[0] for d in (jax.devices()[:1], jax.devices())]
 assert jnp.isfinite(s2[1].server.phi).all() and tree_max_diff(s2[0].server, s2[1].server) < 1e-5

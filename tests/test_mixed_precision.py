@@ -114,7 +114,6 @@ def test_params_grads_and_optimizer_state_stay_float32_compute_is_bfloat16(name,
 
 def test_fedavg_round_with_bfloat16_keeps_float32_server_params():
   from fedjax_dg.algorithms.base import make_schedule
-  from fedjax_dg.algorithms.fedavg import fedavg
   from fedjax_dg.data.store import ClientStore
   from fedjax_dg.engine import init_round_state, make_round
   model = build_model(_cfg("cnn", "bfloat16", "gemm"), (8, 8, 1), 3)
@@ -122,7 +121,8 @@ def test_fedavg_round_with_bfloat16_keeps_float32_server_params():
   rng = np.random.default_rng(0)
   store = ClientStore(rng.random((2, 8, 8, 8, 1), dtype=np.float32), rng.integers(0, 3, (2, 8)).astype(np.int32),
                       np.zeros((2, 8), np.int32), np.full(2, 8, np.int32))
-  alg = fedavg(model, make_schedule(4, 2, 1, 8, 8), optax.sgd(0.1), optax.sgd(1.0))
+  from helpers import method, sgd_config
+  alg = method({**sgd_config(0.1), "server.lr": 1.0}, model, make_schedule(4, 2, 1, 8, 8), 2)
   state = init_round_state(alg, jax.random.PRNGKey(1), params, 2)
   state, _ = make_round(alg, 2, 2, "vmap")(state, jax.tree.map(jnp.asarray, store), jax.random.PRNGKey(2))
   leaves = [l for l in jax.tree.leaves(state) if jnp.issubdtype(l.dtype, jnp.floating)]

@@ -4,16 +4,15 @@ gradient. Adam (seed 001's benchmark): Adam reads the corrected gradient `g - c_
 the control is the round's mean raw minibatch gradient, so `c - c_i` stays in gradient units
 (option II's quotient would be in Adam-step units)."""
 import jax
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from fedjax_dg.algorithms.base import LocalSchedule
 from fedjax_dg.algorithms.fedavg import optax_rule
-from fedjax_dg.algorithms.scaffold import SPEC, scaffold
-from fedjax_dg.algorithms.spec import Context, compose
-from helpers import ragged_store, run_from, tiny_mlp
+from fedjax_dg.algorithms.scaffold import scaffold_client
+from fedjax_dg.algorithms.spec import compose
+from helpers import adam_config, method, ragged_store, run_from, sgd_config, tiny_mlp
 
 LR, STEPS, B1, B2, EPS, SERVER_LR = 0.05, 3, 0.9, 0.999, 1e-8, 0.8
 
@@ -82,10 +81,8 @@ def _setup():
 
 def _configured(model, sched, C, optimizer):
   """SCAFFOLD as `algorithm.name = "scaffold"` builds it for `client.optimizer`."""
-  config = ml_collections.ConfigDict({"client": {"optimizer": optimizer, "lr": LR, "momentum": 0.0}})
-  opt = optax.adam(LR, B1, B2, EPS) if optimizer == "adam" else optax.sgd(LR)
-  ctx = Context(model, sched, opt, config, num_clients=C, cohort_size=C)
-  return compose("scaffold", SPEC.client(ctx, None), optax_rule(optax.sgd(SERVER_LR)))
+  client = adam_config(LR, B1, B2, EPS) if optimizer == "adam" else sgd_config(LR)
+  return method({"algorithm.name": "scaffold", **client, "server.lr": SERVER_LR}, model, sched, C)
 
 
 def _controls(state):
@@ -116,7 +113,12 @@ def test_under_plain_sgd_option_ii_is_the_mean_gradient(control):
   refg = _reference(st, W0, b0, 2, K, "sgd", "gradient")
   np.testing.assert_allclose(ref2[2][0], refg[2][0], rtol=1e-9, atol=1e-12)
   np.testing.assert_allclose(ref2[0], refg[0], rtol=1e-9, atol=1e-12)
-  state = run_from(scaffold(model, sched, LR, SERVER_LR, C, C, control=control), params, st, C, C, 2)
+  if control == "option2":   # what the config builds under SGD
+    alg = _configured(model, sched, C, "sgd")
+  else:                      # the mean-gradient control (the config's under Adam), here under SGD
+    alg = compose("scaffold", scaffold_client(model, sched, LR, C, C, optax.sgd(LR), control),
+                  optax_rule(optax.sgd(SERVER_LR)))
+  state = run_from(alg, params, st, C, C, 2)
   got = state.server.params["classifier"]["Dense_0"]
   np.testing.assert_allclose(np.asarray(got["kernel"]), ref2[0], rtol=1e-4, atol=1e-5)
   c_got, ci_got = _controls(state)

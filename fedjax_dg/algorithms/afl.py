@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, example_view, tokens_as_examples
+from fedjax_dg.algorithms.base import LocalSchedule, example_view, tokens_as_examples
 from fedjax_dg.algorithms.fedavg import objective_client
-from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam
 from fedjax_dg.objectives import domain_risks
 
 
@@ -90,11 +90,6 @@ def afl_client(model, sched: LocalSchedule, client_opt: optax.GradientTransforma
   return objective_client(lambda g, beta: make(beta), client_opt, sched,
                           side_init=lambda rng, params: Side(on / jnp.sum(on)),
                           broadcast=lambda side, round_: side.beta, stat=stat, prepare=prepare)
-
-
-def afl(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-        gamma: float, num_domains: int, train_domains=None, stat_chunk: int = 256) -> Algorithm:
-  return compose("afl", afl_client(model, sched, client_opt, gamma, num_domains, train_domains, stat_chunk), rule)
 
 
 @dataclasses.dataclass(frozen=True)

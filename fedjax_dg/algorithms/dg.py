@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule, example_view, slot_view
+from fedjax_dg.algorithms.base import LocalSchedule, example_view, slot_view
 from fedjax_dg.algorithms.fedavg import keeps_optimizer, objective_client
-from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, compose, hparam
+from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, hparam
 from fedjax_dg.objectives import (domain_risks, domain_slots, irm_penalties, mean_pairwise_coral,
                                   mean_pairwise_mmd, mixup_partners, vrex_penalty)
 
@@ -111,11 +111,6 @@ def dg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformat
   make = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
   return objective_client(lambda g, round_: make(round_), client_opt, sched, keep_optimizer=keep_optimizer,
                           broadcast=lambda side, round_: round_)
-
-
-def dg_fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-              kind: str, lam: float, num_domains: int, anneal_steps: int = 0) -> Algorithm:
-  return compose(kind, dg_client(model, sched, client_opt, kind, lam, num_domains, anneal_steps), rule)
 
 
 @dataclasses.dataclass(frozen=True)

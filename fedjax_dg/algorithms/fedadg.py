@@ -63,9 +63,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, erm_objective, gradient_step,
-                                       local_loop, make_optimizer, masked_cross_entropy)
-from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, compose, hparam, send
+from fedjax_dg.algorithms.base import (LocalSchedule, erm_objective, gradient_step, local_loop, make_optimizer,
+                                       masked_cross_entropy)
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, hparam, send
 
 LABEL_VALUE = 0.6  # y~ = 0.6 onehot(y) (authors' VLCS code and Bai et al.; 0.7 in the PACS code)
 
@@ -215,17 +215,6 @@ def fedadg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
     return send({"model": carry.params, "gen": carry.gen}, nets, carry.disc, metrics)
 
   return ClientSide(update, init=init, nets_init=nets_init, params_of=lambda nets: nets["model"])
-
-
-def fedadg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           feature_dim: int, num_classes: int, noise_dim: int = 1024, lambda0: float = 0.55,
-           gen_opt: optax.GradientTransformation | None = None,
-           disc_opt: optax.GradientTransformation | None = None, hidden: int = 1024, e0_epochs: int = 1,
-           gen_relu: bool = True, weighting: str = "examples") -> Algorithm:
-  """FedADG with server rule `rule` on the model and the generator; `D` stays on each client."""
-  client = fedadg_client(model, sched, client_opt, feature_dim, num_classes, noise_dim, lambda0, gen_opt, disc_opt,
-                         hidden, e0_epochs, gen_relu)
-  return compose("fedadg", client, rule)._replace(weighting=weighting)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,10 +17,9 @@ import jax
 import ml_collections
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, Batch, ClientOutput, LocalSchedule, ServerRule,
-                                       batch_indices, erm_objective, local_train, local_train_from,
-                                       make_optimizer)
-from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, ServerState, compose, send
+from fedjax_dg.algorithms.base import (Batch, ClientOutput, LocalSchedule, ServerRule, batch_indices, erm_objective,
+                                       local_train, local_train_from, make_optimizer)
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, send
 
 
 def erm(model) -> Callable:
@@ -99,13 +98,6 @@ def local_update(make_objective: Callable, client_opt: optax.GradientTransformat
   return lambda g, state, data, rng: side.update(g, (), state, data, rng)
 
 
-def fedavg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation,
-           server_opt: optax.GradientTransformation, objective_factory: Callable | None = None,
-           name: str = "fedavg") -> Algorithm:
-  make = objective_factory or erm(model)
-  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched), optax_rule(server_opt))
-
-
 def minibatch_client(model, batch_size: int) -> ClientSide:
   """One minibatch gradient at the global model, sent as `Delta_c = -g` (so any rule's
   pseudo-gradient `-mean Delta` is the averaged gradient)."""
@@ -118,14 +110,6 @@ def minibatch_client(model, batch_size: int) -> ClientSide:
     (loss, _), grad = jax.value_and_grad(objective, has_aux=True)(global_params, batch, rng)
     return ClientOutput(message=jax.tree.map(lambda g: -g, grad), state=client_state, metrics={"train_loss": loss})
   return ClientSide(update)
-
-
-def minibatch_sgd(model, batch_size: int, optimizer: optax.GradientTransformation) -> Algorithm:
-  """Mini-batch SGD: every round each sampled client computes one minibatch gradient at the
-  global model, the server averages them (weighted by examples) and takes one step of
-  `optimizer` (the configured client optimizer, run at the server). A round is one step.
-  """
-  return compose("minibatch_sgd", minibatch_client(model, batch_size), optax_rule(optimizer, "local_opt"))
 
 
 # --- specs -------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_train, masked_cross_entropy
-from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, compose, hparam, send
+from fedjax_dg.algorithms.base import LocalSchedule, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, Uniform, hparam, send
 from fedjax_dg.data.augment import to_float
 
 
@@ -90,11 +90,6 @@ def feddg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfor
     params, loss = local_train(global_params, make_objective(data.client_id), client_opt, data, rng, sched)
     return send(params, global_params, client_state, {"train_loss": loss})
   return ClientSide(update)
-
-
-def feddg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-          bank: np.ndarray, window_ratio: float):
-  return compose("feddg", feddg_client(model, sched, client_opt, bank, window_ratio), rule)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,9 +57,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, ClientData, LocalSchedule, ServerRule, in_chunks, local_train,
-                                       masked_cross_entropy)
-from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
+from fedjax_dg.algorithms.base import ClientData, LocalSchedule, in_chunks, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam, send
 
 VARIANTS = ("insight", "feature", "logit")
 
@@ -205,13 +204,6 @@ def feddim_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
 
   return ClientSide(update, side_init=side_init, side_update=side_update if momentum > 0 else None,
                     broadcast=lambda side, round_: (side.i_bar, side.initialized), weighting="uniform")
-
-
-def feddim(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           lam: float, momentum: float, num_classes: int, store, variant: str = "insight", stat_chunk: int = 256,
-           name: str = "feddim") -> Algorithm:
-  return compose(name, feddim_client(model, sched, client_opt, lam, momentum, num_classes, store, variant,
-                                     stat_chunk), rule)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,9 +46,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, erm_objective, local_train,
-                                       tokens_as_examples)
-from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, compose, hparam, send
+from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, erm_objective, local_train, tokens_as_examples
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, hparam, send
 
 WEIGHT = "aggregation weight (generalisation adjustment)"
 FAIR = ("acc", "loss")
@@ -139,13 +138,6 @@ def fedga_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfor
                     side_init=lambda rng, params: Side(jnp.full(num_clients, 1.0 / num_clients)),
                     broadcast=lambda side, round_: side.weights, report=report, finish=finish,
                     report_aggregation="stack", weighting="uniform", provides=(WEIGHT,))
-
-
-def fedga(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, num_clients: int,
-          num_rounds: int, step_size: float = 0.2, chunk: int = 256, fair: str = "acc",
-          gap_store=None) -> Algorithm:
-  return compose("fedga", fedga_client(model, sched, client_opt, num_clients, num_rounds, step_size, chunk, fair,
-                                       gap_store), ga_rule())
 
 
 @dataclasses.dataclass(frozen=True)

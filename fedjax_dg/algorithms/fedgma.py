@@ -10,15 +10,13 @@ step size; here they are separate fields. With `tau = 0` every mask entry is 1: 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import erm, erm_client, objective_client
-from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, compose, hparam
+from fedjax_dg.algorithms.base import ServerRule
+from fedjax_dg.algorithms.fedavg import erm_client
+from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, hparam
 
 
 def gma_mask(deltas, valid, tau: float):
@@ -40,12 +38,6 @@ def gma_rule(server_lr: float, tau: float) -> ServerRule:
     mask = gma_mask(stacked.messages, valid, tau)
     return jax.tree.map(lambda th, m, d: th + server_lr * m * d, params, mask, mean_delta), rule_state
   return ServerRule(lambda params: (), apply, "stack", name="gma")
-
-
-def fedgma(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, server_lr: float, tau: float,
-           objective_factory: Callable | None = None, name: str = "fedgma") -> Algorithm:
-  make = objective_factory or erm(model)
-  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched), gma_rule(server_lr, tau))
 
 
 @dataclasses.dataclass(frozen=True)

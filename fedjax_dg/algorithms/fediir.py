@@ -32,10 +32,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, ServerRule, in_chunks, masked_cross_entropy,
-                                       tree_sq_dist)
+from fedjax_dg.algorithms.base import LocalSchedule, in_chunks, masked_cross_entropy, tree_sq_dist
 from fedjax_dg.algorithms.fedavg import objective_client
-from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, compose, hparam
+from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
 
 class Side(NamedTuple):
@@ -75,14 +74,6 @@ def fediir_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
       lambda g, g_tilde: iir_objective(model, gamma, g_tilde), client_opt, sched,
       side_init=lambda rng, params: Side(jax.tree.map(jnp.zeros_like, params["classifier"])),
       broadcast=lambda side, round_: side.g_tilde, stat=stat, prepare=prepare, weighting="uniform")
-
-
-def fediir(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-           gamma: float, ema: float = 0.95, stat_chunk: int = 256, name: str = "fediir",
-           weighting: str = "uniform") -> Algorithm:
-  """FedIIR clients with the server rule `rule` (FedAvg's or FedOMG's)."""
-  alg = compose(name, fediir_client(model, sched, client_opt, gamma, ema, stat_chunk), rule)
-  return alg._replace(weighting=weighting)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,16 +30,14 @@ method as published, and the solver settings are exposed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dg.algorithms.base import Algorithm, LocalSchedule, ServerRule
-from fedjax_dg.algorithms.fedavg import erm_client, erm, objective_client
-from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, compose, hparam
+from fedjax_dg.algorithms.base import ServerRule
+from fedjax_dg.algorithms.fedavg import erm_client
+from fedjax_dg.algorithms.spec import MethodSpec, RuleSpec, Uniform, hparam
 
 
 def omg_direction(updates, kappa: float, lr: float = 25.0, momentum: float = 0.5, steps: int = 20,
@@ -98,15 +96,6 @@ def omg_rule(server_lr: float, kappa: float, lr: float = 25.0, momentum: float =
     _, unravel = ravel_pytree(params)
     return jax.tree.map(lambda a, b: a + server_lr * n * b, params, unravel(d)), rule_state
   return ServerRule(lambda params: (), apply, "stack", name="omg", weighting="examples")
-
-
-def fedomg(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, server_lr: float,
-           kappa: float, solver_lr: float = 25.0, solver_momentum: float = 0.5, solver_steps: int = 20,
-           objective_factory: Callable | None = None, name: str = "fedomg") -> Algorithm:
-  """FedOMG paired with any local objective factory (ERM by default; FedProx, FedSAM, ...)."""
-  make = objective_factory or erm(model)
-  return compose(name, objective_client(lambda g, extra: make(g), client_opt, sched),
-                 omg_rule(server_lr, kappa, solver_lr, solver_momentum, solver_steps))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedjax_dg.algorithms.base import erm_objective, tree_sq_dist
-from fedjax_dg.algorithms.fedavg import fedavg, objective_client
+from fedjax_dg.algorithms.fedavg import objective_client
 from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
 
@@ -23,10 +23,6 @@ def proximal_objective(model, mu: float):
       return loss + 0.5 * mu * tree_sq_dist(params, global_params), aux
     return objective
   return make
-
-
-def fedprox(model, sched, client_opt, server_opt, mu: float):
-  return fedavg(model, sched, client_opt, server_opt, proximal_objective(model, mu), name="fedprox")
 
 
 @dataclasses.dataclass(frozen=True)

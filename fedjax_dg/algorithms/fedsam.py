@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dg.algorithms.base import erm_objective
-from fedjax_dg.algorithms.fedavg import erm, fedavg, objective_client
+from fedjax_dg.algorithms.fedavg import objective_client
 from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
 
@@ -27,15 +27,6 @@ def sam_objective(objective: Callable, rho: float) -> Callable:
     e = jax.tree.map(lambda gi: rho * gi / jnp.maximum(norm, 1e-12), g)
     return objective(jax.tree.map(lambda p, ei: p + jax.lax.stop_gradient(ei), params, e), batch, rng)
   return sam
-
-
-def sam(objective_factory: Callable, rho: float) -> Callable:
-  """Objective factory transform: `global_params -> SAM(objective)`."""
-  return lambda global_params: sam_objective(objective_factory(global_params), rho)
-
-
-def fedsam(model, sched, client_opt, server_opt, rho: float):
-  return fedavg(model, sched, client_opt, server_opt, sam(erm(model), rho), name="fedsam")
 
 
 @dataclasses.dataclass(frozen=True)

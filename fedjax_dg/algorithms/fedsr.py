@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, local_train
-from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
+from fedjax_dg.algorithms.base import LocalSchedule, local_train
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam, send
 from fedjax_dg.models import Model, SplitModel
 
 
@@ -90,12 +90,6 @@ def fedsr_client(model: Model, sched: LocalSchedule, client_opt: optax.GradientT
   def init(params):
     return {"mu": jnp.zeros((num_classes, z_dim)), "s": jnp.ones((num_classes, z_dim))}
   return ClientSide(update, init=init)
-
-
-def fedsr(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-          z_dim: int, a_l2: float = 0.01, a_cmi: float = 0.001, name: str = "fedsr", weighting: str = "examples"):
-  """FedSR clients (on `probabilistic_model(...)`) with the server rule `rule`."""
-  return compose(name, fedsr_client(model, sched, client_opt, z_dim, a_l2, a_cmi), rule)._replace(weighting=weighting)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,9 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Batch, LocalSchedule, ServerRule, example_view, local_loop, slot_view,
-                                      tree_where)
-from fedjax_dg.algorithms.spec import Choice, ClientSide, MethodSpec, compose, hparam, send
+from fedjax_dg.algorithms.base import Batch, LocalSchedule, example_view, local_loop, slot_view, tree_where
+from fedjax_dg.algorithms.spec import Choice, ClientSide, MethodSpec, hparam, send
 
 
 def fish_step(model, inner_opt: optax.GradientTransformation, meta_lr: float, num_domains: int):
@@ -70,11 +69,6 @@ def fish_client(model, sched: LocalSchedule, inner_opt: optax.GradientTransforma
     (params, _), loss = local_loop((global_params, inner_opt.init(global_params)), step_fn, data, rng, sched)
     return send(params, global_params, client_state, {"train_loss": loss})
   return ClientSide(update)
-
-
-def fish(model, sched: LocalSchedule, inner_opt: optax.GradientTransformation, rule: ServerRule,
-         meta_lr: float, num_domains: int):
-  return compose("fish", fish_client(model, sched, inner_opt, meta_lr, num_domains), rule)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, ServerRule, example_view, local_loop
+from fedjax_dg.algorithms.base import LocalSchedule, example_view, local_loop
 from fedjax_dg.algorithms.fedavg import keeps_optimizer
-from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, compose, hparam, send
+from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam, send
 from fedjax_dg.objectives import domain_risks
 
 
@@ -62,11 +62,6 @@ def groupdro_client(model, sched: LocalSchedule, client_opt: optax.GradientTrans
   q0 = lambda params: jnp.full((num_domains,), 1.0 / num_domains)
   init = (lambda params: (q0(params), client_opt.init(params))) if keep_optimizer else q0
   return ClientSide(update, init=init)
-
-
-def groupdro(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, rule: ServerRule,
-             eta: float, num_domains: int):
-  return compose("groupdro", groupdro_client(model, sched, client_opt, eta, num_domains), rule)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,10 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import (Algorithm, LocalSchedule, erm_objective, local_loop, local_train,
-                                       real_steps)
-from fedjax_dg.algorithms.fedavg import optax_rule
-from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, compose, send
+from fedjax_dg.algorithms.base import LocalSchedule, erm_objective, local_loop, local_train, real_steps
+from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, send
 
 
 class Side(NamedTuple):
@@ -92,13 +90,6 @@ def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: i
 
   return ClientSide(update, init=zeros, side_init=lambda rng, p: Side(zeros(p)), side_update=side_update,
                     broadcast=lambda side, round_: side.control, weighting="uniform")
-
-
-def scaffold(model, sched: LocalSchedule, local_lr: float, server_lr: float,
-             cohort_size: int, num_clients: int, client_opt: optax.GradientTransformation | None = None,
-             control: str = "option2") -> Algorithm:
-  return compose("scaffold", scaffold_client(model, sched, local_lr, cohort_size, num_clients, client_opt, control),
-                 optax_rule(optax.sgd(server_lr)))
 
 
 def _check(config, hp):
