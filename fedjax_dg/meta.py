@@ -51,7 +51,6 @@ for the same reason: they are updated outside the traced program.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
