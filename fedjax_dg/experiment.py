@@ -340,6 +340,7 @@ class RunBook:
     self.k_init, self.k_server, self.k_rounds = jax.random.split(key, 3)
     self.ckpts = self.tb = None
     self.records, self.pending, self.again, self.reporters = [], [], False, []
+    self.failed = None  # the error that ended the run inside a batch
 
   def stage_of(self, t: int) -> int:
     """The stage that runs round `t` (round 0: the first)."""
@@ -422,10 +423,11 @@ class RunBook:
   def close(self, failed: bool = False):
     """Finishes (or, after a failure, removes) the background save; rewrites TensorBoard's
     event files from metrics.jsonl, so a resumed run's files hold each round once."""
-    if self.ckpts is not None:
-      self.ckpts.close(quietly=failed)
-    if self.tb:
-      self.tb.close()
+    ckpts, tb, self.ckpts, self.tb = self.ckpts, self.tb, None, None  # closed once
+    if ckpts is not None:
+      ckpts.close(quietly=failed)
+    if tb:
+      tb.close()
       if not failed:
         tensorboard.convert_run(self.workdir)
 
