@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import time
 from typing import Any, NamedTuple
@@ -496,3 +497,55 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
         timing.add("checkpoint_s", since)
       bar.update(1)
   join(total)  # a run already finished: its lost last evaluation
+
+
+# ----------------------------------------------------------------------------- run lists
+
+RUN_LIST_FILE = "runs.json"
+
+
+def expand(config, workdir: str) -> tuple[list, list]:
+  """`config.runs` -> (one config per run, its workdir `<workdir>/run_<i>`)."""
+  import copy
+  import os
+  base = copy.deepcopy(config)
+  with base.unlocked():
+    base.runs = ()
+  known = rundir.flatten(base)
+  configs = []
+  for i, entry in enumerate(config.runs):
+    c = copy.deepcopy(base)
+    for field, value in checks.parse_run(entry, i, known).items():
+      *path, last = field.split(".")
+      node = c
+      for p in path:
+        node = node[p]
+      try:
+        node[last] = tuple(value) if isinstance(value, list) else value
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f"runs[{i}]: {field}={value!r}: {' '.join(str(e).split())}") from None
+    configs.append(c)
+  return configs, [os.path.join(workdir, f"run_{i}") for i in range(len(configs))]
+
+
+def run_list(config, workdir: str) -> dict:
+  """The CLI's batch (`config.runs`): every run into `<workdir>/run_<i>`, a list of the runs
+  and their outcomes in `<workdir>/runs.json`. A run that failed is reported (one line)
+  after the others finished."""
+  import os
+  configs, workdirs = expand(config, workdir)
+  results = train_and_evaluate_batch(configs, workdirs)
+  runs = [{"workdir": w, "overrides": entry, "static_key": static_key(c),
+           **({"error": " ".join(str(r).split())} if isinstance(r, BaseException) else
+              {"selection": r["selection"]})}
+          for c, w, entry, r in zip(configs, workdirs, config.runs, results)]
+  os.makedirs(workdir, exist_ok=True)
+  text = json.dumps({"runs": runs}, indent=1, default=rundir.json_default)
+  rundir.atomic_write(os.path.join(workdir, RUN_LIST_FILE), text.encode())
+  failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+  if failed:
+    i, e = failed[0]
+    more = f" (and {len(failed) - 1} more run(s))" if len(failed) > 1 else ""
+    raise type(e)(f"run {i} ({workdirs[i]}): {' '.join(str(e).split())}{more}; the other runs' results are in "
+                  f"their directories ({RUN_LIST_FILE})")
+  return {"config": config.to_dict(), "runs": runs, "selection": {}}

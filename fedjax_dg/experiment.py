@@ -551,6 +551,9 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   config_lib.validate(config)
   config = with_loader(config)
   workdir = workdir or config.workdir
+  if config.get("runs", ()):  # a batch of runs in one program (fedjax_dg/batch.py)
+    from fedjax_dg import batch
+    return batch.run_list(config, workdir)
   d = config.data
   if d.name == "wilds":  # the official split scheme, not a split by domains
     from fedjax_dg.data import wilds
