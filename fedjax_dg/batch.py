@@ -52,6 +52,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 from typing import Any, NamedTuple
 
@@ -149,10 +150,6 @@ def check_batch(configs, workdirs) -> None:
       config_lib.validate(c)
     except (ConfigError, ValueError) as e:
       raise ConfigError(f"run {i} ({w}): {' '.join(str(e).split())}") from None
-    if c.data.get("leave_one_domain_out", False):
-      raise ConfigError(f"run {i} ({w}): data.leave_one_domain_out: a batch runs single-fold runs; run the "
-                        "leave-one-domain-out folds one after another (python -m fedjax_dg) or list each fold's "
-                        "test domain as its own batch")
   first = static_fields(configs[0])
   for i, c in enumerate(configs[1:], 1):
     other = static_fields(c)
@@ -206,8 +203,9 @@ def _shapes(tree) -> tuple:
   return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(tree))
 
 
-def _data_id(config) -> str:
-  return rundir.canonical_json({"seed": config.seed, "data": rundir.plain(config.data.to_dict())})
+def _data_id(run) -> tuple:
+  """Runs with equal ids hold equal data: the same fold (splits) and the same seed (partition)."""
+  return (int(run.config.seed), id(run.fold))
 
 
 def _eval_id(config) -> str:
@@ -219,7 +217,7 @@ def _program_key(run) -> tuple:
   s = run.s
   shapes = (_shapes(s["packed"]), s["sched"].num_steps, s["sched"].passes,
             tuple((k, _shapes((v.x, v.y, v.domain))) for k, v in run.fold.eval_splits().items()))
-  return (_data_id(run.config),) if run.reads_data else shapes
+  return _data_id(run) if run.reads_data else shapes
 
 
 def _stack(trees):
@@ -304,51 +302,99 @@ def _loops(config, s) -> bool:
 
 def train_and_evaluate_batch(configs, workdirs) -> list:
   """Runs the validated `configs` (equal `static_key`) as one compiled program per stage,
-  each into its workdir (an ordinary run directory). Returns, per run, its summary dict or
-  the exception that ended it (a `FloatingPointError` for a run that diverged; a
-  `ConfigError` for a run directory that cannot be resumed). A bad run list (a differing
-  static field, a value out of its range) is refused in one line before anything compiles."""
+  each into its workdir (an ordinary run directory; leave-one-domain-out runs: one batch
+  per fold, into each run's `fold_<d>`, then each run's folds' summary). Returns, per run,
+  its summary dict or the exception that ended it (a `FloatingPointError` for a run that
+  diverged; a `ConfigError` for a run directory that cannot be resumed). A bad run list (a
+  differing static field, a value out of its range) is refused in one line before anything
+  compiles."""
   configs = [experiment.with_loader(c) for c in configs]
   workdirs = [str(w) for w in workdirs]
   check_batch(configs, workdirs)
+  if configs[0].data.get("leave_one_domain_out", False):
+    return _lodo(configs, workdirs)
   folds, cache = [], {}
   for c in configs:
     key = _eval_id(c)
     if key not in cache:
       cache[key] = _fold(c)
     folds.append(cache[key])
-  results: list = [None] * len(configs)
   with contextlib.ExitStack() as owned:
     for w in workdirs:
       owned.enter_context(rundir.owned(w))
-    runs = []
-    for i, (c, w, f) in enumerate(zip(configs, workdirs, folds)):
+    return _batch_folds(configs, folds, workdirs, list(range(len(configs))), len(configs))
+
+
+def _lodo(configs, workdirs) -> list:
+  """Leave-one-domain-out runs: fold `j` of every run in one batch, fold after fold."""
+  from fedjax_dg.data import datasets
+  folds, cache = [], {}
+  for c in configs:
+    key = _eval_id(c)
+    if key not in cache:
+      cache[key] = experiment.lodo_folds(datasets.load_dataset(c.data), c.data)
+    folds.append(cache[key])
+  results: list = [None] * len(configs)
+  done: list = [[] for _ in configs]
+  with contextlib.ExitStack() as owned:
+    for i, (c, w) in enumerate(zip(configs, workdirs)):
+      owned.enter_context(rundir.owned(w))
       try:
-        runs.append((i, experiment.prepare_run(c, f, w)))  # every run directory checked before compiling
-      except (ConfigError, ValueError) as e:
+        experiment.check_lodo_workdir(c, w)
+      except ConfigError as e:
         results[i] = e
-    setups = {}
-    if runs:
-      i = runs[0][0]
-      setups[i] = experiment.setup(configs[i], folds[i])
-      if _loops(configs[i], setups[i]):
-        return _one_after_another(configs, workdirs, folds, runs, results)
-    built = []
-    for i, run in runs:
-      s = setups.pop(i) if i in setups else experiment.setup(configs[i], folds[i])
-      reads = reads_run_data(configs[i], s, folds[i])
-      built.append(_Run(i, configs[i], workdirs[i], folds[i], run, s,
-                        experiment.RunBook(configs[i], folds[i], workdirs[i], run, s), reads))
-    groups: dict = {}
-    for r in built:
-      groups.setdefault(_program_key(r), []).append(r)
-    for group in groups.values():
-      for r, out in zip(group, _run_program(group, len(configs))):
-        results[r.index] = out
+    for j in range(len(folds[0])):
+      live = [i for i in range(len(configs)) if results[i] is None]
+      if not live:
+        break
+      dirs = [experiment.fold_dir(workdirs[i], folds[i][j]) for i in live]
+      with contextlib.ExitStack() as fold_owned:
+        for d in dirs:
+          fold_owned.enter_context(rundir.owned(d))
+        out = _batch_folds([configs[i] for i in live], [folds[i][j] for i in live], dirs, live, len(configs))
+      for i, o in zip(live, out):
+        if isinstance(o, BaseException):
+          results[i] = o
+        else:
+          done[i].append(o)
+    for i, c in enumerate(configs):
+      if results[i] is None:
+        results[i] = experiment.write_lodo_summary(c, workdirs[i], folds[i], done[i])
   return results
 
 
-def _one_after_another(configs, workdirs, folds, runs, results) -> list:
+def _batch_folds(configs, folds, workdirs, indices, size) -> list:
+  """The runs `configs` on their `folds`, into `workdirs` (owned by the caller); `indices`:
+  their places in the batch of `size` runs."""
+  results: list = [None] * len(configs)
+  runs = []
+  for i, (c, w, f) in enumerate(zip(configs, workdirs, folds)):
+    try:
+      runs.append((i, experiment.prepare_run(c, f, w)))  # every run directory checked before compiling
+    except (ConfigError, ValueError) as e:
+      results[i] = e
+  setups = {}
+  if runs:
+    i = runs[0][0]
+    setups[i] = experiment.setup(configs[i], folds[i])
+    if _loops(configs[i], setups[i]):
+      return _one_after_another(configs, workdirs, folds, runs, results, indices, size)
+  built = []
+  for i, run in runs:
+    s = setups.pop(i) if i in setups else experiment.setup(configs[i], folds[i])
+    reads = reads_run_data(configs[i], s, folds[i])
+    built.append(_Run(indices[i], configs[i], workdirs[i], folds[i], run, s,
+                      experiment.RunBook(configs[i], folds[i], workdirs[i], run, s), reads))
+  groups: dict = {}
+  for r in built:
+    groups.setdefault(_program_key(r), []).append(r)
+  for group in groups.values():
+    for r, out in zip(group, _run_program(group, size)):
+      results[indices.index(r.index)] = out
+  return results
+
+
+def _one_after_another(configs, workdirs, folds, runs, results, indices, size) -> list:
   """The runs as ordinary runs, one after another (host_loop, host-held inputs)."""
   for i, _ in runs:
     try:
@@ -356,7 +402,7 @@ def _one_after_another(configs, workdirs, folds, runs, results) -> list:
     except FloatingPointError as e:
       results[i] = e
       continue
-    summary["batch"] = {"size": len(configs), "index": i, "vectorized": False}
+    summary["batch"] = {"size": size, "index": indices[i], "vectorized": False}
     rundir.write_summary(workdirs[i], summary)
     results[i] = summary
   return results
@@ -390,7 +436,7 @@ def _run_program(group: list, size: int) -> list:
   stages, total = b0.stages, b0.total
   params = [b.initial_params() for b in books]
   init = [b.initial_state(p) for b, p in zip(books, params)]
-  shared = len({_data_id(r.config) for r in group}) == 1
+  shared = len({_data_id(r) for r in group}) == 1
   stores = [jax.tree.map(jnp.asarray, r.s["packed"]) for r in (group[:1] if shared else group)]
   store = stores[0] if shared else _stack(stores)
   comm = experiment._communication(stages[0].algorithm, init[0], stores[0], s0["cohort"], b0.k_rounds)  # pylint: disable=protected-access
@@ -431,15 +477,16 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
   state = _stack([states[r] if (r in live and starts[r] == t0) else states[ref] for r in range(R)])
   active = np.zeros(R, bool)
   steps = [_batched_round(st.round_fn, store_axis) for st in stages]
-  evaluator = BatchEvaluator(group[0].s["model"], [r.fold for r in group] if store_axis is not None else
-                             [group[0].fold], group[0].config.eval_batch_size)
+  same_splits = all(r.fold is group[0].fold for r in group)
+  evaluator = BatchEvaluator(group[0].s["model"], [group[0].fold] if same_splits else [r.fold for r in group],
+                             group[0].config.eval_batch_size)
   bar = tqdm(total=total - t0, desc=f"round (batch of {R})", dynamic_ncols=True,
              disable=all(r.config.get("quiet", False) for r in group))
   compiled = set()
 
   def evaluate(done, k, runs, losses):
     since = time.time()
-    params = stages[k].algorithm.params_of(state.server)
+    params = jax.vmap(stages[k].algorithm.params_of)(state.server)
     scores = evaluator(params, runs)
     for r in runs:
       loss = None if losses is None else float(losses[r])
@@ -479,7 +526,7 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
       due = {r: books[r].checks_due(done) for r in running}
       checked = [r for r in running if any(due[r])]
       if checked:  # never evaluate or save a diverged state (experiment._check_state's order)
-        pf, sf = map(np.asarray, _finite_flags(st.algorithm.params_of(state.server), state))
+        pf, sf = map(np.asarray, _finite_flags(jax.vmap(st.algorithm.params_of)(state.server), state))
         for r in checked:
           err = experiment.divergence(float(losses[r]), pf[r], sf[r], done, group[r].config)
           if err:
@@ -507,7 +554,6 @@ RUN_LIST_FILE = "runs.json"
 def expand(config, workdir: str) -> tuple[list, list]:
   """`config.runs` -> (one config per run, its workdir `<workdir>/run_<i>`)."""
   import copy
-  import os
   base = copy.deepcopy(config)
   with base.unlocked():
     base.runs = ()
@@ -532,7 +578,6 @@ def run_list(config, workdir: str) -> dict:
   """The CLI's batch (`config.runs`): every run into `<workdir>/run_<i>`, a list of the runs
   and their outcomes in `<workdir>/runs.json`. A run that failed is reported (one line)
   after the others finished."""
-  import os
   configs, workdirs = expand(config, workdir)
   results = train_and_evaluate_batch(configs, workdirs)
   runs = [{"workdir": w, "overrides": entry, "static_key": static_key(c),

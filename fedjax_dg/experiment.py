@@ -561,18 +561,37 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   ds = datasets.load_dataset(config.data)
   if not d.leave_one_domain_out:
     return run_fold(config, splits.fold_from_config(ds, d), workdir)
-  folds = splits.leave_one_domain_out(
-      ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
+  folds = lodo_folds(ds, d)
+  with rundir.owned(workdir):  # the folds' summary is this workdir's
+    check_lodo_workdir(config, workdir)
+    summaries = [run_fold(config, fold, fold_dir(workdir, fold)) for fold in folds]
+    return write_lodo_summary(config, workdir, folds, summaries)
+
+
+def lodo_folds(ds, d) -> list:
+  """The leave-one-domain-out folds of the data set `ds` that the data config `d` asks for."""
+  return splits.leave_one_domain_out(
+      ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction,
+      in_test_fraction=d.in_test_fraction, seed=d.seed,
       test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
       test_domain_train_include=d.get("test_domain_train_include", True))
-  with rundir.owned(workdir):  # the folds' summary is this workdir's
-    if not config.resume and os.path.exists(os.path.join(workdir, rundir.SUMMARY_FILE)):
-      raise config_lib.ConfigError(f"workdir {workdir!r} already holds results ({rundir.SUMMARY_FILE}); pass "
-                                   "--config.resume=True to continue that run or choose another --config.workdir")
-    summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
-    out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
-           "selection": {}}
-    for rule in SELECTION_RULES:
-      out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
-    rundir.write_summary(workdir, out)
+
+
+def fold_dir(workdir: str, fold) -> str:
+  return os.path.join(workdir, f"fold_{fold.test_domains[0]}")
+
+
+def check_lodo_workdir(config, workdir: str) -> None:
+  """A fresh leave-one-domain-out run refuses a workdir holding the folds' summary."""
+  if not config.resume and os.path.exists(os.path.join(workdir, rundir.SUMMARY_FILE)):
+    raise config_lib.ConfigError(f"workdir {workdir!r} already holds results ({rundir.SUMMARY_FILE}); pass "
+                                 "--config.resume=True to continue that run or choose another --config.workdir")
+
+
+def write_lodo_summary(config, workdir: str, folds, summaries) -> dict:
+  """The folds' summary.json in `workdir`: each rule's test accuracy over the folds."""
+  out = {"config": config.to_dict(), "folds": [fold_dir(workdir, f) for f in folds], "selection": {}}
+  for rule in SELECTION_RULES:
+    out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
+  rundir.write_summary(workdir, out)
   return out

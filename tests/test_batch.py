@@ -47,7 +47,11 @@ def _final_state(config, workdir):
   """The round state of the run's newest checkpoint (restored as a resume restores it)."""
   from fedjax_dg import checkpoint, experiment, rundir
   from fedjax_dg.data import datasets, splits
-  fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
+  if config.data.leave_one_domain_out:  # the fold the directory's name gives
+    folds = experiment.lodo_folds(datasets.load_dataset(config.data), config.data)
+    fold = next(f for f in folds if os.path.basename(experiment.fold_dir(str(workdir), f)) == os.path.basename(str(workdir)))
+  else:
+    fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
   book = experiment.RunBook(config, fold, str(workdir), rundir.read_run_config(str(workdir))["run"],
                             experiment.setup(config, fold))
   state = book.initial_state(book.initial_params())
@@ -330,3 +334,21 @@ print("BATCH_SHARDED_OK")
 def test_a_batch_sharded_over_four_host_devices_equals_its_solo_runs(host_devices):
   ok, output = host_devices
   assert ok, output
+
+
+@pytest.mark.slow
+def test_leave_one_domain_out_runs_batch_fold_by_fold(tiny_config, tmp_path):
+  """Each fold of each run equals that fold of the run alone; the folds' summary too."""
+  from fedjax_dg import batch, rundir
+  over = {"data.angles": (0, 30, 60), "data.leave_one_domain_out": True, "data.val_domains": (), "data.test_domains": (),
+          "data.lodo_validation": "in_domain", "num_rounds": 2, "eval_every": 1}
+  cfgs = [_config(tiny_config, seed=0, **over), _config(tiny_config, seed=1, **{"client.lr": 0.05}, **over)]
+  out = batch.train_and_evaluate_batch(cfgs, [tmp_path / "b0", tmp_path / "b1"])
+  solo = [_solo(c, tmp_path / f"s{i}") for i, c in enumerate(cfgs)]
+  for i in range(2):
+    assert out[i]["selection"].keys() == solo[i]["selection"].keys()
+    for rule, sel in solo[i]["selection"].items():
+      assert out[i]["selection"][rule]["per_fold_test_accuracy"] == sel["per_fold_test_accuracy"]
+    for d in ("fold_0", "fold_1", "fold_2"):
+      assert_same_run(cfgs[i], tmp_path / f"b{i}" / d, cfgs[i], tmp_path / f"s{i}" / d,
+                      other=tmp_path / f"s{1 - i}" / d)
