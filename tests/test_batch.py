@@ -5,6 +5,7 @@ resumes every run from its own checkpoint, and a bad run list is refused before 
 Every equality is also checked against the OTHER run, which must differ (a batch that mixed
 its runs up fails)."""
 import json
+import re
 import os
 
 import jax
@@ -166,14 +167,15 @@ def test_a_diverging_run_fails_alone_with_its_solo_error(seeds_batch):
 
 
 def test_a_killed_batch_resumes_each_run_from_its_own_checkpoint(seeds_batch, tmp_path, monkeypatch):
-  """The batch is killed during round 4's evaluation (both runs hold checkpoint 2); run 1's
-  checkpoints are then lost, so the rerun starts run 0 at round 2 and run 1 at round 0 in one
-  program; both end equal to their uninterrupted solo runs."""
+  """The batch of three is killed during round 4's evaluation (runs 0 and 1 hold checkpoint 2,
+  run 2 has diverged); run 1's checkpoints are then lost, so the rerun starts run 0 at round
+  2 and runs 1 and 2 at round 0, in one program: runs 0 and 1 end equal to their
+  uninterrupted solo runs, run 2 fails again with its solo error."""
   import shutil
   from fedjax_dg import batch, experiment
-  root, cfgs, _, _ = seeds_batch
-  cfgs = [c.copy_and_resolve_references() for c in cfgs[:2]]
-  dirs = [tmp_path / "r0", tmp_path / "r1"]
+  root, cfgs, solo, _ = seeds_batch
+  cfgs = [c.copy_and_resolve_references() for c in cfgs]
+  dirs = [tmp_path / f"r{i}" for i in range(3)]
   record = experiment.RunBook.record
 
   def killed(self, done, *a, **k):
@@ -197,10 +199,32 @@ def test_a_killed_batch_resumes_each_run_from_its_own_checkpoint(seeds_batch, tm
   for c in cfgs:
     c.resume = True
   out = batch.train_and_evaluate_batch(cfgs, dirs)
-  assert starts == [2, 0]
-  assert all(isinstance(o, dict) for o in out)
+  assert starts == [2, 0, 0]
+  assert isinstance(out[0], dict) and isinstance(out[1], dict)
+  assert str(out[2]) == str(solo[2])
   assert_same_run(cfgs[0], dirs[0], cfgs[0], root / "solo0", other=root / "solo1")
   assert_same_run(cfgs[1], dirs[1], cfgs[1], root / "solo1", other=root / "solo0")
+
+
+def test_a_run_list_on_the_command_line_writes_one_directory_per_run(seeds_batch, tmp_path):
+  """`config.runs`: each entry's overrides, run i in <workdir>/run_<i>, equal to its solo run;
+  the diverged run is reported in one line naming it once the others finished."""
+  from fedjax_dg import experiment, rundir
+  from fedjax_dg.errors import ConfigError
+  root, cfgs, solo, _ = seeds_batch
+  c = cfgs[0].copy_and_resolve_references()
+  c.runs = ("seed=0", "seed=1,client.lr=0.05", "client.lr=1e30")
+  with pytest.raises(FloatingPointError, match=r"^run 2 \(.*run_2\): " + re.escape(str(solo[2]).split(";")[0])):
+    experiment.train_and_evaluate(c, str(tmp_path / "b"))
+  listed = json.loads((tmp_path / "b" / "runs.json").read_text())["runs"]
+  assert [r["workdir"] for r in listed] == [str(tmp_path / "b" / f"run_{i}") for i in range(3)]
+  assert "error" in listed[2] and "selection" in listed[1]
+  for i in range(2):
+    assert rundir.read_run_config(str(tmp_path / "b" / f"run_{i}"))["run"] == solo[i]["run"]
+    assert_same_run(cfgs[i], tmp_path / "b" / f"run_{i}", cfgs[i], root / f"solo{i}", other=root / f"solo{1 - i}")
+  c.runs = ("seed=1", "sed=2")
+  with pytest.raises(ConfigError, match=r"^runs\[1\]: unknown field 'sed'; did you mean 'seed'\?$"):
+    experiment.train_and_evaluate(c, str(tmp_path / "c"))
 
 
 def test_a_bad_run_list_is_refused_in_one_line_before_compiling(tiny_config, tmp_path):
@@ -235,25 +259,6 @@ def test_run_bytes_grows_with_the_model(tiny_config):
   from fedjax_dg import batch
   small, big = _config(tiny_config), _config(tiny_config, **{"model.hidden": (256, 256)})
   assert 0 < batch.run_bytes(small) < batch.run_bytes(big)
-
-
-def test_a_run_list_on_the_command_line_writes_one_directory_per_run(tiny_config, tmp_path):
-  """`config.runs`: each entry's overrides, run i in <workdir>/run_<i>, equal to its solo run."""
-  from fedjax_dg import experiment, rundir
-  from fedjax_dg.errors import ConfigError
-  c = _config(tiny_config, num_rounds=2, eval_every=1)
-  c.runs = ("seed=1", "seed=2,client.lr=0.05")
-  experiment.train_and_evaluate(c, str(tmp_path / "b"))
-  listed = json.loads((tmp_path / "b" / "runs.json").read_text())["runs"]
-  assert [r["workdir"] for r in listed] == [str(tmp_path / "b" / f"run_{i}") for i in range(2)]
-  solo = _config(tiny_config, num_rounds=2, eval_every=1, seed=2, **{"client.lr": 0.05})
-  experiment.train_and_evaluate(solo, str(tmp_path / "solo"))
-  assert rundir.read_run_config(str(tmp_path / "b" / "run_1"))["run"] == rundir.read_run_config(str(tmp_path / "solo"))["run"]
-  assert _close(_scores(_metrics(tmp_path / "b" / "run_1")), _scores(_metrics(tmp_path / "solo")))
-  assert not _close(_scores(_metrics(tmp_path / "b" / "run_0")), _scores(_metrics(tmp_path / "solo")))
-  c.runs = ("seed=1", "sed=2")
-  with pytest.raises(ConfigError, match=r"^runs\[1\]: unknown field 'sed'; did you mean 'seed'\?$"):
-    experiment.train_and_evaluate(c, str(tmp_path / "c"))
 
 
 # ----------------------------------------------------------------------------- every strategy and method kind
