@@ -99,9 +99,10 @@ def _close(a, b) -> bool:
   return True
 
 
-def assert_same_run(cfg_batch, w_batch, cfg_solo, w_solo, other=None):
+def assert_same_run(cfg_batch, w_batch, cfg_solo, w_solo, other=None, state_rtol=RTOL):
   """The batch's run in `w_batch` equals the solo run in `w_solo` (metrics, selection, final
-  state); and differs from the `other` solo run directory."""
+  state within `state_rtol`, max-norm relative per leaf); and differs from the `other` solo
+  run directory."""
   from fedjax_dg import rundir
   mb, ms = _scores(_metrics(w_batch)), _scores(_metrics(w_solo))
   assert _close(mb, ms), (mb, ms)
@@ -114,7 +115,7 @@ def assert_same_run(cfg_batch, w_batch, cfg_solo, w_solo, other=None):
   assert step_b == step_s
   for a, b in zip(jax.tree.leaves(st_b), jax.tree.leaves(st_s)):
     if jnp.issubdtype(a.dtype, jnp.inexact):
-      assert _rel(a, b) <= RTOL, _rel(a, b)  # float32 arithmetic summed in another order
+      assert _rel(a, b) <= state_rtol, _rel(a, b)  # float32 arithmetic summed in another order
     else:
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   if other is not None:
@@ -266,6 +267,10 @@ def test_run_bytes_grows_with_the_model(tiny_config):
 # ----------------------------------------------------------------------------- every strategy and method kind
 
 # method -> the continuous hyperparameter the second run changes (besides its seed and client.lr)
+# FedLOE's stage-2 solver (the invariant manager's IRM-penalised weights phi) amplifies the
+# per-client heads' round-off (1e-7, as every other method's parameters) about tenfold: its
+# final classifier agrees to 1.4e-6 (measured on the 2-core CPU), so its states are held to 1e-5.
+STATE_RTOL = {"fedloe": 1e-5}
 METHODS = {"fedavg": {}, "irm": {"algorithm.irm.lam": 10.0}, "scaffold": {}, "fedloe": {"algorithm.fedloe.lam": 10.0},
            "fediir": {"algorithm.fediir.gamma": 0.5}, "fedprox": {"algorithm.fedprox.mu": 0.5}}
 
@@ -289,8 +294,9 @@ def test_every_strategy_and_method_kind_equals_its_solo_runs(tiny_config, tmp_pa
   assert all(isinstance(o, dict) for o in out), out
   for i, c in enumerate(cfgs):
     assert isinstance(_solo(c, tmp_path / f"s{i}"), dict)
-  assert_same_run(cfgs[0], tmp_path / "b0", cfgs[0], tmp_path / "s0", other=tmp_path / "s1")
-  assert_same_run(cfgs[1], tmp_path / "b1", cfgs[1], tmp_path / "s1", other=tmp_path / "s0")
+  rtol = STATE_RTOL.get(name, RTOL)
+  assert_same_run(cfgs[0], tmp_path / "b0", cfgs[0], tmp_path / "s0", other=tmp_path / "s1", state_rtol=rtol)
+  assert_same_run(cfgs[1], tmp_path / "b1", cfgs[1], tmp_path / "s1", other=tmp_path / "s0", state_rtol=rtol)
 
 
 @pytest.mark.parametrize("name", ["fedloe", pytest.param("fediir", marks=pytest.mark.slow)])
@@ -306,8 +312,9 @@ def test_multi_stage_and_pre_round_methods_in_one_batch_equal_their_solo_runs(ti
     assert all(isinstance(o, dict) for o in out), out
     for i, c in enumerate(cfgs):
       assert isinstance(_solo(c, d / f"s{i}"), dict)
-    assert_same_run(cfgs[0], d / "b0", cfgs[0], d / "s0", other=d / "s1")
-    assert_same_run(cfgs[1], d / "b1", cfgs[1], d / "s1", other=d / "s0")
+    rtol = STATE_RTOL.get(name, RTOL)
+    assert_same_run(cfgs[0], d / "b0", cfgs[0], d / "s0", other=d / "s1", state_rtol=rtol)
+    assert_same_run(cfgs[1], d / "b1", cfgs[1], d / "s1", other=d / "s0", state_rtol=rtol)
 
 
 SHARDED = """
