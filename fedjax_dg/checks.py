@@ -151,10 +151,72 @@ def check_config(config) -> None:
     if path in flat:
       _check_range(path, flat[path])
   _check_data_size(config)
+  check_runs(config, flat)
   name = config.algorithm.get("name", "")
   if isinstance(name, str) and (not name or any(not part.strip() for part in name.split("+"))):
     raise ConfigError(f"algorithm.name: {name!r} names no method in one of its parts; write METHOD or "
                       "METHOD+RULE, e.g. 'fediir' or 'fediir+omg'")
+
+
+# ----------------------------------------------------------------------------- run lists
+
+# Fields a run of a batch may not override: the list itself, and where the runs go.
+NOT_PER_RUN = ("runs", "workdir", "resume")
+
+
+def _split_top(text: str) -> list[str]:
+  """`text` split at the commas outside brackets and quotes."""
+  parts, depth, quote, cur = [], 0, None, ""
+  for ch in text:
+    if quote:
+      quote = None if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif ch == "," and depth == 0:
+      parts.append(cur)
+      cur = ""
+      continue
+    cur += ch
+  return parts + [cur]
+
+
+def parse_run(entry, i: int, known) -> dict:
+  """`{field: value}` of the run list's entry `i` (`"seed=1,client.lr=0.05"`); values are
+  Python literals (a bare word is a string). One line naming the entry otherwise."""
+  import ast
+  if not isinstance(entry, str):
+    raise ConfigError(f"runs[{i}] must be a string of overrides such as 'seed=1,client.lr=0.05', got {entry!r}")
+  out = {}
+  for part in _split_top(entry):
+    field, eq, text = part.partition("=")
+    field, text = field.strip(), text.strip()
+    if not eq or not field or not text:
+      raise ConfigError(f"runs[{i}]: {part.strip()!r} is not field=value (e.g. 'seed=1,client.lr=0.05')")
+    if field in NOT_PER_RUN:
+      raise ConfigError(f"runs[{i}]: {field} is shared by the whole batch, not set per run")
+    if field not in known:
+      import difflib
+      near = difflib.get_close_matches(field, list(known), 1)
+      raise ConfigError(f"runs[{i}]: unknown field {field!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+    try:
+      out[field] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      out[field] = text
+  return out
+
+
+def check_runs(config, flat: dict | None = None) -> None:
+  """`config.runs`: every entry parses into overrides of known fields."""
+  runs = config.get("runs", ())
+  if not runs:
+    return
+  known = flat if flat is not None else _flat(config)
+  for i, entry in enumerate(runs):
+    parse_run(entry, i, known)
 
 
 # ----------------------------------------------------------------------------- memory

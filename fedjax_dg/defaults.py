@@ -21,6 +21,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.workdir = "runs/default"
   c.resume = False
+  # A batch of runs in one compiled program (docs/batched_runs.md): one entry per run, each a
+  # string of comma-separated overrides of this config, e.g. ("seed=1", "seed=2,client.lr=0.05");
+  # run i writes an ordinary run directory <workdir>/run_<i>. Empty: one run in <workdir>.
+  c.runs = ()
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "rotated_digits"

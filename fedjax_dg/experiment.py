@@ -209,16 +209,26 @@ def _communication(alg, state, store, cohort: int, rng) -> dict:
 def _check_state(alg, state, done: int, train_loss: float, config):
   """Stops before a diverged state is evaluated or saved: the loss and the whole round state
   (parameters, server and client optimizer states), the state a checkpoint would hold."""
+  finite = lambda tree: lambda: ckpt_lib.all_finite(tree)  # one transfer, not one per leaf
+  err = divergence(train_loss, finite(alg.params_of(state.server)), finite(state), done, config)
+  if err:
+    raise FloatingPointError(err)
+  return train_loss
+
+
+def divergence(train_loss: float, params_finite, state_finite, done: int, config) -> str | None:
+  """The one-line error of a run that diverged by round `done`, or None. `params_finite` and
+  `state_finite` are booleans or callables returning them (checked in that order)."""
+  value = lambda f: f() if callable(f) else bool(f)
   if not math.isfinite(train_loss):
     what = f"train loss is {train_loss}"
-  elif not ckpt_lib.all_finite(alg.params_of(state.server)):  # one transfer, not one per leaf
+  elif not value(params_finite):
     what = "the model parameters are not finite"
-  elif not ckpt_lib.all_finite(state):
+  elif not value(state_finite):
     what = "the round state (server or client optimizer state) is not finite"
   else:
-    return train_loss
-  raise FloatingPointError(f"{what} at round {done}; lower client.lr (now {config.client.lr}) "
-                           f"or server.lr (now {config.server.lr})")
+    return None
+  return f"{what} at round {done}; lower client.lr (now {config.client.lr}) or server.lr (now {config.server.lr})"
 
 
 def with_loader(config):
@@ -289,150 +299,238 @@ def _resumed_records(workdir: str, run: str, start: int, on_schedule) -> tuple[l
   return [r for r in old if r["round"] <= start], [r for r in old if r["round"] > start], start in lost
 
 
-def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
-  spec = algorithms.spec_of(config)
-  multi_stage = bool(spec.stages)
-  run = rundir.prepare(config, workdir, multi_stage,  # before anything compiles
-                       fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
-  t0 = time.time()
-  s = setup(config, fold)
-  stages = s["stages"]
-  total = stages[-1].first + stages[-1].rounds
-  key = jax.random.PRNGKey(config.seed)
-  k_init, k_server, k_rounds = jax.random.split(key, 3)
-  params = s["model"].init(k_init)
-  if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
-    params = load_pretrained(params, config.model.pretrained_path, spec)
-  C = s["num_clients"]
-  state = init_round_state(stages[0].builder, k_server, params, C)
-  store = jax.tree.map(jnp.asarray, s["packed"])
-  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
-                        metrics=fold.metrics)
-  stage_of = lambda t: max(k for k, st in enumerate(stages) if st.first <= max(t - 1, 0))  # round t's stage
-  metric = config.data.get("select_metric", "accuracy")
+class Timing:
+  """Where a run's (or a batch's) wall time went, in seconds: `compile_s` (each stage's first
+  round: its compilation and that one round), `train_s` (the other rounds), `eval_s`
+  (evaluations, with their compilation), `checkpoint_s` (checkpoint writes) and `total_s`."""
 
-  def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
-    return init_round_state(stages[k].builder, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
+  def __init__(self):
+    self.t0 = time.time()
+    self.s = {"compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
 
-  def target_of(step):  # the saved state's structure: the stage that ran round `step`
-    target = jax.eval_shape(lambda: state)
-    for j in range(1, stage_of(step) + 1):
-      target = jax.eval_shape(lambda st, j=j: next_stage_state(j, st), target)
-    return target
+  def add(self, what: str, since: float) -> float:
+    now = time.time()
+    self.s[what] += now - since
+    return now
 
-  comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
-  ckpts = ckpt_lib.Checkpoints(workdir, run=run)
-  start = 0
-  try:
-    if config.resume:
-      step, restored = ckpts.restore_latest(target_of)
-      if step is not None:
-        start, state = int(step), restored
-  except BaseException:
-    ckpts.close(quietly=True)
-    raise
-  # Evaluations past the checkpoint stay in metrics.jsonl until this run evaluates those
-  # rounds again (with no checkpoint, from round 0): a failing resume loses nothing.
-  on_schedule = _on_schedule(stages, config.eval_every)
-  try:
-    records, pending, again = _resumed_records(workdir, run, start, on_schedule)
-  except BaseException:
-    ckpts.close(quietly=True)
-    raise
+  def summary(self) -> dict:
+    return {**{k: round(v, 4) for k, v in self.s.items()}, "total_s": round(time.time() - self.t0, 4)}
 
-  def evaluate(done, k, state, train_loss, reporters):
-    now = stages[k].algorithm.params_of(state.server)
-    rec = {"round": done, "run": run, "train_loss": train_loss, "splits": evaluator(now)}
+
+def init_state(stage, key, params, num_clients: int, hparams=None):
+  """A stage's round state from `params`, with its builder's hyperparameters by default."""
+  return init_round_state(stage.builder, key, params, num_clients, hparams=hparams)
+
+
+class RunBook:
+  """One run's bookkeeping, shared by a single run (`_run_fold`) and every run of a batch
+  (`fedjax_dg.batch`): the resume (its newest checkpoint, its records), each evaluation's
+  record in metrics.jsonl (and TensorBoard), the selected parameters, the divergence check,
+  the checkpoints and summary.json. The caller runs the rounds and computes the splits'
+  metrics; everything written to the run directory goes through here."""
+
+  def __init__(self, config, fold: splits.Fold, workdir: str, run: str, s: dict):
+    self.config, self.fold, self.workdir, self.run, self.s = config, fold, workdir, run, s
+    self.spec = algorithms.spec_of(config)
+    self.stages = s["stages"]
+    self.total = self.stages[-1].first + self.stages[-1].rounds
+    self.metric = config.data.get("select_metric", "accuracy")
+    self.on_schedule = _on_schedule(self.stages, config.eval_every)
+    key = jax.random.PRNGKey(config.seed)
+    self.k_init, self.k_server, self.k_rounds = jax.random.split(key, 3)
+    self.ckpts = self.tb = None
+    self.records, self.pending, self.again, self.reporters = [], [], False, []
+    self.failed = None  # the error that ended the run inside a batch
+
+  def stage_of(self, t: int) -> int:
+    """The stage that runs round `t` (round 0: the first)."""
+    return max(k for k, st in enumerate(self.stages) if st.first <= max(t - 1, 0))
+
+  def initial_params(self):
+    params = self.s["model"].init(self.k_init)
+    if self.config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters
+      params = load_pretrained(params, self.config.model.pretrained_path, self.spec)
+    return params
+
+  def initial_state(self, params):
+    hp = self.stages[0].builder.hparams
+    return init_state(self.stages[0], self.k_server, params, self.s["num_clients"], hparams=hp)
+
+  def next_stage_state(self, k: int, prev_state):
+    """Stage `k`'s state, starting from the previous stage's model."""
+    params = self.stages[k - 1].algorithm.params_of(prev_state.server)
+    return init_state(self.stages[k], self.k_server, params, self.s["num_clients"],
+                      hparams=self.stages[k].builder.hparams)
+
+  def open(self, state):
+    """Opens the checkpoints and, with `config.resume`, restores the newest intact one:
+    `(start round, state)`. Evaluations past the checkpoint stay in metrics.jsonl until this
+    run evaluates those rounds again (with no checkpoint, from round 0): a failing resume
+    loses nothing."""
+    def target_of(step):  # the saved state's structure: the stage that ran round `step`
+      target = jax.eval_shape(lambda: state)
+      for j in range(1, self.stage_of(step) + 1):
+        target = jax.eval_shape(lambda st, j=j: self.next_stage_state(j, st), target)
+      return target
+
+    self.ckpts = ckpt_lib.Checkpoints(self.workdir, run=self.run)
+    start = 0
+    try:
+      if self.config.resume:
+        step, restored = self.ckpts.restore_latest(target_of)
+        if step is not None:
+          start, state = int(step), restored
+      self.records, self.pending, self.again = _resumed_records(self.workdir, self.run, start, self.on_schedule)
+    except BaseException:
+      self.ckpts.close(quietly=True)
+      raise
+    self.tb = tensorboard.RunWriter(self.workdir) if self.config.get("tensorboard", False) else None
+    return start, state
+
+  def record(self, done: int, k: int, state, train_loss, splits_metrics: dict) -> dict:
+    """Writes the evaluation of round `done` (stage `k`) and keeps the parameters each
+    selection rule now chooses. The test split is read only at the end: a DG run must not
+    watch its test domain."""
+    now = self.stages[k].algorithm.params_of(state.server)
+    rec = {"round": done, "run": self.run, "train_loss": train_loss, "splits": splits_metrics}
+    reporters = self.reporters
     if reporters:  # one count per round since the last evaluation; a round without reporters kept the server
       rec["reporters"] = reporters[:]
       rec["rounds_without_reporters"] = [done - len(reporters) + 1 + i for i, n in enumerate(reporters) if n == 0]
       reporters.clear()
-    if len(stages) > 1:
+    if len(self.stages) > 1:
       rec["stage"] = k + 1
-    if spec.record:  # what the method logs of its server state
-      rec.update(spec.record(state.server))
-    records.append(rec)
-    rundir.write_metrics(workdir, records + [r for r in pending if r["round"] > done])
-    if tb:
-      tb.add(rec)
-    if k + 1 == len(stages):  # keep the parameters each selection rule now chooses
+    if self.spec.record:  # what the method logs of its server state
+      rec.update(self.spec.record(state.server))
+    self.records.append(rec)
+    rundir.write_metrics(self.workdir, self.records + [r for r in self.pending if r["round"] > done])
+    if self.tb:
+      self.tb.add(rec)
+    if k + 1 == len(self.stages):
       for rule in SELECTION_RULES:
-        chosen = select([r for r in records if r.get("stage", 1) == len(stages)], rule, metric=metric)
+        chosen = select([r for r in self.records if r.get("stage", 1) == len(self.stages)], rule, metric=self.metric)
         if chosen and chosen["round"] == done:
-          rundir.save_selected(workdir, rule, done, now, chosen["val"], run=run)
-    # the test split only at the end: a DG run must not watch its test domain
+          rundir.save_selected(self.workdir, rule, done, now, chosen["val"], run=self.run)
+    return rec
+
+  def checks_due(self, done: int) -> tuple[bool, bool]:
+    """(evaluate, checkpoint) after round `done`."""
+    st = self.stages[self.stage_of(done)]
+    last_of_stage = done == st.first + st.rounds
+    every = self.config.checkpoint_every
+    return self.on_schedule(done), bool(every) and (done % every == 0 or last_of_stage)
+
+  def close(self, failed: bool = False):
+    """Finishes (or, after a failure, removes) the background save; rewrites TensorBoard's
+    event files from metrics.jsonl, so a resumed run's files hold each round once."""
+    ckpts, tb, self.ckpts, self.tb = self.ckpts, self.tb, None, None  # closed once
+    if ckpts is not None:
+      ckpts.close(quietly=failed)
+    if tb:
+      tb.close()
+      if not failed:
+        tensorboard.convert_run(self.workdir)
+
+  def summary(self, comm: dict, params, timing: dict, batch: dict | None = None) -> dict:
+    s, stages, fold, records = self.s, self.stages, self.fold, self.records
+    selectable = [r for r in records if r.get("stage", 1) == len(stages)]  # within the final stage
+    summary = {
+        "run": self.run,
+        "config": self.config.to_dict(),
+        "wall_time_s": timing["total_s"],
+        "timing": timing,
+        "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
+        "num_params": count_params(params), "local_steps": s["sched"].num_steps,
+        "provenance": provenance(),
+        "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
+        "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
+        "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
+                    "val": list(fold.val_domains), "test": list(fold.test_domains)},
+        "selection_scope": "all rounds" if len(stages) == 1 else f"rounds of the final stage ({stages[-1].name})",
+        "selection": {rule: select(selectable, rule, metric=self.metric) for rule in SELECTION_RULES},
+        "final": records[-1] if records else None,
+    }
+    if batch is not None:
+      summary["batch"] = batch
+    summary["selected_params"] = {  # kept in selected/ (python -m fedjax_dg.evaluate re-scores them)
+        rule: (f"selected/{rule}.msgpack" if sel and rundir.selected_round(self.workdir, rule, self.run) == sel["round"]
+               else None)
+        for rule, sel in summary["selection"].items()}
+    rundir.write_summary(self.workdir, summary)
+    return summary
+
+
+def prepare_run(config, fold: splits.Fold, workdir: str) -> str:
+  """The run directory checked (and its config stored) before anything compiles; the run's id."""
+  return rundir.prepare(config, workdir, bool(algorithms.spec_of(config).stages),
+                        fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
+
+
+def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
+  run = prepare_run(config, fold, workdir)  # before anything compiles
+  timing = Timing()
+  s = setup(config, fold)
+  book = RunBook(config, fold, workdir, run, s)
+  stages, total, C = book.stages, book.total, s["num_clients"]
+  params = book.initial_params()
+  state = book.initial_state(params)
+  store = jax.tree.map(jnp.asarray, s["packed"])
+  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
+                        metrics=fold.metrics)
+  comm = _communication(stages[0].algorithm, state, store, s["cohort"], book.k_rounds)
+  start, state = book.open(state)
+
+  def evaluate(done, k, state, train_loss):
+    since = time.time()
+    rec = book.record(done, k, state, train_loss, evaluator(stages[k].algorithm.params_of(state.server)))
+    timing.add("eval_s", since)
     bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=progress_val(rec["splits"]))
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
-  tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
-  reporters = []  # per round since the last evaluation, when clients may fail
   bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
   try:
-    if again:  # the checkpoint's own evaluation was lost (a torn metrics.jsonl): evaluated again
+    if book.again:  # the checkpoint's own evaluation was lost (a torn metrics.jsonl): evaluated again
       phase("evaluating")
-      evaluate(start, stage_of(start), state, None, [])
+      evaluate(start, book.stage_of(start), state, None)
     for t in range(start, total):
-      k = stage_of(t + 1)
+      k = book.stage_of(t + 1)
       st = stages[k]
       if k > 0 and t == st.first:
-        state = next_stage_state(k, state)
+        state = book.next_stage_state(k, state)
       phase("training" if k in compiled else "compiling")
-      state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(k_rounds, t))
+      since = time.time()
+      state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(book.k_rounds, t))
       train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
+      timing.add("train_s" if k in compiled else "compile_s", since)
       compiled.add(k)
       done = t + 1
       if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
-        reporters.append(int(metrics["reporters"]))
-      last_of_stage = done == st.first + st.rounds
-      do_eval = on_schedule(done)
-      do_ckpt = bool(config.checkpoint_every) and (done % config.checkpoint_every == 0 or last_of_stage)
+        book.reporters.append(int(metrics["reporters"]))
+      do_eval, do_ckpt = book.checks_due(done)
       if do_eval or do_ckpt:  # never evaluate or save a diverged state
         _check_state(st.algorithm, state, done, train_loss, config)
       if do_eval:
         phase("evaluating")
-        evaluate(done, k, state, train_loss, reporters)
+        evaluate(done, k, state, train_loss)
       if do_ckpt:
         phase("saving")
-        ckpts.save(done, state)
+        since = time.time()
+        book.ckpts.save(done, state)
+        timing.add("checkpoint_s", since)
       bar.update(1)
   except BaseException:  # finish or remove the background save, never hide the error
     bar.close()
-    ckpts.close(quietly=True)
-    if tb:
-      tb.close()
+    book.close(failed=True)
     raise
   bar.close()
-  ckpts.close()
-  if tb:  # rewritten from metrics.jsonl: a resumed run's event files hold each round once
-    tb.close()
-    tensorboard.convert_run(workdir)
-
-  final_stage = len(stages)  # a multi-stage method is selected within its final stage
-  selectable = [r for r in records if r.get("stage", 1) == final_stage]
-  metric = config.data.get("select_metric", "accuracy")
-  summary = {
-      "run": run,
-      "config": config.to_dict(),
-      "wall_time_s": time.time() - t0,
-      "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(), "devices": jax.device_count(),
-      "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
-      "num_params": count_params(params), "local_steps": s["sched"].num_steps,
-      "provenance": provenance(),
-      "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
-      "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
-      "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
-                  "val": list(fold.val_domains), "test": list(fold.test_domains)},
-      "selection_scope": "all rounds" if len(stages) == 1 else f"rounds of the final stage ({stages[-1].name})",
-      "selection": {rule: select(selectable, rule, metric=metric) for rule in SELECTION_RULES},
-      "final": records[-1] if records else None,
-  }
-  summary["selected_params"] = {  # kept in selected/ (python -m fedjax_dg.evaluate re-scores them)
-      rule: (f"selected/{rule}.msgpack" if sel and rundir.selected_round(workdir, rule, run) == sel["round"] else None)
-      for rule, sel in summary["selection"].items()}
-  rundir.write_summary(workdir, summary)
-  return summary
+  since = time.time()
+  book.close()
+  timing.add("checkpoint_s", since)
+  return book.summary(comm, params, timing.summary())
 
 
 def lodo_summary(rule: str, folds, summaries, names) -> dict:
@@ -453,6 +551,9 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   config_lib.validate(config)
   config = with_loader(config)
   workdir = workdir or config.workdir
+  if config.get("runs", ()):  # a batch of runs in one program (fedjax_dg/batch.py)
+    from fedjax_dg import batch
+    return batch.run_list(config, workdir)
   d = config.data
   if d.name == "wilds":  # the official split scheme, not a split by domains
     from fedjax_dg.data import wilds
@@ -460,18 +561,37 @@ def train_and_evaluate(config, workdir: str | None = None) -> dict:
   ds = datasets.load_dataset(config.data)
   if not d.leave_one_domain_out:
     return run_fold(config, splits.fold_from_config(ds, d), workdir)
-  folds = splits.leave_one_domain_out(
-      ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction, in_test_fraction=d.in_test_fraction, seed=d.seed,
+  folds = lodo_folds(ds, d)
+  with rundir.owned(workdir):  # the folds' summary is this workdir's
+    check_lodo_workdir(config, workdir)
+    summaries = [run_fold(config, fold, fold_dir(workdir, fold)) for fold in folds]
+    return write_lodo_summary(config, workdir, folds, summaries)
+
+
+def lodo_folds(ds, d) -> list:
+  """The leave-one-domain-out folds of the data set `ds` that the data config `d` asks for."""
+  return splits.leave_one_domain_out(
+      ds, validation=d.get("lodo_validation", "heldout_domain"), in_val_fraction=d.in_val_fraction,
+      in_test_fraction=d.in_test_fraction, seed=d.seed,
       test_domain_train_fraction=d.get("test_domain_train_fraction", 0.0),
       test_domain_train_include=d.get("test_domain_train_include", True))
-  with rundir.owned(workdir):  # the folds' summary is this workdir's
-    if not config.resume and os.path.exists(os.path.join(workdir, rundir.SUMMARY_FILE)):
-      raise config_lib.ConfigError(f"workdir {workdir!r} already holds results ({rundir.SUMMARY_FILE}); pass "
-                                   "--config.resume=True to continue that run or choose another --config.workdir")
-    summaries = [run_fold(config, fold, os.path.join(workdir, f"fold_{fold.test_domains[0]}")) for fold in folds]
-    out = {"config": config.to_dict(), "folds": [os.path.join(workdir, f"fold_{f.test_domains[0]}") for f in folds],
-           "selection": {}}
-    for rule in SELECTION_RULES:
-      out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
-    rundir.write_summary(workdir, out)
+
+
+def fold_dir(workdir: str, fold) -> str:
+  return os.path.join(workdir, f"fold_{fold.test_domains[0]}")
+
+
+def check_lodo_workdir(config, workdir: str) -> None:
+  """A fresh leave-one-domain-out run refuses a workdir holding the folds' summary."""
+  if not config.resume and os.path.exists(os.path.join(workdir, rundir.SUMMARY_FILE)):
+    raise config_lib.ConfigError(f"workdir {workdir!r} already holds results ({rundir.SUMMARY_FILE}); pass "
+                                 "--config.resume=True to continue that run or choose another --config.workdir")
+
+
+def write_lodo_summary(config, workdir: str, folds, summaries) -> dict:
+  """The folds' summary.json in `workdir`: each rule's test accuracy over the folds."""
+  out = {"config": config.to_dict(), "folds": [fold_dir(workdir, f) for f in folds], "selection": {}}
+  for rule in SELECTION_RULES:
+    out["selection"].update(lodo_summary(rule, folds, summaries, folds[0].domain_names))
+  rundir.write_summary(workdir, out)
   return out

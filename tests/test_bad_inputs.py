@@ -1361,6 +1361,33 @@ def _(tmp):
   return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.unroll=5")
 
 
+# ----------------------------------------------------------------------------- run lists (batched runs)
+
+@case(1, "a run list with an unknown field", "`P --config.runs=\"('seed=1', 'sed=2')\"`",
+      "runs[1]: unknown field 'sed'; did you mean 'seed'?", section="config fields")
+def _run_list_unknown_field(tmp):
+  return cli(tmp, "--config.runs=('seed=1', 'sed=2')")
+
+
+@case(1, "a run list whose runs differ in a static field", "`experiment.train_and_evaluate` of `P` with "
+      "`runs = ('seed=1', 'model.hidden=(8,)')`: the runs cannot share one program",
+      "run 1 (<tmp>/W/run_1): model.hidden is [8], run 0's is [200, 200]; the runs of one batch may differ only in "
+      "seeds and continuous hyperparameters", section="config fields")
+def _run_list_static_field(tmp):
+  from fedjax_dg import experiment
+  c = _p_config(tmp, runs=("seed=1", "model.hidden=(8,)"))
+  return error_of(lambda: experiment.train_and_evaluate(c))
+
+
+@case(1, "a run list with a value out of its range", "`experiment.train_and_evaluate` of `P` with "
+      "`algorithm.name = 'fedprox'` and `runs = ('seed=1', 'algorithm.fedprox.mu=-1.0')`",
+      "run 1 (<tmp>/W/run_1): algorithm.fedprox.mu must be >= 0", section="config fields")
+def _run_list_out_of_range(tmp):
+  from fedjax_dg import experiment
+  c = _p_config(tmp, **{"algorithm.name": "fedprox", "runs": ("seed=1", "algorithm.fedprox.mu=-1.0")})
+  return error_of(lambda: experiment.train_and_evaluate(c))
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)
@@ -1430,3 +1457,4 @@ def test_docs_table_is_up_to_date(tmp_path_factory):
   old = open(DOC).read() if os.path.exists(DOC) else ""
   diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/bad_inputs.md", "generated"))
   assert old == text, f"docs/bad_inputs.md is stale; regenerate with: {REGENERATE}\n{diff[:4000]}"
+
