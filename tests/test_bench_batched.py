@@ -2,8 +2,10 @@
 never mixed, sized to a memory budget; a batched sweep gives the scores of one job at a time;
 a job failing inside a batch fails alone; an interrupted job resumes inside a batch; the
 batch that ran a job is recorded in its folder."""
+import contextlib
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -73,15 +75,16 @@ def arms(tmp_path_factory, jax_cache, budget_for_two):
   for arm in ("batched", "alone"):
     s = sweep(base / arm)
     exp = sweep_lib.expand(s)
-    if arm == "batched":
-      counts = launch.run_batched(exp, workers=2, memory=batches.Memory(nbytes=budget_for_two), cache_dir=jax_cache,
-                                  quiet=True)
-    else:
-      counts = launch.run_local(exp, workers=2, cache_dir=jax_cache, quiet=True)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      if arm == "batched":
+        counts = launch.run_batched(exp, workers=2, memory=batches.Memory(nbytes=budget_for_two), cache_dir=jax_cache)
+      else:
+        counts = launch.run_local(exp, workers=2, cache_dir=jax_cache, quiet=True)
     collect.collect(s, str(base / arm / "results"), exp)
     with open(base / arm / "results" / "jobs.csv") as f:
       rows = {r["key"]: r for r in csv.DictReader(f)}
-    out[arm] = dict(sweep=s, exp=exp, counts=counts, rows=rows, jobs=named(exp))
+    out[arm] = dict(sweep=s, exp=exp, counts=counts, rows=rows, jobs=named(exp), printed=printed.getvalue())
   return out
 
 
@@ -226,6 +229,11 @@ def test_a_job_failing_inside_a_batch_fails_alone(arms):
     assert collect.read_records(jobs[mate].workdir) == collect.read_records(alone[mate].workdir)
   assert "partition.lam must lie in [0, 1], got 1.5" in line(jobs["bad"])
   assert "ConfigError" in open(os.path.join(jobs["bad"].workdir, "error.txt")).read()
+  # The launcher's lines name each failed job and say why.
+  printed = arms["batched"]["printed"].splitlines()
+  for name, why in (("diverging", "FloatingPointError: train loss is"), ("bad", "partition.lam must lie in [0, 1]")):
+    hit = [l for l in printed if jobs[name].workdir in l]
+    assert len(hit) == 1 and "] failed" in hit[0] and why in hit[0] and "fedavg C=4" in hit[0], hit
 
 
 def test_finished_jobs_are_skipped(arms):

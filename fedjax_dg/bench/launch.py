@@ -385,6 +385,11 @@ def _crashed(jobs: list, counts: dict, progress) -> list:
   return again
 
 
+def _last_error(workdir: str) -> str:
+  ev = [e for e in read_events(workdir) if e["event"] == "failed"]
+  return ev[-1].get("error", "") if ev else ""
+
+
 def plan(jobs: list, max_runs: int = batches_lib.DEFAULT_MAX_RUNS, workers: int = 1) -> tuple[list, dict]:
   """`(units, errors)`: `jobs` grouped by static key (`batch.static_key`) and cut into units of
   at most `max_runs` (`batches.units`); `errors` maps the key of each job whose static key
@@ -447,7 +452,8 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
           continue
         for w, outcome, bid in results:
           counts[outcome] += 1
-          progress(by_dir[w], f"{outcome:7s}" + (f" (batch {bid})" if bid else ""))
+          why = _last_error(w) if outcome == "failed" else ""
+          progress(by_dir[w], f"{outcome:7s}" + (f" (batch {bid})" if bid else "") + (f" ({why})" if why else ""))
     units = []
     if broken:  # a worker died; the pool took the other workers' units down with it
       units, _ = plan(_crashed(left, counts, progress), max_runs, workers)
