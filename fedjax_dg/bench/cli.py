@@ -73,10 +73,14 @@ def main(argv) -> int:
     if cmd == "run":  # the launcher's flags, before anything runs
       lc = sweep.get("launch", {})
       vectorize = _VECTORIZE.value if _VECTORIZE.value is not None else bool(lc.get("vectorize", True))
-      memory = batches.parse_memory(_BATCH_MEMORY.value if _BATCH_MEMORY.value is not None
-                                    else lc.get("batch_memory", ""))
-      max_runs = batches.check_max_runs(_MAX_BATCH.value if _MAX_BATCH.value is not None
-                                        else lc.get("max_batch", batches.DEFAULT_MAX_RUNS))
+      if _BATCH_MEMORY.value is not None:
+        memory = batches.parse_memory(_BATCH_MEMORY.value)
+      else:
+        memory = batches.parse_memory(lc.get("batch_memory", ""), flag="sweep.launch.batch_memory")
+      if _MAX_BATCH.value is not None:
+        max_runs = batches.check_max_runs(_MAX_BATCH.value)
+      else:
+        max_runs = batches.check_max_runs(lc.get("max_batch", batches.DEFAULT_MAX_RUNS), flag="sweep.launch.max_batch")
     exp = sweep_lib.expand(sweep)
     if cmd == "jobs":
       for e in exp.entries:
