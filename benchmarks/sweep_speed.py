@@ -1,8 +1,8 @@
 """A sweep run one job at a time versus in batches, on the same jobs, machine and invocation.
 
 The jobs: the first `--jobs` jobs (in the sweep's order) of the report's sweep
-(`configs/sweeps/report.py`, MLP on the embedded rotated digits) whose grid is one of
-`--grids` (default the table grid). Each arm runs them from a fresh temporary sweep root
+(`configs/sweeps/report.py`, MLP on the embedded rotated digits) that one of `--grids`
+names (default the table grid; the JSON counts them by method and C under `job_mix`). Each arm runs them from a fresh temporary sweep root
 (its own JAX compilation cache, as `bench run` sets up) in a child process:
 
   alone    `bench run --no-vectorize`: `launch.run_local`, one job at a time per worker
@@ -75,7 +75,7 @@ def _args(argv=None):
 
 def selection(args, root: str):
   """(sweep, sub-expansion): the report sweep rooted at `root`, and its first `--jobs` jobs
-  whose first grid is one of `--grids`."""
+  (in the sweep's order) that one of `--grids` names."""
   sys.path.insert(0, ROOT)
   from fedjax_dg.bench import sweep as sweep_lib
   s = sweep_lib.load_config_file(SWEEP)
@@ -87,10 +87,8 @@ def selection(args, root: str):
   if missing:
     raise SystemExit(f"error: --grids: the report sweep has no grid {missing[0]!r}; it has {', '.join(s.grids)}")
   exp = sweep_lib.expand(s)
-  first = {}
-  for e in exp.entries:
-    first.setdefault(e.key, e.grid)
-  keys = [k for k in exp.jobs if first[k] in grids][:args.jobs]
+  wanted = {e.key for e in exp.entries if e.grid in grids}
+  keys = [k for k in exp.jobs if k in wanted][:args.jobs]
   if len(keys) < args.jobs:
     raise SystemExit(f"error: --jobs {args.jobs}: the grids {grids} hold {len(keys)} jobs")
   picked = set(keys)
@@ -259,6 +257,11 @@ def main(argv=None):
             f"{_fmt(rec['peak_rss_tree_bytes'] and rec['peak_rss_tree_bytes'] / 2 ** 20, ' MiB')}, {rec['counts']}",
             flush=True)
     result["job_keys"] = list(next(iter(rows.values())))
+    mix = {}
+    for r in next(iter(rows.values())).values():
+      name = f"{r['algorithm']} C={r['num_clients']}"
+      mix[name] = mix.get(name, 0) + 1
+    result["job_mix"] = mix
     if set(rows) == set(ARMS):
       a, b = result["arms"]["alone"], result["arms"]["batched"]
       result["speedup_alone_over_batched"] = a["wall_s"] / b["wall_s"]
