@@ -1107,6 +1107,17 @@ def _(tmp):
   return error_of(lambda: sweep_lib.expand(s))
 
 
+for _flag, _value, _expect in (
+    ("--batch-memory", "abc", "--batch-memory: cannot read 'abc' as a size; give bytes with an optional unit"),
+    ("--batch-memory", "-1G", "--batch-memory must be > 0, got '-1G'"),
+    ("--batch-memory", "150%", "--batch-memory: a share of the device's memory must lie in (0%, 100%], got '150%'"),
+    ("--max-batch", "0", "--max-batch (runs per batch) must be an integer >= 1, got 0")):
+  case(5, f"`bench run {_flag}={_value}`", f"`python -m fedjax_dg.bench run --sweep configs/sweeps/tiny.py "
+       f"{_flag}={_value}`", _expect, section="sweeps")(
+           lambda tmp, f=_flag, v=_value: _run(tmp, [sys.executable, "-m", "fedjax_dg.bench", "run", "--sweep",
+                                                     "configs/sweeps/tiny.py", f"--sweep.root={tmp}/sweep", f"{f}={v}"]))
+
+
 # ----------------------------------------------------------------------------- data files
 
 def _iwildcam(tmp, rows, raw: bytes | None = None):

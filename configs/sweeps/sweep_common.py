@@ -67,6 +67,10 @@ def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
                                         "sweep_file": "", "baseline": "fedavg", "dg_group": "DG adapted",
                                         "reading": ""})
   # JAX's persistent compilation cache (jobs of one shape compile once); "" = <root>/.jax_cache.
+  # Jobs of one static configuration run as batches (`vectorize`) within `batch_memory` (bytes
+  # such as "4G", or a share of the device's memory such as "50%"; "" = the default share) and
+  # `max_batch` runs; `bench run --no-vectorize / --batch-memory / --max-batch` override them.
   s.launch = ml_collections.ConfigDict({"workers": 1, "compilation_cache": True, "compilation_cache_dir": "",
-                                        "submitit": {"timeout_min": 60}})
+                                        "submitit": {"timeout_min": 60}, "vectorize": True, "batch_memory": "",
+                                        "max_batch": 64})
   return s

@@ -5,9 +5,13 @@ Commands:
   run      run every job not done: a local pool of --workers processes (default
            sweep.launch.workers, 1), or --launcher=submitit (Slurm; --cluster=local runs
            the submitit jobs as local processes); finished jobs are skipped, interrupted
-           ones resume from their checkpoints, failed ones run again
+           ones resume from their checkpoints, failed ones run again. Jobs that differ only
+           in seeds and continuous hyperparameters run as batches, one program each
+           (--batch-memory: bytes per batch such as 4G, or a share of the device's memory
+           such as 50%, default 50% shared by the workers; --max-batch: runs per batch,
+           default 64); --no-vectorize runs one job at a time per worker
   status   done / running / failed / interrupted / pending counts and the unfinished jobs
-           (--verbose: every job)
+           (--verbose: every job, and the batch that ran it)
   collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
            and oracle selection), difficulty.md (Table 6), jobs.csv and results.jsonl.gz
            (every job's metrics at every evaluation, config and provenance) into --out
@@ -36,6 +40,14 @@ _WAIT = flags.DEFINE_bool("wait", False, "run --launcher=submitit: wait for the 
 _OUT = flags.DEFINE_string("out", None, "collect / figures / report: output folder.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "status: list every job.")
 _IGNORE_LOCKS = flags.DEFINE_bool("ignore_locks", False, "run: run jobs even if a lock says they are running.")
+_VECTORIZE = flags.DEFINE_bool("vectorize", None, "run: batch the jobs that share a static configuration "
+                               "(default sweep.launch.vectorize, True); --no-vectorize runs one job at a time.")
+_BATCH_MEMORY = flags.DEFINE_string("batch_memory", None, "run: memory per batch: bytes (4G, 512M, 3e9) or a share "
+                                    "of the device's memory (50%; the default, shared by the workers).")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", None, "run: at most this many runs per batch (default 64).")
+# Spellings of the flags above with hyphens (absl reads `--batch_memory`, `--novectorize`).
+_HYPHENATED = {"--batch-memory": "--batch_memory", "--max-batch": "--max_batch", "--no-vectorize": "--novectorize",
+               "--ignore-locks": "--ignore_locks"}
 
 # --- report flags (staleness, the results file) -------------------------------------------
 _ALLOW_STALE = flags.DEFINE_bool("allow_stale", False, "collect / figures / report: use jobs run under other code "
@@ -86,7 +98,7 @@ def _out(sweep, sub: str) -> str:
 
 
 def main(argv) -> int:
-  from fedjax_dg.bench import collect, figures, launch, report, sweep as sweep_lib
+  from fedjax_dg.bench import batches, collect, figures, launch, report, sweep as sweep_lib
   args = argv[1:]
   if len(args) != 1 or args[0] not in COMMANDS:
     print(f"error: give one command of {', '.join(COMMANDS)}, e.g. "
@@ -110,6 +122,17 @@ def main(argv) -> int:
     print("error: --sweep is required, e.g. --sweep configs/sweeps/tiny.py", file=sys.stderr)
     return 2
   try:
+    if cmd == "run":  # the launcher's flags, before anything runs
+      lc = sweep.get("launch", {})
+      vectorize = _VECTORIZE.value if _VECTORIZE.value is not None else bool(lc.get("vectorize", True))
+      if _BATCH_MEMORY.value is not None:
+        memory = batches.parse_memory(_BATCH_MEMORY.value)
+      else:
+        memory = batches.parse_memory(lc.get("batch_memory", ""), flag="sweep.launch.batch_memory")
+      if _MAX_BATCH.value is not None:
+        max_runs = batches.check_max_runs(_MAX_BATCH.value)
+      else:
+        max_runs = batches.check_max_runs(lc.get("max_batch", batches.DEFAULT_MAX_RUNS), flag="sweep.launch.max_batch")
     exp = sweep_lib.expand(sweep)
     for grid, why in exp.waiting.items():  # report flags: a seeds phase waiting for its search
       print(f"waiting: {why}", file=sys.stderr)
@@ -119,20 +142,23 @@ def main(argv) -> int:
     elif cmd == "status":
       print(launch.status_text(launch.status(exp), verbose=_VERBOSE.value))
     elif cmd == "run":
-      lc = sweep.get("launch", {})
       cache = ""
       if lc.get("compilation_cache", False):
         cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
       if _LAUNCHER.value == "local":
         workers = _WORKERS.value if _WORKERS.value is not None else int(lc.get("workers", 1))
-        counts = launch.run_local(exp, workers, cache_dir=cache,
-                                  ignore_locks=_IGNORE_LOCKS.value)
+        if vectorize:
+          counts = launch.run_batched(exp, workers, memory, max_runs, cache_dir=cache,
+                                      ignore_locks=_IGNORE_LOCKS.value)
+        else:
+          counts = launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))
       else:
         params = dict(lc.get("submitit", {}))
         folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")
-        out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value, cache_dir=cache)
+        out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value, cache_dir=cache,
+                                  vectorize=vectorize, memory=memory, max_runs=max_runs)
         if _WAIT.value:
           print(launch.status_text(launch.status(exp)))
         else:
@@ -165,7 +191,17 @@ def run():
   from fedjax_dg import main as main_lib
   if not any(a == "--results" or a.startswith("--results=") for a in sys.argv[1:]):  # report flags
     flags.mark_flag_as_required("sweep")
-  app.run(lambda argv: sys.exit(main(argv)), flags_parser=lambda argv: main_lib.parse_flags(argv, flag="sweep"))
+  app.run(lambda argv: sys.exit(main(argv)),
+          flags_parser=lambda argv: main_lib.parse_flags(_unhyphenate(argv), flag="sweep"))
+
+
+def _unhyphenate(argv: list[str]) -> list[str]:
+  """`--batch-memory=4G` -> `--batch_memory=4G` (and the other `_HYPHENATED` flags)."""
+  out = []
+  for a in argv:
+    head, eq, rest = a.partition("=")
+    out.append(_HYPHENATED.get(head, head) + eq + rest)
+  return out
 
 
 if __name__ == "__main__":

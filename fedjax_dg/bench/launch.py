@@ -1,11 +1,15 @@
-"""Running a sweep's jobs: one job in this process (`execute`), a local pool of worker
-processes (`run_local`), or Slurm through submitit (`run_submitit`).
+"""Running a sweep's jobs: batches of jobs that share one compiled program in a local pool
+of worker processes (`run_batched`, the default), one job at a time per worker (`run_local`,
+`--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch).
+`execute` runs one job in this process, `execute_batch` a batch (`fedjax_dg.bench.batches`
+groups and sizes them; `fedjax_dg.batch` runs them).
 
 A job's workdir holds, besides the runner's outputs (metrics.jsonl, summary.json,
 checkpoints/):
   job.json     the resolved config and the job's grid entries (written before it runs)
   RUNNING      a lock: host, pid and start time of the process running it
-  events.jsonl one line per start / done / failed, with host, pid and time
+  events.jsonl one line per start / done / failed, with host, pid and time; a batched job's
+               start line names its batch (`batch`, `batch_jobs`: the keys run with it)
   error.txt    the traceback of the last failure (removed when the job later succeeds)
   log.txt      the job's Python-level stdout and stderr
 
@@ -25,7 +29,9 @@ import time
 import traceback
 import warnings
 
+from fedjax_dg import config as config_lib
 from fedjax_dg import rundir
+from fedjax_dg.bench import batches as batches_lib
 from fedjax_dg.bench import sweep as sweep_lib
 
 STATES = ("done", "running", "failed", "interrupted", "pending", "broken", "stale")
@@ -123,6 +129,38 @@ def run_config(config, workdir: str) -> dict:
   return experiment.run_fold(config, splits.fold_from_config(datasets.load_dataset(d), d), workdir)
 
 
+def _load_job(workdir: str):
+  """(key, config) of the job's job.json, the config set to run in `workdir` (resuming, quietly)."""
+  with open(_path(workdir, "job.json")) as f:
+    doc = json.load(f)
+  config = sweep_lib.from_json_dict(doc["config"])
+  config.workdir, config.resume, config.quiet = workdir, True, True
+  return doc.get("key") or os.path.basename(os.path.normpath(workdir)), config
+
+
+def _error_line(e: BaseException) -> str:
+  return f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
+
+
+def _record_failure(workdir: str, e: BaseException, t0: float | None = None) -> None:
+  """error.txt (the traceback of `e`) and a "failed" event with its first line."""
+  with open(_path(workdir, "error.txt"), "w") as f:
+    f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+  extra = {} if t0 is None else {"seconds": time.time() - t0}
+  _event(workdir, "failed", error=_error_line(e), **extra)
+
+
+def _record_done(workdir: str, t0: float) -> None:
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(_path(workdir, "error.txt"))
+  _event(workdir, "done", seconds=time.time() - t0)
+
+
+def _quiet_logging() -> None:
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
+
+
 def execute(workdir: str, ignore_locks: bool = False) -> str:
   """Runs the job in `workdir` (its job.json) in this process unless it is done or another
   process holds it. Returns "skipped", "busy", "done" or "failed"; never raises for a
@@ -132,29 +170,122 @@ def execute(workdir: str, ignore_locks: bool = False) -> str:
   if not _acquire(workdir, ignore_locks):
     return "busy"
   try:
-    with open(_path(workdir, "job.json")) as f:
-      config = sweep_lib.from_json_dict(json.load(f)["config"])
-    config.workdir, config.resume, config.quiet = workdir, True, True
+    _, config = _load_job(workdir)
     _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
     t0 = time.time()
     try:
-      from absl import logging
-      logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
+      _quiet_logging()
       with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
           contextlib.redirect_stderr(log):
         run_config(config, workdir)
     except Exception as e:  # the sweep goes on; the job records why it stopped
-      with open(_path(workdir, "error.txt"), "w") as f:
-        f.write(traceback.format_exc())
-      _event(workdir, "failed", error=f"{type(e).__name__}: {e}".splitlines()[0][:500], seconds=time.time() - t0)
+      _record_failure(workdir, e, t0)
       return "failed"
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(_path(workdir, "error.txt"))
-    _event(workdir, "done", seconds=time.time() - t0)
+    _record_done(workdir, t0)
     return "done"
   finally:
     with contextlib.suppress(FileNotFoundError):
       os.remove(_path(workdir, "RUNNING"))
+
+
+# ---------------------------------------------------------------------------- a batch of jobs
+
+class _Tee:
+  """A text stream writing to every file of `files` (a batch's output into each job's log.txt)."""
+
+  def __init__(self, files):
+    self.files = files
+
+  def write(self, text: str) -> int:
+    for f in self.files:
+      f.write(text)
+    return len(text)
+
+  def flush(self) -> None:
+    for f in self.files:
+      f.flush()
+
+
+def _run_batch(workdirs: list[str], keys: list[str], configs: list, outcome: dict) -> None:
+  """One batch (`batch.train_and_evaluate_batch`): each job's start line names the batch;
+  each job is recorded done or failed with its own error."""
+  from fedjax_dg import batch
+  bid = batches_lib.batch_id(keys)
+  for w in workdirs:
+    _event(w, "start", resumed=os.path.exists(_path(w, "metrics.jsonl")), batch=bid, batch_jobs=keys)
+  t0 = time.time()
+  with contextlib.ExitStack() as stack:
+    tee = _Tee([stack.enter_context(open(_path(w, "log.txt"), "a")) for w in workdirs])
+    stack.enter_context(contextlib.redirect_stdout(tee))
+    stack.enter_context(contextlib.redirect_stderr(tee))
+    try:
+      results = batch.train_and_evaluate_batch(configs, workdirs)
+    except Exception as e:  # pylint: disable=broad-except  # the batch as a whole failed: each job says why
+      results = [e] * len(workdirs)
+  for w, r in zip(workdirs, results):
+    if isinstance(r, BaseException):
+      _record_failure(w, r, t0)
+      outcome[w] = ("failed", bid)
+    else:
+      _record_done(w, t0)
+      outcome[w] = ("done", bid)
+
+
+def _sizes(workdirs: list[str], configs: dict, outcome: dict) -> list[int]:
+  """`batch.run_bytes` of each job; a job whose estimate raises (its data cannot be read) is
+  recorded failed and dropped from `workdirs`."""
+  from fedjax_dg import batch
+  sizes = []
+  for w in list(workdirs):
+    try:
+      sizes.append(int(batch.run_bytes(configs[w])))
+    except Exception as e:  # pylint: disable=broad-except  # the job fails alone
+      _record_failure(w, e)
+      outcome[w] = ("failed", "")
+      workdirs.remove(w)
+  return sizes
+
+
+def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batches_lib.Memory | None = None,
+                  workers: int = 1, max_runs: int = batches_lib.DEFAULT_MAX_RUNS) -> list[tuple[str, str, str]]:
+  """Runs the jobs in `workdirs` (one static key) in this process as batches that fit
+  `memory` (a budget, or a share of this device's memory divided among `workers`) and hold
+  at most `max_runs` jobs. A job done is skipped, one another live process holds is busy,
+  an interrupted one resumes from its checkpoints. Returns `(workdir, outcome, batch id)`
+  per job, outcome "skipped", "busy", "done" or "failed"; never raises for a failing job."""
+  outcome, held = {}, []
+  for w in workdirs:
+    if job_state(w) == "done":
+      outcome[w] = ("skipped", "")
+    elif not _acquire(w, ignore_locks):
+      outcome[w] = ("busy", "")
+    else:
+      held.append(w)
+  try:
+    _quiet_logging()
+    keys, configs, ready = {}, {}, []
+    for w in held:
+      try:
+        keys[w], configs[w] = _load_job(w)
+        config_lib.validate(configs[w])  # an invalid config fails alone, before the batch compiles
+        ready.append(w)
+      except Exception as e:  # pylint: disable=broad-except  # an unreadable job.json or invalid config fails alone
+        _record_failure(w, e)
+        outcome[w] = ("failed", "")
+    if len(ready) > 1:
+      sizes = _sizes(ready, configs, outcome)
+      from fedjax_dg import checks
+      budget = (memory or batches_lib.Memory()).budget(checks.device_memory(), workers)
+      parts = batches_lib.split(ready, sizes, budget, max_runs)
+    else:
+      parts = [ready] if ready else []
+    for part in parts:
+      _run_batch(part, [keys[w] for w in part], [configs[w] for w in part], outcome)
+  finally:
+    for w in held:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(_path(w, "RUNNING"))
+  return [(w, *outcome[w]) for w in workdirs]
 
 
 # ---------------------------------------------------------------------------- launchers
@@ -235,6 +366,100 @@ def run_local(exp: sweep_lib.Expansion, workers: int = 1, cache_dir: str = "", q
   return counts
 
 
+def _crashed(jobs: list, counts: dict, progress) -> list:
+  """After a worker died: the jobs of `jobs` whose lock is dead get a "crashed" event; one
+  crashed `MAX_CRASHES` times is recorded failed. Returns the jobs to run again."""
+  again = []
+  for j in jobs:
+    lock = read_lock(j.workdir)
+    if lock and not lock_is_live(lock):
+      _event(j.workdir, "crashed")
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(_path(j.workdir, "RUNNING"))
+      if sum(e["event"] == "crashed" for e in read_events(j.workdir)) >= MAX_CRASHES:
+        _mark_dead(j)
+        counts["failed"] += 1
+        progress(j, f"failed  (its worker died {MAX_CRASHES} times)")
+        continue
+    again.append(j)
+  return again
+
+
+def _last_error(workdir: str) -> str:
+  ev = [e for e in read_events(workdir) if e["event"] == "failed"]
+  return ev[-1].get("error", "") if ev else ""
+
+
+def plan(jobs: list, max_runs: int = batches_lib.DEFAULT_MAX_RUNS, workers: int = 1) -> tuple[list, dict]:
+  """`(units, errors)`: `jobs` grouped by static key (`batch.static_key`) and cut into units of
+  at most `max_runs` (`batches.units`); `errors` maps the key of each job whose static key
+  cannot be computed (an unknown method) to its error. Nothing here touches a device, so the
+  launcher's process leaves the device's memory to its workers."""
+  from fedjax_dg import batch
+  groups, errors = batches_lib.group(jobs, batch.static_key)
+  return batches_lib.units(groups, max_runs, workers), errors
+
+
+def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.Memory | None = None,
+                max_runs: int = batches_lib.DEFAULT_MAX_RUNS, cache_dir: str = "", quiet: bool = False,
+                ignore_locks: bool = False) -> dict:
+  """Runs every job not done as batches of jobs that share a static configuration
+  (`plan`), each unit in one of `workers` worker processes, which cuts it into batches that
+  fit `memory` (`execute_batch`). A job with an invalid config is recorded failed before
+  anything runs; a job failing inside a batch is recorded failed alone. A dead worker's
+  jobs run again, as in `run_local`."""
+  if workers < 1:
+    raise sweep_lib.SweepError(f"workers must be >= 1, got {workers}")
+  batches_lib.check_max_runs(max_runs)
+  memory = memory or batches_lib.Memory()
+  todo = prepare(exp)
+  label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
+  counts = {s: 0 for s in ("done", "failed", "skipped", "busy")}
+  total, n = len(todo), [0]
+
+  def progress(job, text: str) -> None:
+    n[0] += 1
+    _print(f"[{n[0]}/{total}] {text}  {label[job.key]}  {job.workdir}", quiet)
+
+  units, errors = plan(todo, max_runs, workers)
+  _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - total} already done, {total} to run in {len(units)} unit(s) on "
+         f"{workers} worker(s); batches of at most {max_runs} runs within {memory.describe()}", quiet)
+  for job in (j for j in todo if j.key in errors):  # refused before anything runs
+    if _acquire(job.workdir, ignore_locks):
+      try:
+        _record_failure(job.workdir, errors[job.key])
+      finally:
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(_path(job.workdir, "RUNNING"))
+      counts["failed"] += 1
+      progress(job, f"failed  ({_error_line(errors[job.key])})")
+    else:
+      counts["busy"] += 1
+      progress(job, "busy   ")
+  ctx = multiprocessing.get_context("spawn")
+  by_dir = {j.workdir: j for j in todo}
+  while units:
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(cache_dir,)) as pool:
+      futures = {pool.submit(execute_batch, [j.workdir for j in unit], ignore_locks, memory, workers, max_runs): unit
+                 for unit in units}
+      left, broken = [], False
+      for f in cf.as_completed(futures):
+        try:
+          results = f.result()
+        except cf.process.BrokenProcessPool:
+          broken = True
+          left.extend(futures[f])
+          continue
+        for w, outcome, bid in results:
+          counts[outcome] += 1
+          why = _last_error(w) if outcome == "failed" else ""
+          progress(by_dir[w], f"{outcome:7s}" + (f" (batch {bid})" if bid else "") + (f" ({why})" if why else ""))
+    units = []
+    if broken:  # a worker died; the pool took the other workers' units down with it
+      units, _ = plan(_crashed(left, counts, progress), max_runs, workers)
+  return counts
+
+
 def _child_pythonpath() -> str:
   """PYTHONPATH under which a job process imports this same fedjax_dg."""
   import fedjax_dg
@@ -259,38 +484,62 @@ def _environ(**values):
 
 
 def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = None, parameters: dict | None = None,
-                 wait: bool = False, quiet: bool = False, cache_dir: str = "") -> list:
+                 wait: bool = False, quiet: bool = False, cache_dir: str = "", vectorize: bool = True,
+                 memory: batches_lib.Memory | None = None, max_runs: int = batches_lib.DEFAULT_MAX_RUNS) -> list:
   """Submits every job not done as one submitit batch (a Slurm job array with
   `cluster=None` on a Slurm login node; `cluster="local"` runs them as local processes,
-  as the tests do). `parameters` go to `update_parameters` (e.g. timeout_min,
-  slurm_partition, gpus_per_node, cpus_per_task, slurm_array_parallelism). The jobs
-  import this fedjax_dg (PYTHONPATH) and use `cache_dir` as JAX's compilation cache. With
-  `wait`, returns the outcomes ("done", "failed", ...), else the submitit job handles."""
+  as the tests do): with `vectorize`, one submitit job per unit of jobs sharing a static
+  configuration (`plan`), which cuts it into batches that fit `memory` on its own node's
+  device (`execute_batch`); without, one submitit job per job. `parameters` go to
+  `update_parameters` (e.g. timeout_min, slurm_partition, gpus_per_node, cpus_per_task,
+  slurm_array_parallelism). The jobs import this fedjax_dg (PYTHONPATH) and use `cache_dir`
+  as JAX's compilation cache. With `wait`, returns each job's outcome ("done", "failed",
+  ...), else the submitit job handles."""
   try:
     import submitit
   except ImportError:
     raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'") from None
+  batches_lib.check_max_runs(max_runs)
   todo = prepare(exp)
   if not todo:
     _print(f"{len(exp.jobs)} jobs, all done", quiet)
     return []
+  failed = []
+  if vectorize:
+    units, errors = plan(todo, max_runs)
+    for job in (j for j in todo if j.key in errors):  # refused before anything is submitted
+      _record_failure(job.workdir, errors[job.key])
+      failed.append("failed")
+      _print(f"failed  ({_error_line(errors[job.key])})  {job.workdir}", quiet)
+  else:
+    units = [[j] for j in todo]
+  if not units:
+    return failed if wait else []
   executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
   executor.update_parameters(**dict(parameters or {}))
   cache = dict(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0") if cache_dir else {}
   with _environ(PYTHONPATH=_child_pythonpath(), **cache), executor.batch():
-    handles = [executor.submit(execute, os.path.abspath(j.workdir)) for j in todo]
-  _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - len(todo)} already done, {len(todo)} submitted to "
+    if vectorize:
+      handles = [executor.submit(execute_batch, [os.path.abspath(j.workdir) for j in unit], False, memory, 1, max_runs)
+                 for unit in units]
+    else:
+      handles = [executor.submit(execute, os.path.abspath(unit[0].workdir)) for unit in units]
+  what = f"{sum(map(len, units))} in {len(units)} unit(s) of one static configuration each" if vectorize else \
+      f"{len(units)}"
+  _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - len(todo)} already done, {what} submitted to "
          f"{executor.cluster} (logs in {folder})", quiet)
   if not wait:
     return handles
-  return [h.result() for h in handles]
+  if not vectorize:
+    return [h.result() for h in handles]
+  return failed + [outcome for h in handles for _, outcome, _ in h.result()]
 
 
 def status(exp: sweep_lib.Expansion) -> list[dict]:
-  """One row per job: key, state, description, workdir, and the first line of any error. A
-  finished job whose recorded source fingerprint is not the current code's is "stale"
-  (`fedjax_dg.bench.results.is_stale`): it stays finished for `run`, and collect / report
-  refuse it unless told otherwise."""
+  """One row per job: key, state, description, workdir, the first line of any error, and the
+  batch that last started it ("" when it ran alone). A finished job whose recorded source
+  fingerprint is not the current code's is "stale" (`fedjax_dg.bench.results.is_stale`): it
+  stays finished for `run`, and collect / report refuse it unless told otherwise."""
   from fedjax_dg import provenance
   from fedjax_dg.bench import results as results_lib
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
@@ -306,7 +555,9 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
       err = ev[-1].get("error", "") if ev else ""
     elif state == "broken":
       err = problem(job.workdir)
-    rows.append({"key": key, "state": state, "job": label[key], "workdir": job.workdir, "error": err})
+    starts = [e for e in read_events(job.workdir) if e["event"] == "start"] if state != "broken" else []
+    batch = starts[-1].get("batch", "") if starts else ""
+    rows.append({"key": key, "state": state, "job": label[key], "workdir": job.workdir, "error": err, "batch": batch})
   return rows
 
 
@@ -316,5 +567,6 @@ def status_text(rows: list[dict], verbose: bool = False) -> str:
   lines = [", ".join(f"{counts[s]} {s}" for s in shown) + f" (of {len(rows)} jobs)"]
   for r in rows:
     if verbose or r["state"] != "done":
-      lines.append(f"{r['state']:11s} {r['job']}  {r['workdir']}" + (f"\n            {r['error']}" if r["error"] else ""))
+      batch = f"  (batch {r['batch']})" if verbose and r.get("batch") else ""
+      lines.append(f"{r['state']:11s} {r['job']}  {r['workdir']}{batch}" + (f"\n            {r['error']}" if r["error"] else ""))
   return "\n".join(lines)

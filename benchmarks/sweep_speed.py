@@ -1,0 +1,287 @@
+"""A sweep run one job at a time versus in batches, on the same jobs, machine and invocation.
+
+The jobs: the first `--jobs` jobs (in the sweep's order) of the report's sweep
+(`configs/sweeps/report.py`, MLP on the embedded rotated digits) that one of `--grids`
+names (default the table grid; the JSON counts them by method and C under `job_mix`). Each arm runs them from a fresh temporary sweep root
+(its own JAX compilation cache, as `bench run` sets up) in a child process:
+
+  alone    `bench run --no-vectorize`: `launch.run_local`, one job at a time per worker
+  batched  `bench run`: `launch.run_batched`, jobs of one static configuration as one batch
+
+and the benchmark records per arm the wall time (child start to exit), jobs per hour, the
+peak resident memory of the child's process tree (sampled every 0.1 s with psutil; also
+the largest single process, `getrusage` in the child), the outcome counts, and the sum
+over the jobs of each run summary's `timing` (compile, train, evaluate, checkpoint, total;
+null where no summary has that key); then the ratio alone / batched, and whether both arms
+give the same scores (every score column of `jobs.csv` within 1e-5).
+
+    python benchmarks/sweep_speed.py --out benchmarks/results/sweep_speed_cpu.json
+    python benchmarks/sweep_speed.py --jobs 6 --rounds 4      # a quick check that it works
+
+The JSON also holds the machine (CPU model, cores, GPU if `nvidia-smi` lists one), the
+versions, the load average before and after each arm, and the command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = os.path.join(ROOT, "configs", "sweeps", "report.py")
+ARMS = ("alone", "batched")
+TIMING = ("compile_s", "train_s", "eval_s", "checkpoint_s", "total_s")
+SCORES = [f"{rule}_{f}" for rule in ("heldout_domain", "in_domain", "oracle") for f in ("round", "val", "test", "in_test")]
+SCORES += ["final_round", "final_test"]
+TOLERANCE = 1e-5
+
+
+def _args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--jobs", type=int, default=100, help="jobs per arm (default 100)")
+  p.add_argument("--grids", default="table", help="comma list of the report sweep's grids to take jobs from")
+  p.add_argument("--rounds", type=int, default=0, help="override the sweep's num_rounds (0: the report's 40)")
+  p.add_argument("--workers", type=int, default=1, help="worker processes, the same in both arms")
+  p.add_argument("--batch-memory", default="", help="the batched arm's --batch-memory (default: the launcher's)")
+  p.add_argument("--max-batch", type=int, default=0, help="the batched arm's --max-batch (0: the launcher's)")
+  p.add_argument("--arms", default="alone,batched", help="which arms, in this order")
+  p.add_argument("--keep", default="", help="run in this folder and keep it (default: a temporary folder, removed)")
+  p.add_argument("--out", default="", help="write the JSON here")
+  p.add_argument("--arm", default="", help=argparse.SUPPRESS)   # child mode: run one arm
+  p.add_argument("--root", default="", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.jobs < 1:
+    p.error(f"--jobs must be >= 1, got {args.jobs}")
+  if args.workers < 1:
+    p.error(f"--workers must be >= 1, got {args.workers}")
+  if args.rounds < 0:
+    p.error(f"--rounds must be >= 0, got {args.rounds}")
+  if args.max_batch < 0:
+    p.error(f"--max-batch must be >= 1 (0: the launcher's default), got {args.max_batch}")
+  bad = [a for a in args.arms.split(",") if a not in ARMS]
+  if bad:
+    p.error(f"--arms: unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}")
+  return args
+
+
+# ---------------------------------------------------------------------------- the jobs
+
+def selection(args, root: str):
+  """(sweep, sub-expansion): the report sweep rooted at `root`, and its first `--jobs` jobs
+  (in the sweep's order) that one of `--grids` names."""
+  sys.path.insert(0, ROOT)
+  from fedjax_dg.bench import sweep as sweep_lib
+  s = sweep_lib.load_config_file(SWEEP)
+  s.root = root
+  if args.rounds:
+    s.base.num_rounds = args.rounds
+  grids = args.grids.split(",")
+  missing = [g for g in grids if g not in s.grids]
+  if missing:
+    raise SystemExit(f"error: --grids: the report sweep has no grid {missing[0]!r}; it has {', '.join(s.grids)}")
+  exp = sweep_lib.expand(s)
+  wanted = {e.key for e in exp.entries if e.grid in grids}
+  keys = [k for k in exp.jobs if k in wanted][:args.jobs]
+  if len(keys) < args.jobs:
+    raise SystemExit(f"error: --jobs {args.jobs}: the grids {grids} hold {len(keys)} jobs")
+  picked = set(keys)
+  return s, sweep_lib.Expansion({k: exp.jobs[k] for k in keys}, [e for e in exp.entries if e.key in picked])
+
+
+def run_arm(args) -> None:
+  """Child mode: one arm's jobs with the launcher the CLI uses."""
+  from fedjax_dg.bench import batches, launch
+  s, exp = selection(args, args.root)
+  cache = os.path.join(args.root, ".jax_cache")
+  if args.arm == "alone":
+    counts = launch.run_local(exp, args.workers, cache_dir=cache)
+  else:
+    memory = batches.parse_memory(args.batch_memory)
+    counts = launch.run_batched(exp, args.workers, memory, args.max_batch or batches.DEFAULT_MAX_RUNS,
+                                cache_dir=cache)
+  print("COUNTS " + json.dumps(counts), flush=True)
+  kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+  print(f"MAXRSS {kib * 1024}", flush=True)  # Linux reports KiB
+
+
+# ---------------------------------------------------------------------------- measuring
+
+def _tree_rss(proc) -> int:
+  total = 0
+  for p in [proc, *proc.children(recursive=True)]:
+    try:
+      total += p.memory_info().rss
+    except Exception:  # pylint: disable=broad-except  # a process that just ended
+      pass
+  return total
+
+
+def measure(args, arm: str, root: str) -> dict:
+  """Runs one arm in a child process; wall time, peak memory, load and outcome counts."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--arm", arm, "--root", root, "--jobs", str(args.jobs),
+         "--grids", args.grids, "--rounds", str(args.rounds), "--workers", str(args.workers),
+         "--batch-memory", args.batch_memory, "--max-batch", str(args.max_batch)]
+  env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+  try:
+    import psutil
+  except ImportError:
+    psutil = None
+  load_before = os.getloadavg()
+  log_path = os.path.join(os.path.dirname(root), f"{arm}.log")
+  os.makedirs(os.path.dirname(root), exist_ok=True)
+  peak = 0
+  with open(log_path, "w") as log:
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    handle = psutil.Process(child.pid) if psutil else None
+    while child.poll() is None:
+      if handle is not None:
+        peak = max(peak, _tree_rss(handle))
+      time.sleep(0.1)
+    wall = time.perf_counter() - t0
+  with open(log_path) as f:
+    out = f.read()
+  if child.returncode != 0:
+    raise SystemExit(f"error: the {arm} arm exited with status {child.returncode}:\n{out[-3000:]}")
+  counts = next((json.loads(l[7:]) for l in out.splitlines() if l.startswith("COUNTS ")), None)
+  largest = next((int(l[7:]) for l in out.splitlines() if l.startswith("MAXRSS ")), None)
+  return {"wall_s": wall, "jobs_per_hour": args.jobs * 3600 / wall, "counts": counts,
+          "peak_rss_tree_bytes": peak if psutil else None,
+          "peak_rss_largest_process_bytes": largest,
+          "load_average_before": load_before, "load_average_after": os.getloadavg(), "command": cmd}
+
+
+def timing(exp) -> dict:
+  """Sums over the jobs' summaries of each `timing` key (None where no summary has it)."""
+  sums = {k: None for k in TIMING}
+  for job in exp.jobs.values():
+    path = os.path.join(job.workdir, "summary.json")
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      t = json.load(f).get("timing") or {}
+    for k in TIMING:
+      if t.get(k) is not None:
+        sums[k] = (sums[k] or 0.0) + float(t[k])
+  return sums
+
+
+def scores(exp) -> dict:
+  from fedjax_dg.bench import collect
+  return {r["key"]: r for r in collect.job_rows(exp, "accuracy")}
+
+
+def compare(a: dict, b: dict) -> dict:
+  """Whether two arms' jobs.csv rows give the same states and scores (within TOLERANCE)."""
+  worst, mismatches = 0.0, []
+  for key in a:
+    if a[key]["state"] != b[key]["state"]:
+      mismatches.append(f"{key}: state {a[key]['state']} vs {b[key]['state']}")
+      continue
+    for col in SCORES:
+      x, y = a[key].get(col, ""), b[key].get(col, "")
+      if (x == "") != (y == ""):
+        mismatches.append(f"{key}.{col}: {x!r} vs {y!r}")
+      elif x != "":
+        d = abs(float(x) - float(y))
+        worst = max(worst, d)
+        if not d <= TOLERANCE:
+          mismatches.append(f"{key}.{col}: {x} vs {y}")
+  return {"same_scores": not mismatches, "tolerance": TOLERANCE, "max_abs_difference": worst,
+          "mismatches": mismatches[:20]}
+
+
+# ---------------------------------------------------------------------------- the machine
+
+def machine() -> dict:
+  """CPU model and cores, GPU (nvidia-smi), versions; without starting JAX in this process."""
+  from importlib import metadata
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+  except OSError:
+    pass
+  gpu = None
+  if shutil.which("nvidia-smi"):
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True,
+                       text=True, check=False)
+    gpu = [l.strip() for l in q.stdout.splitlines() if l.strip()] or None
+  versions = {}
+  for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "psutil"):
+    try:
+      versions[pkg] = metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+      versions[pkg] = None
+  try:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError):
+    mem = None
+  return {"platform": platform.platform(), "cpu_model": cpu, "cpu_count": os.cpu_count(), "memory_bytes": mem,
+          "gpu": gpu, "python": platform.python_version(), "versions": versions,
+          "jax_platforms": os.environ.get("JAX_PLATFORMS", ""), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def _fmt(x, unit="") -> str:
+  return "-" if x is None else f"{x:.1f}{unit}"
+
+
+def main(argv=None):
+  args = _args(argv)
+  if args.arm:
+    return run_arm(args)
+  base = args.keep or tempfile.mkdtemp(prefix="sweep_speed_")
+  os.makedirs(base, exist_ok=True)
+  result = {"command": [sys.executable, *sys.argv], "machine": machine(), "jobs": args.jobs, "grids": args.grids,
+            "rounds": args.rounds or "the report's", "workers": args.workers, "arms": {}}
+  rows = {}
+  try:
+    for arm in args.arms.split(","):
+      root = os.path.join(base, arm, "runs")
+      if os.path.exists(root):
+        raise SystemExit(f"error: {root} exists; give a fresh --keep folder")
+      print(f"{arm}: {args.jobs} jobs in {root}", flush=True)
+      rec = measure(args, arm, root)
+      _, exp = selection(args, root)
+      rec["timing_sums_s"] = timing(exp)
+      rows[arm] = scores(exp)
+      result["arms"][arm] = rec
+      print(f"{arm}: {rec['wall_s']:.1f} s, {rec['jobs_per_hour']:.0f} jobs/h, peak tree RSS "
+            f"{_fmt(rec['peak_rss_tree_bytes'] and rec['peak_rss_tree_bytes'] / 2 ** 20, ' MiB')}, {rec['counts']}",
+            flush=True)
+    result["job_keys"] = list(next(iter(rows.values())))
+    mix = {}
+    for r in next(iter(rows.values())).values():
+      name = f"{r['algorithm']} C={r['num_clients']}"
+      mix[name] = mix.get(name, 0) + 1
+    result["job_mix"] = mix
+    if set(rows) == set(ARMS):
+      a, b = result["arms"]["alone"], result["arms"]["batched"]
+      result["speedup_alone_over_batched"] = a["wall_s"] / b["wall_s"]
+      pa, pb = a["peak_rss_tree_bytes"], b["peak_rss_tree_bytes"]
+      result["peak_memory_ratio_batched_over_alone"] = pb / pa if pa and pb else None
+      result["scores"] = compare(rows["alone"], rows["batched"])
+      print(f"speed-up (alone / batched wall time): {result['speedup_alone_over_batched']:.2f}x; "
+            f"same scores within {TOLERANCE}: {result['scores']['same_scores']} "
+            f"(max difference {result['scores']['max_abs_difference']:.2g})")
+  finally:
+    if not args.keep:
+      shutil.rmtree(base, ignore_errors=True)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=2, default=str)
+      f.write("\n")
+    print(f"wrote {args.out}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
