@@ -17,6 +17,7 @@ Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -33,6 +34,7 @@ from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
 from fedjax_dg import checks
 from fedjax_dg import checkpoint as ckpt_lib
+from fedjax_dg import distributed
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg import rundir
@@ -116,9 +118,7 @@ def setup(config, fold: splits.Fold):
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
                            heldout_val=(fold.heldout_val.x, fold.heldout_val.y))
-  strategy = config.engine.strategy
-  if strategy == "auto":
-    strategy = engine_defaults(family).strategy
+  strategy = _strategy(config, family)
   checks.check_memory(config, model, fold.train.x.shape[1:], cohort, strategy, steps)  # before compiling
   e = config.engine
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
@@ -133,6 +133,21 @@ def setup(config, fold: splits.Fold):
               algorithm=algorithm, strategy=strategy, stages=stages,
               engine={"strategy": strategy, "unroll": sched.unroll, "model_family": family,
                       "auto": config.engine.strategy == "auto", "measured": engine_defaults(family).measured})
+
+
+def _strategy(config, family: str) -> str:
+  """`engine.strategy`, "auto" resolved by backend and model family. Under `jax.distributed`
+  the host loop (this process's devices only) is refused, and "auto" picks "chunked"."""
+  strategy = config.engine.strategy
+  if strategy == "auto":
+    strategy = engine_defaults(family).strategy
+    if strategy == "host_loop" and distributed.process_count() > 1:
+      strategy = "chunked"
+  elif strategy == "host_loop" and distributed.process_count() > 1:
+    raise config_lib.ConfigError(
+        f"engine.strategy: host_loop runs on one process's devices; under jax.distributed "
+        f"({distributed.process_count()} processes) use vmap, chunked, sequential or auto")
+  return strategy
 
 
 def _check_finite(fold: splits.Fold):
@@ -258,8 +273,16 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   """One run in `workdir`, which this process owns (LOCK) while it runs; `config.data` is
   what the run records as its data."""
   config = with_loader(config)
-  with rundir.owned(workdir):
-    return _run_fold(config, fold, workdir)
+  with contextlib.ExitStack() as owned:
+    error = None
+    try:  # before anything compiles; every process learns whether any failed (jax.distributed)
+      owned.enter_context(rundir.owned(workdir))
+      run = rundir.prepare(config, workdir, bool(algorithms.spec_of(config).stages),
+                           fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
+    except Exception as e:  # pylint: disable=broad-except  # raised again by `agree`
+      error = e
+    distributed.agree(config, error)
+    return _run_fold(config, fold, workdir, run)
 
 
 def _on_schedule(stages, eval_every: int):
@@ -289,11 +312,8 @@ def _resumed_records(workdir: str, run: str, start: int, on_schedule) -> tuple[l
   return [r for r in old if r["round"] <= start], [r for r in old if r["round"] > start], start in lost
 
 
-def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
+def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
   spec = algorithms.spec_of(config)
-  multi_stage = bool(spec.stages)
-  run = rundir.prepare(config, workdir, multi_stage,  # before anything compiles
-                       fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
   t0 = time.time()
   s = setup(config, fold)
   stages = s["stages"]
@@ -304,7 +324,8 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   if config.model.get("pretrained_path", ""):  # a resumed run restores its own parameters below
     params = load_pretrained(params, config.model.pretrained_path, spec)
   C = s["num_clients"]
-  state = init_round_state(stages[0].builder, k_server, params, C)
+  host = bool(config.engine.get("host_client_states", False))  # client states in host memory
+  state = init_round_state(stages[0].builder, k_server, params, C, host_states=host)
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
                         metrics=fold.metrics)
@@ -312,15 +333,16 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   metric = config.data.get("select_metric", "accuracy")
 
   def next_stage_state(k, prev_state):  # stage k starts from the previous stage's model
-    return init_round_state(stages[k].builder, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C)
+    return init_round_state(stages[k].builder, k_server, stages[k - 1].algorithm.params_of(prev_state.server), C,
+                            host_states=host)
 
   def target_of(step):  # the saved state's structure: the stage that ran round `step`
-    target = jax.eval_shape(lambda: state)
+    target = ckpt_lib.shape_of(state)  # host-held client states: the (empty) table itself
     for j in range(1, stage_of(step) + 1):
       target = jax.eval_shape(lambda st, j=j: next_stage_state(j, st), target)
     return target
 
-  comm = _communication(stages[0].algorithm, state, store, s["cohort"], k_rounds)
+  comm = _communication(stages[0].algorithm, ckpt_lib.device_view(state), store, s["cohort"], k_rounds)
   ckpts = ckpt_lib.Checkpoints(workdir, run=run)
   start = 0
   try:
@@ -364,9 +386,11 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=progress_val(rec["splits"]))
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
-  tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) else None  # live event files
+  writer = rundir.is_writer()  # process 0 under jax.distributed
+  tb = tensorboard.RunWriter(workdir) if config.get("tensorboard", False) and writer else None  # live event files
   reporters = []  # per round since the last evaluation, when clients may fail
-  bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
+  bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False) or not writer,
+             dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
   try:
@@ -417,6 +441,7 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
       "config": config.to_dict(),
       "wall_time_s": time.time() - t0,
       "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(), "devices": jax.device_count(),
+      "processes": jax.process_count(),
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "provenance": provenance(),
@@ -450,7 +475,13 @@ def lodo_summary(rule: str, folds, summaries, names) -> dict:
 
 
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
-  config_lib.validate(config)
+  distributed.initialize(config)  # config.distributed: before anything else uses JAX
+  error = None
+  try:
+    config_lib.validate(config)
+  except Exception as e:  # pylint: disable=broad-except  # raised again by `agree`, in every process
+    error = e
+  distributed.agree(config, error)
   config = with_loader(config)
   workdir = workdir or config.workdir
   d = config.data

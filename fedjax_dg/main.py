@@ -65,12 +65,25 @@ def main(argv):
   if not_a_config(config):
     print(f"error: {not_a_config(config)}", file=sys.stderr)
     return 2
+  from fedjax_dg import distributed
+  try:
+    distributed.initialize(config)  # config.distributed: before anything uses JAX (a watchdog bounds it)
+  except ConfigError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
   workdir = default_workdir(config, sys.argv)
+  if distributed.mode(config) != "off" and not _workdir_given(sys.argv) and not config.resume:
+    workdir = config.workdir  # every process must name the same folder: no start time appended
   try:
     summary = train_and_evaluate(config, workdir)
   except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    if not isinstance(e, distributed.AgreedError) or distributed.is_writer():  # one line, not one per process
+      who = f"process {distributed.process_index()}: " if distributed.process_count() > 1 and not isinstance(
+          e, distributed.AgreedError) else ""
+      print(f"error: {who}{' '.join(str(e).split())}", file=sys.stderr)
     return 2
+  if not distributed.is_writer():
+    return 0
   print(f"done: {_summary_line(summary)}")
   print(f"results in {workdir}/summary.json")
   if "communication" in summary:
