@@ -150,6 +150,7 @@ def validate(config) -> None:
   _check(not os.path.isfile(workdir), f"workdir {workdir!r} is a file, not a directory")
   from fedjax_dg import distributed
   distributed.check(config)
+  distributed.check_strategy(config)
   validate_modality(config)  # before the method's own checks: "does not apply" is the clearer line
   if e.get("host_client_states", False):
     spec = algorithms.spec_of(config)

@@ -69,6 +69,13 @@ def check(config) -> None:
                       f"(distributed.num_processes={d.num_processes}), got {d.process_id}")
 
 
+def check_strategy(config) -> None:
+  """The host loop dispatches to one process's devices: refused under several processes."""
+  if config.engine.strategy == "host_loop" and process_count() > 1:
+    raise ConfigError(f"engine.strategy: host_loop runs on one process's devices; under jax.distributed "
+                      f"({process_count()} processes) use vmap, chunked, sequential or auto")
+
+
 def _watchdog(seconds: float, line: str):
   """Exits the process with `line` unless cancelled within `seconds`."""
   def fire():

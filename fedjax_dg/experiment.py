@@ -137,16 +137,13 @@ def setup(config, fold: splits.Fold):
 
 def _strategy(config, family: str) -> str:
   """`engine.strategy`, "auto" resolved by backend and model family. Under `jax.distributed`
-  the host loop (this process's devices only) is refused, and "auto" picks "chunked"."""
+  the host loop (this process's devices only) is refused, and "auto" picks "chunked" for it."""
+  distributed.check_strategy(config)
   strategy = config.engine.strategy
   if strategy == "auto":
     strategy = engine_defaults(family).strategy
     if strategy == "host_loop" and distributed.process_count() > 1:
       strategy = "chunked"
-  elif strategy == "host_loop" and distributed.process_count() > 1:
-    raise config_lib.ConfigError(
-        f"engine.strategy: host_loop runs on one process's devices; under jax.distributed "
-        f"({distributed.process_count()} processes) use vmap, chunked, sequential or auto")
   return strategy
 
 

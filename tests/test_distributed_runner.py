@@ -167,3 +167,13 @@ def test_mismatched_configs_stop_every_process(tmp_path):
   lines = [line for e in errs for line in e.splitlines() if line.startswith("error:")]
   assert len(lines) == 1 and "the config of process(es) [1] differs from process 0's" in lines[0], errs
   assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_host_loop_across_processes_is_refused_once(tmp_path):
+  p = launch(2, tmp_path / "w", "--config.num_rounds=2", "--config.engine.strategy=host_loop")
+  out, err = p.communicate(timeout=600)
+  assert p.returncode == 2
+  lines = [line for line in err.splitlines() if line.startswith(("error:", "launch_local.sh:"))]
+  assert lines == ["error: engine.strategy: host_loop runs on one process's devices; under jax.distributed "
+                   "(2 processes) use vmap, chunked, sequential or auto"], err[-2000:]

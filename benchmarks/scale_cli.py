@@ -1,0 +1,122 @@
+"""Peak memory and round time of SCAFFOLD from the command line at 1,000 / 10,000 / 100,000
+clients, with the control variates in host memory (`--config.engine.host_client_states=True`).
+
+Every point is `python -m fedjax_dg` in a fresh process:
+
+    python -m fedjax_dg --config configs/default.py --config.algorithm.name=scaffold \\
+      --config.client.momentum=0 --config.engine.host_client_states=True \\
+      --config.num_clients=C --config.cohort_size=100 ...
+
+The data is the embedded synthetic `spurious` dataset with `data.n_per_domain=40000`
+(128,000 training rows over 4 training domains), so 100,000 clients have at least one
+example each (the runner refuses more clients than training examples); every point uses
+the same data, model (MLP 10-200-200-2) and local work (2 steps of batch 10 per client),
+so only the number of clients changes.
+
+  peak_rss_mb   the process's peak resident memory (`ru_maxrss` of that child, `os.wait4`).
+  round_s       (wall(R2) - wall(R1)) / (R2 - R1) from two runs of R1 and R2 rounds
+                (summary.json's `wall_time_s`): setup, compilation and the one evaluation
+                at the end cancel out.
+
+    python benchmarks/scale_cli.py --out benchmarks/results/scale_cli_cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--points", default="1000,10000,100000", help="total clients")
+  p.add_argument("--cohort", type=int, default=100)
+  p.add_argument("--rounds", default="2,12", help="R1,R2: the two run lengths whose difference is timed")
+  p.add_argument("--n-per-domain", type=int, default=40000)
+  p.add_argument("--host-states", default="True", choices=["True", "False"])
+  p.add_argument("--out", default=None)
+  return p.parse_args(argv)
+
+
+def command(clients: int, rounds: int, workdir: str, args) -> list[str]:
+  return [sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py",
+          "--config.algorithm.name=scaffold", "--config.client.momentum=0",
+          f"--config.engine.host_client_states={args.host_states}",
+          "--config.data.name=spurious", f"--config.data.n_per_domain={args.n_per_domain}",
+          "--config.model.name=mlp", "--config.model.hidden=(200,200)",
+          f"--config.num_clients={clients}", f"--config.cohort_size={args.cohort}",
+          "--config.client.local_steps=2", "--config.client.batch_size=10",
+          f"--config.num_rounds={rounds}", f"--config.eval_every={rounds}", "--config.checkpoint_every=0",
+          "--config.quiet=True", f"--workdir={workdir}"]
+
+
+def run_once(clients: int, rounds: int, args) -> dict:
+  workdir = tempfile.mkdtemp(prefix="scale_cli_")
+  try:
+    cmd = command(clients, rounds, os.path.join(workdir, "run"), args)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.time()
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)  # this child's own peak RSS
+    out, err = p.stdout.read().decode(), p.stderr.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+      raise SystemExit(f"scale_cli: {' '.join(cmd)} failed: {err.strip()[-2000:]}")
+    summary = json.load(open(os.path.join(workdir, "run", "summary.json")))
+    return {"wall_time_s": summary["wall_time_s"], "process_s": time.time() - t0,
+            "peak_rss_mb": usage.ru_maxrss / 1024.0, "command": " ".join(cmd[1:]).replace(workdir, "<tmp>"),
+            "strategy": summary["strategy"], "local_steps": summary["local_steps"], "stdout_tail": out[-300:]}
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _machine() -> dict:
+  model = ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+  except OSError:
+    pass
+  return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+          "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)}
+
+
+def main(argv=None):
+  args = _args(argv)
+  r1, r2 = (int(x) for x in args.rounds.split(","))
+  points = []
+  for clients in (int(x) for x in args.points.split(",")):
+    load_before = os.getloadavg()
+    short, long_ = run_once(clients, r1, args), run_once(clients, r2, args)
+    point = {"num_clients": clients, "cohort": args.cohort, "host_client_states": args.host_states == "True",
+             "round_s": (long_["wall_time_s"] - short["wall_time_s"]) / (r2 - r1),
+             "peak_rss_mb": max(short["peak_rss_mb"], long_["peak_rss_mb"]),
+             "runs": {str(r1): short, str(r2): long_},
+             "load_average_1_5_15": [load_before, os.getloadavg()]}
+    points.append(point)
+    print(f"{clients:>7} clients: round {point['round_s']:.3f} s, peak RSS {point['peak_rss_mb']:.0f} MB "
+          f"(load {load_before[0]:.1f})", flush=True)
+  lo, hi = points[0], points[-1]
+  result = {"experiment": "scaffold_host_states_cli", "machine": _machine(),
+            "note": "a shared machine, loaded by other jobs while measuring (load averages per point)",
+            "command": "python benchmarks/scale_cli.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "points": points,
+            "ratio_last_to_first": {"round_s": hi["round_s"] / lo["round_s"],
+                                    "peak_rss_mb": hi["peak_rss_mb"] / lo["peak_rss_mb"]}}
+  print(f"{hi['num_clients']} vs {lo['num_clients']} clients: round time x{result['ratio_last_to_first']['round_s']:.2f}, "
+        f"peak RSS x{result['ratio_last_to_first']['peak_rss_mb']:.2f}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
+if __name__ == "__main__":
+  main()
