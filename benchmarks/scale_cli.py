@@ -14,9 +14,9 @@ the same data, model (MLP 10-200-200-2) and local work (2 steps of batch 10 per 
 so only the number of clients changes.
 
   peak_rss_mb   the process's peak resident memory (`ru_maxrss` of that child, `os.wait4`).
-  round_s       (wall(R2) - wall(R1)) / (R2 - R1) from two runs of R1 and R2 rounds
-                (summary.json's `wall_time_s`): setup, compilation and the one evaluation
-                at the end cancel out.
+  round_s       the median seconds of a round after the compiling first one
+                (summary.json's `timing.median_round_s`: the round and its wait for the
+                train loss, no evaluation or checkpoint).
 
     python benchmarks/scale_cli.py --out benchmarks/results/scale_cli_cpu.json
 """
@@ -39,7 +39,7 @@ def _args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--points", default="1000,10000,100000", help="total clients")
   p.add_argument("--cohort", type=int, default=100)
-  p.add_argument("--rounds", default="2,12", help="R1,R2: the two run lengths whose difference is timed")
+  p.add_argument("--rounds", type=int, default=12)
   p.add_argument("--n-per-domain", type=int, default=40000)
   p.add_argument("--host-states", default="True", choices=["True", "False"])
   p.add_argument("--out", default=None)
@@ -70,7 +70,8 @@ def run_once(clients: int, rounds: int, args) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
       raise SystemExit(f"scale_cli: {' '.join(cmd)} failed: {err.strip()[-2000:]}")
     summary = json.load(open(os.path.join(workdir, "run", "summary.json")))
-    return {"wall_time_s": summary["wall_time_s"], "process_s": time.time() - t0,
+    return {"round_s": summary["timing"]["median_round_s"], "compiling_round_s": summary["timing"]["compiling_rounds_s"],
+            "wall_time_s": summary["wall_time_s"], "process_s": time.time() - t0,
             "peak_rss_mb": usage.ru_maxrss / 1024.0, "command": " ".join(cmd[1:]).replace(workdir, "<tmp>"),
             "strategy": summary["strategy"], "local_steps": summary["local_steps"], "stdout_tail": out[-300:]}
   finally:
@@ -90,15 +91,12 @@ def _machine() -> dict:
 
 def main(argv=None):
   args = _args(argv)
-  r1, r2 = (int(x) for x in args.rounds.split(","))
   points = []
   for clients in (int(x) for x in args.points.split(",")):
     load_before = os.getloadavg()
-    short, long_ = run_once(clients, r1, args), run_once(clients, r2, args)
+    run = run_once(clients, args.rounds, args)
     point = {"num_clients": clients, "cohort": args.cohort, "host_client_states": args.host_states == "True",
-             "round_s": (long_["wall_time_s"] - short["wall_time_s"]) / (r2 - r1),
-             "peak_rss_mb": max(short["peak_rss_mb"], long_["peak_rss_mb"]),
-             "runs": {str(r1): short, str(r2): long_},
+             "round_s": run["round_s"], "peak_rss_mb": run["peak_rss_mb"], "run": run,
              "load_average_1_5_15": [load_before, os.getloadavg()]}
     points.append(point)
     print(f"{clients:>7} clients: round {point['round_s']:.3f} s, peak RSS {point['peak_rss_mb']:.0f} MB "

@@ -78,8 +78,13 @@ def _finite(leaves):
 
 
 def all_finite(tree) -> bool:
-  """Whether every floating leaf of `tree` is finite (one scalar transfer)."""
+  """Whether every floating leaf of `tree` is finite (one scalar transfer; host-held client
+  states are checked on the host, where they are)."""
   leaves = _inexact(tree)
+  on_host = [x for x in leaves if isinstance(x, np.ndarray)]
+  if not all(np.isfinite(x).all() for x in on_host):
+    return False
+  leaves = [x for x in leaves if not isinstance(x, np.ndarray)]
   return bool(_finite(leaves)) if leaves else True
 
 

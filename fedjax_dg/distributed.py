@@ -195,6 +195,7 @@ def replicated(shape_tree):
   import jax
   if process_count() == 1:
     return shape_tree
-  sharding = jax.sharding.NamedSharding(jax.make_mesh((jax.device_count(),), ("all",)),
-                                        jax.sharding.PartitionSpec())
+  mesh = jax.make_mesh((jax.device_count(),), ("clients",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices())  # the engine's mesh (engine/executors.py): one mesh per round
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shape_tree)

@@ -390,6 +390,7 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
              dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
+  round_seconds = []  # each round this process ran, compiling ones included
   try:
     if again:  # the checkpoint's own evaluation was lost (a torn metrics.jsonl): evaluated again
       phase("evaluating")
@@ -400,8 +401,10 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
       if k > 0 and t == st.first:
         state = next_stage_state(k, state)
       phase("training" if k in compiled else "compiling")
+      began = time.perf_counter()
       state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(k_rounds, t))
       train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
+      round_seconds.append(time.perf_counter() - began)
       compiled.add(k)
       done = t + 1
       if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
@@ -442,6 +445,7 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
       "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
       "num_params": count_params(params), "local_steps": s["sched"].num_steps,
       "provenance": provenance(),
+      "timing": _timing(round_seconds, {0} | {st.first - start for st in stages if st.first > start}),
       "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
       "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
       "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),
@@ -455,6 +459,15 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
       for rule, sel in summary["selection"].items()}
   rundir.write_summary(workdir, summary)
   return summary
+
+
+def _timing(seconds: list, compiling: set) -> dict:
+  """The rounds this process ran (`seconds`, in order): how many, the seconds of those that
+  compiled (positions `compiling`: the first, and each later stage's first), and the median
+  of the others."""
+  rest = [x for i, x in enumerate(seconds) if i not in compiling]
+  return {"rounds_run": len(seconds), "compiling_rounds_s": [x for i, x in enumerate(seconds) if i in compiling],
+          "median_round_s": float(np.median(rest)) if rest else None}
 
 
 def lodo_summary(rule: str, folds, summaries, names) -> dict:

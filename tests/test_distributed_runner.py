@@ -27,8 +27,8 @@ RUN = ("--config", os.path.join(ROOT, "configs", "default.py"), "--config.model.
 
 
 def _env(**extra):
-  return dict(os.environ, PYTHONPATH=pythonpath(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="",
-              PYTHON=sys.executable, FEDJAX_DG=f"{sys.executable} -m fedjax_dg", **extra)
+  return {**os.environ, "PYTHONPATH": pythonpath(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+          "PYTHON": sys.executable, "FEDJAX_DG": f"{sys.executable} -m fedjax_dg", **extra}
 
 
 def one_process(workdir, *args):
