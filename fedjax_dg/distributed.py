@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -187,6 +189,38 @@ def agree(config, error: BaseException | None = None) -> None:
                       "with the same --config file and overrides")
 
 
+
+
+# What a collective raises when another process of the job is gone.
+_PEER_LOST = re.compile(r"Gloo|Connection (reset|closed|refused)|[Hh]eartbeat|UNAVAILABLE|coordination service|"
+                        r"Barrier timed out|DEADLINE_EXCEEDED")
+PEER_LOST_GRACE_S = 5.0
+
+
+def peer_lost(e: BaseException) -> bool:
+  """Whether `e` says that another process of the job is gone (its own line says why)."""
+  return bool(_PEER_LOST.search(str(e)))
+
+
+def fail(e: BaseException) -> None:
+  """Ends this process of a multi-process run with at most one line and status 2, without
+  `jax.distributed`'s shutdown barrier (which would wait for the processes it lost):
+  a start-up error every process shares is printed by process 0 alone; an error that only
+  says another process is gone is printed after `PEER_LOST_GRACE_S` seconds, by which time a
+  launcher that saw that process fail has stopped this one (so the job shows the failed
+  process's line, not one per survivor); any other error with this process's id."""
+  line = " ".join(str(e).split())
+  if isinstance(e, AgreedError):
+    if is_writer():
+      print(f"error: {line}", file=sys.stderr)
+  elif peer_lost(e):
+    time.sleep(PEER_LOST_GRACE_S)
+    print(f"error: process {process_index()}: lost another process of the job ({line[:200]})", file=sys.stderr)
+  else:
+    print(f"error: process {process_index()}: {line}", file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(2)  # pylint: disable=protected-access
 
 
 def replicated(shape_tree):

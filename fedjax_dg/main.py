@@ -77,11 +77,14 @@ def main(argv):
   try:
     summary = train_and_evaluate(config, workdir)
   except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
-    if not isinstance(e, distributed.AgreedError) or distributed.is_writer():  # one line, not one per process
-      who = f"process {distributed.process_index()}: " if distributed.process_count() > 1 and not isinstance(
-          e, distributed.AgreedError) else ""
-      print(f"error: {who}{' '.join(str(e).split())}", file=sys.stderr)
+    if distributed.process_count() > 1:
+      distributed.fail(e)  # one line for the whole job, then exits
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
+  except Exception as e:  # pylint: disable=broad-except
+    if distributed.process_count() > 1 and distributed.peer_lost(e):
+      distributed.fail(e)
+    raise
   if not distributed.is_writer():
     return 0
   print(f"done: {_summary_line(summary)}")

@@ -53,8 +53,8 @@ RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "eval_batch_size"
 def is_writer() -> bool:
   """Whether this process writes the run directory: under `jax.distributed` process 0
   alone (fedjax_dg/distributed.py); the writers below are no-ops in the others."""
-  from fedjax_dg import distributed
-  return distributed.is_writer()
+  import jax
+  return jax.process_index() == 0
 
 
 

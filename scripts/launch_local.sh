@@ -4,8 +4,9 @@
 # Runs `fedjax-dg ARGS...` as N processes of one jax.distributed run on this machine (CPU,
 # gloo collectives, the coordinator on localhost at a free port) and waits for all of them.
 # Process 0 writes the run directory and the progress bar. Exits 0 when every process
-# does; when one fails (an error, a kill), the others are stopped at once (SIGTERM, then
-# SIGKILL after 10 s), one line says which failed, and the exit status is the failed one's.
+# does; when one fails (an error, a kill), the others are stopped at once (SIGKILL), a
+# process killed by a signal gets one line saying so (one that failed with an error has
+# printed its own), and the exit status is the failed one's.
 #
 # Environment: FEDJAX_DG, the command to run (default: `fedjax-dg` if it is on PATH, else
 # `python -m fedjax_dg`); PYTHON (default python3), used to find a free port;
@@ -31,15 +32,8 @@ port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 
 pids=()
-stop_all() {  # SIGTERM to every process still running, SIGKILL to those left after 10 s
+stop_all() {  # SIGKILL: JAX takes SIGTERM as a preemption notice and goes on; a kill tears no file
   local p
-  for p in "${pids[@]}"; do kill -TERM "$p" 2> /dev/null; done
-  for _ in $(seq 100); do
-    local alive=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2> /dev/null && alive=1; done
-    [ $alive = 0 ] && return
-    sleep 0.1
-  done
   for p in "${pids[@]}"; do kill -KILL "$p" 2> /dev/null; done
 }
 trap 'stop_all; exit 130' INT TERM
@@ -54,7 +48,7 @@ done
 status=0
 left=$n
 while [ $left -gt 0 ]; do
-  wait -n -p done_pid
+  wait -n -p done_pid 2> /dev/null  # bash's own "Killed" notices: the line below says it once
   rc=$?
   [ -z "${done_pid:-}" ] && break
   left=$((left - 1))

@@ -139,7 +139,7 @@ def test_fault_in_one_process_stops_the_other(fault, tmp_path):
   lines = [line for line in err.splitlines() if line.startswith(("error:", "launch_local.sh:"))]
   assert len(lines) == 1, err[-3000:]
   if fault == "raise":
-    assert lines[0].startswith("error: process 1: No space left on device"), lines
+    assert lines[0] == "error: process 1: [Errno 28] No space left on device (injected in process 1)", lines
   else:
     assert lines[0] == "launch_local.sh: process 1 was killed (signal 9); stopping the others", lines
   assert "done:" not in out
