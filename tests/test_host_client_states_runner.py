@@ -98,3 +98,19 @@ def test_multi_stage_method_refuses_host_states(tiny_config, tmp_path):
   config.engine.host_client_states = True
   with pytest.raises(ConfigError, match="engine.host_client_states: 'fedloe' runs in stages"):
     experiment.train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_floyd_sample_is_a_uniform_subset():
+  """Cohorts of more than FLOYD_ABOVE clients: distinct sorted ids, every client and every
+  pair of clients included as often as in a uniform k-subset of n (k/n, k(k-1)/(n(n-1)))."""
+  from fedjax_dg.engine.cohort import floyd_sample
+  n, k, draws = 12, 4, 6000
+  ids = np.asarray(jax.vmap(lambda key: floyd_sample(key, n, k))(jax.random.split(jax.random.PRNGKey(0), draws)))
+  assert (np.diff(ids, axis=1) > 0).all() and ids.min() >= 0 and ids.max() < n  # distinct, sorted, in range
+  member = np.zeros((draws, n))
+  np.put_along_axis(member, ids, 1.0, axis=1)
+  p1 = k / n
+  assert np.abs(member.mean(0) - p1).max() < 5 * np.sqrt(p1 * (1 - p1) / draws)
+  pairs = (member.T @ member / draws)[np.triu_indices(n, 1)]
+  p2 = k * (k - 1) / (n * (n - 1))
+  assert np.abs(pairs - p2).max() < 5 * np.sqrt(p2 * (1 - p2) / draws)
