@@ -14,6 +14,8 @@ the same data, model (MLP 10-200-200-2) and local work (2 steps of batch 10 per 
 so only the number of clients changes.
 
   peak_rss_mb   the process's peak resident memory (`ru_maxrss` of that child, `os.wait4`).
+  Each point is run `--repeats` times, interleaved with the other points; the figures
+  are the medians over the repeats.
   round_s       the median seconds of a round after the compiling first one
                 (summary.json's `timing.median_round_s`: the round and its wait for the
                 train loss, no evaluation or checkpoint).
@@ -32,6 +34,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,7 +43,8 @@ def _args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--points", default="1000,10000,100000", help="total clients")
   p.add_argument("--cohort", type=int, default=100)
-  p.add_argument("--rounds", type=int, default=12)
+  p.add_argument("--rounds", type=int, default=30)
+  p.add_argument("--repeats", type=int, default=3, help="runs per point, interleaved across the points")
   p.add_argument("--n-per-domain", type=int, default=40000)
   p.add_argument("--host-states", default="True", choices=["True", "False"])
   p.add_argument("--out", default=None)
@@ -91,19 +96,23 @@ def _machine() -> dict:
 
 def main(argv=None):
   args = _args(argv)
-  points = []
-  for clients in (int(x) for x in args.points.split(",")):
-    load_before = os.getloadavg()
-    run = run_once(clients, args.rounds, args)
-    point = {"num_clients": clients, "cohort": args.cohort, "host_client_states": args.host_states == "True",
-             "round_s": run["round_s"], "peak_rss_mb": run["peak_rss_mb"], "run": run,
-             "load_average_1_5_15": [load_before, os.getloadavg()]}
-    points.append(point)
-    print(f"{clients:>7} clients: round {point['round_s']:.3f} s, peak RSS {point['peak_rss_mb']:.0f} MB "
-          f"(load {load_before[0]:.1f})", flush=True)
+  sizes = [int(x) for x in args.points.split(",")]
+  runs = {c: [] for c in sizes}
+  for k in range(args.repeats):  # interleaved: a burst of load on the shared machine hits every point
+    for clients in sizes:
+      load = os.getloadavg()
+      run = run_once(clients, args.rounds, args)
+      run["load_average_1_5_15_before"] = load
+      runs[clients].append(run)
+      print(f"repeat {k}: {clients:>7} clients: round {run['round_s']:.3f} s, peak RSS {run['peak_rss_mb']:.0f} MB "
+            f"(load {load[0]:.1f})", flush=True)
+  points = [{"num_clients": c, "cohort": args.cohort, "host_client_states": args.host_states == "True",
+             "round_s": float(np.median([r["round_s"] for r in runs[c]])),
+             "peak_rss_mb": float(np.median([r["peak_rss_mb"] for r in runs[c]])), "runs": runs[c]}
+            for c in sizes]
   lo, hi = points[0], points[-1]
   result = {"experiment": "scaffold_host_states_cli", "machine": _machine(),
-            "note": "a shared machine, loaded by other jobs while measuring (load averages per point)",
+            "note": "a shared machine, loaded by other jobs while measuring (load averages per run)",
             "command": "python benchmarks/scale_cli.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "points": points,
             "ratio_last_to_first": {"round_s": hi["round_s"] / lo["round_s"],
