@@ -16,6 +16,10 @@ so only the number of clients changes.
   peak_rss_mb   the process's peak resident memory (`ru_maxrss` of that child, `os.wait4`).
   Each point is run `--repeats` times, interleaved with the other points; the figures
   are the medians over the repeats.
+  clients_with_state  the clients holding a state at the end (those ever sampled; read
+                from the final checkpoint's checksum file). Host memory grows with them:
+                4 bytes per client plus one state per client ever sampled, so the default
+                10 rounds of 100 keep at most 1,000 states at every point.
   round_s       the median seconds of a round after the compiling first one
                 (summary.json's `timing.median_round_s`: the round and its wait for the
                 train loss, no evaluation or checkpoint).
@@ -43,7 +47,7 @@ def _args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--points", default="1000,10000,100000", help="total clients")
   p.add_argument("--cohort", type=int, default=100)
-  p.add_argument("--rounds", type=int, default=30)
+  p.add_argument("--rounds", type=int, default=10)
   p.add_argument("--repeats", type=int, default=3, help="runs per point, interleaved across the points")
   p.add_argument("--n-per-domain", type=int, default=40000)
   p.add_argument("--host-states", default="True", choices=["True", "False"])
@@ -59,7 +63,7 @@ def command(clients: int, rounds: int, workdir: str, args) -> list[str]:
           "--config.model.name=mlp", "--config.model.hidden=(200,200)",
           f"--config.num_clients={clients}", f"--config.cohort_size={args.cohort}",
           "--config.client.local_steps=2", "--config.client.batch_size=10",
-          f"--config.num_rounds={rounds}", f"--config.eval_every={rounds}", "--config.checkpoint_every=0",
+          f"--config.num_rounds={rounds}", f"--config.eval_every={rounds}", f"--config.checkpoint_every={rounds}",
           "--config.quiet=True", f"--workdir={workdir}"]
 
 
@@ -75,7 +79,9 @@ def run_once(clients: int, rounds: int, args) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
       raise SystemExit(f"scale_cli: {' '.join(cmd)} failed: {err.strip()[-2000:]}")
     summary = json.load(open(os.path.join(workdir, "run", "summary.json")))
+    sums = json.load(open(os.path.join(workdir, "run", "checkpoint_sums", f"{rounds}.json")))
     return {"round_s": summary["timing"]["median_round_s"], "compiling_round_s": summary["timing"]["compiling_rounds_s"],
+            "clients_with_state": sums.get("host_client_states", [None])[0],
             "wall_time_s": summary["wall_time_s"], "process_s": time.time() - t0,
             "peak_rss_mb": usage.ru_maxrss / 1024.0, "command": " ".join(cmd[1:]).replace(workdir, "<tmp>"),
             "strategy": summary["strategy"], "local_steps": summary["local_steps"], "stdout_tail": out[-300:]}
