@@ -14,6 +14,9 @@ evaluation up to its checkpoint (one missing at the checkpoint's own round is ev
 again; any other is refused); an extended run keeps one evaluation schedule. A fresh run
 refuses a workdir holding another run's results, checkpoints or selected parameters.
 Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
+Under `jax.distributed` (`config.distributed`, fedjax_dg/distributed.py) every process runs
+this loop on its share of the cohort; process 0 alone writes the workdir and shows the bar,
+every process takes part in each checkpoint, and start-up failures are agreed.
 """
 from __future__ import annotations
 
