@@ -261,8 +261,19 @@ def parse_flags(argv: list[str], flag: str = "config") -> list[str]:
     msg = f"--{flag} {_config_path(flag)}: the config file exited (status {e.code}) instead of returning a config"
   except Exception as e:  # pylint: disable=broad-except  # the config file fails to load or run
     msg = _config_load_error(e, flag)
-  print(f"error: {msg}", file=sys.stderr)
+  if not _a_later_process(argv):  # one line for a job of several processes: process 0's
+    print(f"error: {msg}", file=sys.stderr)
   sys.exit(2)
+
+
+def _a_later_process(argv: list[str]) -> bool:
+  """Whether the command line names a process other than 0 of a `jax.distributed` job
+  (read before the flags parse: `--config.distributed.process_id`, or Slurm's task id with
+  `--config.distributed.initialize=auto`)."""
+  given = dict(a.split("=", 1) for a in argv[1:] if a.startswith("--config.distributed.") and "=" in a)
+  if given.get("--config.distributed.initialize") == "auto":
+    return os.environ.get("SLURM_PROCID", "0") != "0"
+  return given.get("--config.distributed.process_id", "0").strip() not in ("0", "")
 
 
 def _quiet_absl_before_parsing() -> None:

@@ -180,3 +180,13 @@ def test_host_loop_across_processes_is_refused_once(tmp_path):
   lines = [line for line in err.splitlines() if line.startswith(("error:", "launch_local.sh:"))]
   assert lines == ["error: engine.strategy: host_loop runs on one process's devices; under jax.distributed "
                    "(2 processes) use vmap, chunked, sequential or auto"], err[-2000:]
+
+
+@pytest.mark.parametrize("bad, line", [
+    ("--config.foo=1", "error: --config.foo: unknown config field"),  # refused while parsing the flags
+    ("--config.partition.lam=1.5", "error: partition.lam must lie in [0, 1], got 1.5")])  # by every process, agreed
+def test_bad_input_is_one_line_for_the_job(bad, line, tmp_path):
+  p = launch(2, tmp_path / "w", bad)
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 2
+  assert [x for x in err.splitlines() if x.startswith(("error:", "launch_local.sh:"))] == [line], err[-2000:]
