@@ -296,8 +296,10 @@ def _fold(config):
 
 
 def _loops(config, s) -> bool:
-  """Whether the batch runs one run after another (strategies that cannot be vmapped)."""
-  return s["strategy"] == "host_loop" or bool(config.engine.get("host_store", False))
+  """Whether the batch runs one run after another: strategies that cannot be vmapped, and
+  inputs or client states held in host memory."""
+  e = config.engine
+  return s["strategy"] == "host_loop" or bool(e.get("host_store", False)) or bool(e.get("host_client_states", False))
 
 
 def train_and_evaluate_batch(configs, workdirs) -> list:
@@ -396,9 +398,9 @@ def _batch_folds(configs, folds, workdirs, indices, size) -> list:
 
 def _one_after_another(configs, workdirs, folds, runs, results, indices, size) -> list:
   """The runs as ordinary runs, one after another (host_loop, host-held inputs)."""
-  for i, _ in runs:
+  for i, run in runs:
     try:
-      summary = experiment._run_fold(configs[i], folds[i], workdirs[i])  # pylint: disable=protected-access
+      summary = experiment._run_fold(configs[i], folds[i], workdirs[i], run)  # pylint: disable=protected-access
     except FloatingPointError as e:
       results[i] = e
       continue

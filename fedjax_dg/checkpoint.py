@@ -6,6 +6,12 @@
                       state it holds; a restore is verified against it, against the round and
                       identity stored inside the checkpoint, the expected structure and finiteness
 
+Client states held in host memory (`engine.host_client_states`, `HostClientStates`) are
+saved sparsely: the ids of the clients once sampled and their states, nothing for the
+others; the checksum file records how many. Under `jax.distributed` every process takes
+part in each save and restore (orbax's multi-process protocol, one directory); process 0
+alone writes the checksum files and moves corrupt checkpoints aside.
+
 A checkpoint that fails any check (corrupt, no checksum file, another round's contents under
 this step, another run's) is moved to `checkpoints_corrupt/` with a one-line warning and the
 newest good one is used; when none is good the resume fails with one line and nothing is
@@ -38,6 +44,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fedjax_dg import rundir
+from fedjax_dg.engine.host_state import HostClientStates, host_value
 
 
 
@@ -47,8 +54,33 @@ class CheckpointError(ValueError):
 
 # ----------------------------------------------------------------------------- state checks
 
+def _is_host(x) -> bool:
+  return isinstance(x, HostClientStates)
+
+
+def saveable(tree):
+  """`tree` with each host-held client-state table as its sparse form (`HostClientStates.sparse`)."""
+  return jax.tree.map(lambda x: x.sparse() if _is_host(x) else x, tree)
+
+
+def device_view(tree):
+  """`tree` with each host-held table as one client's stacked state `[1, ...]` (for shape-only
+  uses such as `jax.eval_shape`)."""
+  return jax.tree.map(lambda x: x.gather(np.zeros((1,), np.int64)) if _is_host(x) else x, tree)
+
+
+def shape_of(tree):
+  """`jax.eval_shape` of `tree`'s leaves; host-held tables are kept as they are (a restore
+  target's template)."""
+  return jax.tree.map(lambda x: x if _is_host(x) else jax.eval_shape(lambda: x), tree)
+
+
+def _host_counts(tree) -> list[int]:
+  return [x.used for x in jax.tree.leaves(tree) if _is_host(x)]
+
+
 def _inexact(tree):
-  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return [x for x in jax.tree.leaves(saveable(tree)) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
 @jax.jit
@@ -57,21 +89,32 @@ def _finite(leaves):
 
 
 def all_finite(tree) -> bool:
-  """Whether every floating leaf of `tree` is finite (one scalar transfer)."""
+  """Whether every floating leaf of `tree` is finite (one scalar transfer; host-held client
+  states are checked on the host, where they are)."""
   leaves = _inexact(tree)
+  on_host = [x for x in leaves if isinstance(x, np.ndarray)]
+  if not all(np.isfinite(x).all() for x in on_host):
+    return False
+  leaves = [x for x in leaves if not isinstance(x, np.ndarray)]
   return bool(_finite(leaves)) if leaves else True
 
 
 def state_digest(tree) -> str:
   """SHA-256 over every leaf's path, dtype, shape and bytes."""
   h = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(saveable(tree))[0]:
     if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
       leaf = jax.random.key_data(leaf)
-    a = np.ascontiguousarray(np.asarray(leaf))
+    a = np.ascontiguousarray(host_value(leaf))
     h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape};".encode())
     h.update(a.tobytes())
   return h.hexdigest()
+
+
+def _replicated(target):
+  """The restore target; under `jax.distributed`, every array replicated over all devices."""
+  from fedjax_dg import distributed
+  return distributed.replicated(target)
 
 
 def _first_line(e: BaseException) -> str:
@@ -161,20 +204,27 @@ class Checkpoints:
     return {"round": np.asarray(step, np.int32), "run": np.frombuffer(run, np.uint8).copy(), "state": state}
 
   def save(self, step: int, state) -> None:
-    """Writes the digest, then starts orbax's background save. The previous save's failure
-    (or this one's, when it fails at once) is raised here as a one-line rundir.WriteError."""
+    """Writes the digest (process 0), then starts orbax's background save (every process).
+    The previous save's failure (or this one's, when it fails at once) is raised here as a
+    one-line rundir.WriteError."""
     self._wait()
-    try:
-      os.makedirs(self.sums, exist_ok=True)
-    except OSError as e:
-      raise rundir.write_error(self.sums, e) from None
-    record = {"step": step, "run": self.run, "sha256": state_digest(state)}
-    rundir.atomic_write(self._sum_path(step), json.dumps(record).encode())
+    writer = rundir.is_writer()
+    record = {"step": step, "run": self.run, "sha256": state_digest(state)}  # every process: may gather
+    if _host_counts(state):
+      record["host_client_states"] = _host_counts(state)
+    if writer:
+      try:
+        os.makedirs(self.sums, exist_ok=True)
+      except OSError as e:
+        raise rundir.write_error(self.sums, e) from None
+      rundir.atomic_write(self._sum_path(step), json.dumps(record).encode())
     self._pending = step
     try:
-      self.mngr.save(step, args=ocp.args.StandardSave(self._wrap(step, state)))
+      self.mngr.save(step, args=ocp.args.StandardSave(self._wrap(step, saveable(state))))
     except Exception as e:  # pylint: disable=broad-except  # orbax/TensorStore wrap the OSError
       raise self._failed(e) from None
+    if not writer:
+      return
     keep = {str(s) for s in self.mngr.all_steps()} | {str(step)}
     for name in os.listdir(self.sums):  # digests of checkpoints orbax has since deleted
       if name.endswith(".json") and name[:-5] not in keep:
@@ -203,9 +253,16 @@ class Checkpoints:
     path = os.path.join(self.dir, str(step), "default")  # the manager's item folder, read on its own
     if not os.path.isdir(path):
       raise FileNotFoundError(f"no {path}")
+    template = target
+    counts = saved.get("host_client_states", [])
+    if len(counts) != len(_host_counts(template)):
+      raise ValueError(f"its checksum file records {len(counts)} host-held client-state table(s), this run has "
+                       f"{len(_host_counts(template))} (engine.host_client_states differs)")
+    counts = iter(counts)
+    target = jax.tree.map(lambda x: x.sparse_shape(int(next(counts))) if _is_host(x) else x, template)
     target = {"round": jax.ShapeDtypeStruct((), np.int32), "run": jax.ShapeDtypeStruct((8,), np.uint8), "state": target}
     with ocp.StandardCheckpointer() as reader:
-      whole = reader.restore(path, target)
+      whole = reader.restore(path, _replicated(target))
     want, got = jax.tree.structure(target), jax.tree.structure(whole)
     if want != got:
       raise ValueError(f"the restored state has structure {got}, expected {want}")
@@ -218,7 +275,8 @@ class Checkpoints:
     stored_run = bytes(np.asarray(whole["run"], np.uint8)).hex()
     if self.run and stored_run != self.run:
       raise ValueError(f"it holds run {stored_run}'s state, this is run {self.run}")
-    state = whole["state"]
+    state = jax.tree.map(lambda t, got: t.from_sparse(got) if _is_host(t) else got, template, whole["state"],
+                         is_leaf=_is_host)
     if state_digest(state) != saved["sha256"]:
       raise ValueError("its contents differ from what was saved (SHA-256 mismatch)")
     if not all_finite(state):
@@ -251,6 +309,12 @@ class Checkpoints:
 
   def _set_aside(self, steps) -> None:
     self.mngr.close()
+    if rundir.is_writer():
+      self._move_aside(steps)
+    ocp.multihost.sync_global_processes("fedjax_dg_checkpoints_set_aside")  # the others wait for the move
+    self._open()
+
+  def _move_aside(self, steps) -> None:
     aside = os.path.join(self.workdir, "checkpoints_corrupt")
     os.makedirs(aside, exist_ok=True)
     for s in steps:
@@ -261,7 +325,6 @@ class Checkpoints:
       shutil.move(os.path.join(self.dir, str(s)), dest)
       with contextlib.suppress(FileNotFoundError):
         os.remove(self._sum_path(s))
-    self._open()
 
   def _wait(self) -> None:
     """Waits for the background save; its failure as a one-line rundir.WriteError."""
@@ -277,7 +340,7 @@ class Checkpoints:
     returns the error naming it."""
     step, self._pending = self._pending, None
     where = os.path.join(self.dir, str(step)) if step is not None else self.dir
-    if step is not None:
+    if step is not None and rundir.is_writer():  # process 0 owns the files
       with contextlib.suppress(OSError):
         os.remove(self._sum_path(step))
       shutil.rmtree(where, ignore_errors=True)
@@ -285,6 +348,8 @@ class Checkpoints:
     return rundir.write_error(where, e)
 
   def _remove_tmp(self) -> None:
+    if not rundir.is_writer():  # process 0 owns the files
+      return
     with contextlib.suppress(OSError):
       for name in os.listdir(self.dir):
         if "orbax-checkpoint-tmp" in name:

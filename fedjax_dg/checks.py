@@ -48,6 +48,10 @@ RANGES = {
     "data.test_domain_train_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
     "data.femnist_test_writers": (0, _INT_MAX, True, True, ">= 0"),
     "data.femnist_val_writers": (0, _INT_MAX, True, True, ">= 0"),
+    "distributed.num_processes": (1, 1 << 20, True, True, "an integer in [1, 2**20]"),
+    "distributed.process_id": (0, 1 << 20, True, False, "an integer >= 0 (below distributed.num_processes)"),
+    "distributed.timeout_s": (1, 86400, True, True, "in [1, 86400] seconds"),
+    "distributed.heartbeat_s": (1, 86400, True, True, "in [1, 86400] seconds"),
 }
 # Entries of these sequences lie in [0, 1].
 UNIT_SEQUENCES = ("data.color_flips",)  # data.correlations: checked by the spurious loader

@@ -148,7 +148,14 @@ def validate(config) -> None:
   workdir = config.get("workdir", "")
   _check(bool(workdir), "workdir must be a directory path, got ''")
   _check(not os.path.isfile(workdir), f"workdir {workdir!r} is a file, not a directory")
+  from fedjax_dg import distributed
+  distributed.check(config)
+  distributed.check_strategy(config)
   validate_modality(config)  # before the method's own checks: "does not apply" is the clearer line
+  if e.get("host_client_states", False):
+    spec = algorithms.spec_of(config)
+    _check(not spec.stages, f"engine.host_client_states: {spec.name!r} runs in stages, whose client states "
+                            "stay on the device; set it to False")
   try:  # the method, its server rule and their fields (generated from the method specs)
     algorithms.validate(config)
   except ValueError as e:

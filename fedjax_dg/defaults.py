@@ -144,4 +144,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.dropout = 0.0      # probability that a sampled client does not report in a round
   c.engine.straggler_fraction = 0.0  # share of the cohort that takes only part of its local steps
   c.engine.buckets = False    # epoch mode: run each client at its own steps (results equal the masked run)
+  # True: persistent client states (SCAFFOLD's controls, ...) in host memory, kept only for
+  # clients once sampled and checkpointed sparsely (engine/host_state.py; docs/multi_process.md)
+  c.engine.host_client_states = False
+
+  # Several processes under jax.distributed (fedjax_dg/distributed.py; docs/multi_process.md).
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.initialize = "off"        # off | auto (Slurm & co. detected) | local (the fields below)
+  c.distributed.coordinator_address = ""  # local: process 0's HOST:PORT
+  c.distributed.num_processes = 1         # local: how many processes take part
+  c.distributed.process_id = 0            # local: this process's id in [0, num_processes)
+  c.distributed.timeout_s = 120           # the processes must meet within this many seconds
+  c.distributed.heartbeat_s = 60          # a process silent this long counts as dead; the others stop
   return c

@@ -17,6 +17,7 @@ Leave-one-domain-out runs each fold in `workdir/fold_<d>`.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -33,6 +34,7 @@ from fedjax_dg import config as config_lib
 from fedjax_dg import algorithms
 from fedjax_dg import checks
 from fedjax_dg import checkpoint as ckpt_lib
+from fedjax_dg import distributed
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg import rundir
@@ -116,9 +118,7 @@ def setup(config, fold: splits.Fold):
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
                            heldout_val=(fold.heldout_val.x, fold.heldout_val.y))
-  strategy = config.engine.strategy
-  if strategy == "auto":
-    strategy = engine_defaults(family).strategy
+  strategy = _strategy(config, family)
   checks.check_memory(config, model, fold.train.x.shape[1:], cohort, strategy, steps)  # before compiling
   e = config.engine
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
@@ -133,6 +133,18 @@ def setup(config, fold: splits.Fold):
               algorithm=algorithm, strategy=strategy, stages=stages,
               engine={"strategy": strategy, "unroll": sched.unroll, "model_family": family,
                       "auto": config.engine.strategy == "auto", "measured": engine_defaults(family).measured})
+
+
+def _strategy(config, family: str) -> str:
+  """`engine.strategy`, "auto" resolved by backend and model family. Under `jax.distributed`
+  the host loop (this process's devices only) is refused, and "auto" picks "chunked" for it."""
+  distributed.check_strategy(config)
+  strategy = config.engine.strategy
+  if strategy == "auto":
+    strategy = engine_defaults(family).strategy
+    if strategy == "host_loop" and distributed.process_count() > 1:
+      strategy = "chunked"
+  return strategy
 
 
 def _check_finite(fold: splits.Fold):
@@ -268,8 +280,15 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
   """One run in `workdir`, which this process owns (LOCK) while it runs; `config.data` is
   what the run records as its data."""
   config = with_loader(config)
-  with rundir.owned(workdir):
-    return _run_fold(config, fold, workdir)
+  with contextlib.ExitStack() as owned:
+    error = None
+    try:  # before anything compiles; every process learns whether any failed (jax.distributed)
+      owned.enter_context(rundir.owned(workdir))
+      run = prepare_run(config, fold, workdir)
+    except Exception as e:  # pylint: disable=broad-except  # raised again by `agree`
+      error = e
+    distributed.agree(config, error)
+    return _run_fold(config, fold, workdir, run)
 
 
 def _on_schedule(stages, eval_every: int):
@@ -307,19 +326,26 @@ class Timing:
   def __init__(self):
     self.t0 = time.time()
     self.s = {"compile_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
+    self.rounds = []  # seconds of each training round that did not compile
 
   def add(self, what: str, since: float) -> float:
     now = time.time()
     self.s[what] += now - since
+    if what == "train_s":
+      self.rounds.append(now - since)
     return now
 
   def summary(self) -> dict:
-    return {**{k: round(v, 4) for k, v in self.s.items()}, "total_s": round(time.time() - self.t0, 4)}
+    """The totals, and `median_round_s`: the median of the rounds that did not compile."""
+    return {**{k: round(v, 4) for k, v in self.s.items()}, "total_s": round(time.time() - self.t0, 4),
+            "rounds_timed": len(self.rounds),
+            "median_round_s": float(np.median(self.rounds)) if self.rounds else None}
 
 
-def init_state(stage, key, params, num_clients: int, hparams=None):
-  """A stage's round state from `params`, with its builder's hyperparameters by default."""
-  return init_round_state(stage.builder, key, params, num_clients, hparams=hparams)
+def init_state(stage, key, params, num_clients: int, hparams=None, host_states: bool = False):
+  """A stage's round state from `params`, with its builder's hyperparameters by default;
+  `host_states`: persistent client states in host memory (`engine.host_client_states`)."""
+  return init_round_state(stage.builder, key, params, num_clients, hparams=hparams, host_states=host_states)
 
 
 class RunBook:
@@ -341,6 +367,7 @@ class RunBook:
     self.ckpts = self.tb = None
     self.records, self.pending, self.again, self.reporters = [], [], False, []
     self.failed = None  # the error that ended the run inside a batch
+    self.host = bool(config.engine.get("host_client_states", False))  # client states in host memory
 
   def stage_of(self, t: int) -> int:
     """The stage that runs round `t` (round 0: the first)."""
@@ -354,13 +381,13 @@ class RunBook:
 
   def initial_state(self, params):
     hp = self.stages[0].builder.hparams
-    return init_state(self.stages[0], self.k_server, params, self.s["num_clients"], hparams=hp)
+    return init_state(self.stages[0], self.k_server, params, self.s["num_clients"], hparams=hp, host_states=self.host)
 
   def next_stage_state(self, k: int, prev_state):
     """Stage `k`'s state, starting from the previous stage's model."""
     params = self.stages[k - 1].algorithm.params_of(prev_state.server)
     return init_state(self.stages[k], self.k_server, params, self.s["num_clients"],
-                      hparams=self.stages[k].builder.hparams)
+                      hparams=self.stages[k].builder.hparams, host_states=self.host)
 
   def open(self, state):
     """Opens the checkpoints and, with `config.resume`, restores the newest intact one:
@@ -368,7 +395,7 @@ class RunBook:
     run evaluates those rounds again (with no checkpoint, from round 0): a failing resume
     loses nothing."""
     def target_of(step):  # the saved state's structure: the stage that ran round `step`
-      target = jax.eval_shape(lambda: state)
+      target = ckpt_lib.shape_of(state)  # host-held client states: the (empty) table itself
       for j in range(1, self.stage_of(step) + 1):
         target = jax.eval_shape(lambda st, j=j: self.next_stage_state(j, st), target)
       return target
@@ -384,7 +411,8 @@ class RunBook:
     except BaseException:
       self.ckpts.close(quietly=True)
       raise
-    self.tb = tensorboard.RunWriter(self.workdir) if self.config.get("tensorboard", False) else None
+    writer = rundir.is_writer()  # process 0 under jax.distributed
+    self.tb = tensorboard.RunWriter(self.workdir) if self.config.get("tensorboard", False) and writer else None
     return start, state
 
   def record(self, done: int, k: int, state, train_loss, splits_metrics: dict) -> dict:
@@ -440,7 +468,7 @@ class RunBook:
         "wall_time_s": timing["total_s"],
         "timing": timing,
         "strategy": s["strategy"], "engine": s["engine"], "backend": jax.default_backend(),
-        "devices": jax.device_count(),
+        "devices": jax.device_count(), "processes": jax.process_count(),
         "num_clients": s["num_clients"], "client_sizes": s["packed"].counts.tolist(),
         "num_params": count_params(params), "local_steps": s["sched"].num_steps,
         "provenance": provenance(),
@@ -468,18 +496,17 @@ def prepare_run(config, fold: splits.Fold, workdir: str) -> str:
                         fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
 
 
-def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
-  run = prepare_run(config, fold, workdir)  # before anything compiles
+def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
   timing = Timing()
   s = setup(config, fold)
   book = RunBook(config, fold, workdir, run, s)
-  stages, total, C = book.stages, book.total, s["num_clients"]
+  stages, total = book.stages, book.total
   params = book.initial_params()
   state = book.initial_state(params)
   store = jax.tree.map(jnp.asarray, s["packed"])
   evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size,
                         metrics=fold.metrics)
-  comm = _communication(stages[0].algorithm, state, store, s["cohort"], book.k_rounds)
+  comm = _communication(stages[0].algorithm, ckpt_lib.device_view(state), store, s["cohort"], book.k_rounds)
   start, state = book.open(state)
 
   def evaluate(done, k, state, train_loss):
@@ -489,7 +516,8 @@ def _run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     bar.set_postfix(loss=f"{train_loss:.3f}" if train_loss is not None else "-", val=progress_val(rec["splits"]))
 
   placed = [getattr(st.round_fn, "place", lambda x: x)(store) for st in stages]  # e.g. one copy per device
-  bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False), dynamic_ncols=True)
+  bar = tqdm(total=total, initial=start, desc="round", disable=config.get("quiet", False) or not rundir.is_writer(),
+             dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
   try:
@@ -548,7 +576,13 @@ def lodo_summary(rule: str, folds, summaries, names) -> dict:
 
 
 def train_and_evaluate(config, workdir: str | None = None) -> dict:
-  config_lib.validate(config)
+  distributed.initialize(config)  # config.distributed: before anything else uses JAX
+  error = None
+  try:
+    config_lib.validate(config)
+  except Exception as e:  # pylint: disable=broad-except  # raised again by `agree`, in every process
+    error = e
+  distributed.agree(config, error)
   config = with_loader(config)
   workdir = workdir or config.workdir
   if config.get("runs", ()):  # a batch of runs in one program (fedjax_dg/batch.py)

@@ -67,12 +67,28 @@ def main(argv):
   if not_a_config(config):
     print(f"error: {not_a_config(config)}", file=sys.stderr)
     return 2
+  from fedjax_dg import distributed
+  try:
+    distributed.initialize(config)  # config.distributed: before anything uses JAX (a watchdog bounds it)
+  except ConfigError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
   workdir = default_workdir(config, sys.argv)
+  if distributed.mode(config) != "off" and not _workdir_given(sys.argv) and not config.resume:
+    workdir = config.workdir  # every process must name the same folder: no start time appended
   try:
     summary = train_and_evaluate(config, workdir)
   except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
+    if distributed.process_count() > 1:
+      distributed.fail(e)  # one line for the whole job, then exits
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
+  except Exception as e:  # pylint: disable=broad-except
+    if distributed.process_count() > 1 and distributed.peer_lost(e):
+      distributed.fail(e)
+    raise
+  if not distributed.is_writer():
+    return 0
   print(f"done: {_summary_line(summary)}")
   print(f"results in {workdir}/summary.json")
   if "communication" in summary:
@@ -247,8 +263,19 @@ def parse_flags(argv: list[str], flag: str = "config") -> list[str]:
     msg = f"--{flag} {_config_path(flag)}: the config file exited (status {e.code}) instead of returning a config"
   except Exception as e:  # pylint: disable=broad-except  # the config file fails to load or run
     msg = _config_load_error(e, flag)
-  print(f"error: {msg}", file=sys.stderr)
+  if not _a_later_process(argv):  # one line for a job of several processes: process 0's
+    print(f"error: {msg}", file=sys.stderr)
   sys.exit(2)
+
+
+def _a_later_process(argv: list[str]) -> bool:
+  """Whether the command line names a process other than 0 of a `jax.distributed` job
+  (read before the flags parse: `--config.distributed.process_id`, or Slurm's task id with
+  `--config.distributed.initialize=auto`)."""
+  given = dict(a.split("=", 1) for a in argv[1:] if a.startswith("--config.distributed.") and "=" in a)
+  if given.get("--config.distributed.initialize") == "auto":
+    return os.environ.get("SLURM_PROCID", "0") != "0"
+  return given.get("--config.distributed.process_id", "0").strip() not in ("0", "")
 
 
 def _quiet_absl_before_parsing() -> None:

@@ -49,7 +49,14 @@ SELECTED_DIR = "selected"
 # Fields that steer a run but cannot change its results: a resume may change them, a
 # sweep job's key ignores them, a re-scoring may set them (and `num_rounds` may grow on
 # resume, for a single-stage method).
-RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "eval_batch_size", "checkpoint_every")
+RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "eval_batch_size", "checkpoint_every", "distributed")
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run directory: under `jax.distributed` process 0
+  alone (fedjax_dg/distributed.py); the writers below are no-ops in the others."""
+  import jax
+  return jax.process_index() == 0
 
 
 
@@ -260,7 +267,9 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def write_metrics(workdir: str, records) -> None:
-  """Replaces metrics.jsonl in one step."""
+  """Replaces metrics.jsonl in one step (process 0 only)."""
+  if not is_writer():
+    return
   atomic_write(_path(workdir, METRICS_FILE), "".join(json.dumps(r, default=json_default) + "\n"
                                                      for r in records).encode())
 
@@ -286,6 +295,8 @@ def read_summary(workdir: str) -> dict | None:
 
 
 def write_summary(workdir: str, summary: dict) -> None:
+  if not is_writer():
+    return
   atomic_write(_path(workdir, SUMMARY_FILE), json.dumps(summary, indent=2, default=json_default).encode())
 
 
@@ -303,8 +314,11 @@ def read_run_config(workdir: str) -> dict | None:
 
 
 def write_run_config(config, workdir: str, fold: dict | None = None, run: str | None = None) -> str:
-  """Stores the config and its identity (default: `run_identity`); returns the identity."""
+  """Stores the config and its identity (default: `run_identity`; process 0 writes);
+  returns the identity."""
   run = run or run_identity(config, fold)
+  if not is_writer():
+    return run
   record = {"run": run, "config": plain(config.to_dict())}
   if fold:
     record["fold"] = plain(fold)
@@ -337,6 +351,8 @@ def config_differences(stored: dict, config, multi_stage: bool) -> list[str]:
 
 def append_event(workdir: str, kind: str, **extra) -> None:
   import datetime
+  if not is_writer():
+    return
   rec = {"event": kind, "host": socket.gethostname(), "pid": os.getpid(),
          "time": datetime.datetime.now().isoformat(timespec="seconds"), **extra}
   path = _path(workdir, EVENTS_FILE)
@@ -355,9 +371,12 @@ def read_events(workdir: str) -> list[dict]:
 # ----------------------------------------------------------------------------- selected/
 
 def save_selected(workdir: str, rule: str, round_: int, params, val: dict, run: str | None = None) -> None:
-  """The parameters a selection rule has chosen (at round `round_`), written atomically."""
+  """The parameters a selection rule has chosen (at round `round_`), written atomically
+  (process 0 only)."""
   import jax
   from flax import serialization
+  if not is_writer():
+    return
   d = _path(workdir, SELECTED_DIR)
   try:
     os.makedirs(d, exist_ok=True)
@@ -539,8 +558,12 @@ def describe_owner(held: dict) -> str:
 @contextlib.contextmanager
 def owned(workdir: str):
   """Holds `workdir`'s LOCK for the block; another live owner, or a workdir that cannot be
-  created or written (below a file, read-only, a device) -> one line."""
+  created or written (below a file, read-only, a device) -> one line. Under
+  `jax.distributed` process 0 holds it for every process of the run."""
   path = _path(workdir, LOCK_FILE)
+  if not is_writer():
+    yield
+    return
   try:
     os.makedirs(workdir, exist_ok=True)
     held = try_lock(path)

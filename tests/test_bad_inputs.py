@@ -1399,6 +1399,47 @@ def _run_list_out_of_range(tmp):
   return error_of(lambda: experiment.train_and_evaluate(c))
 
 
+# ----------------------------------------------------------------------------- several processes
+# Cases that need two processes (configs that differ across processes, host_loop across
+# processes, a fault in one process) are in tests/test_distributed_runner.py.
+
+@case(5, "unknown start-up mode", "`P --config.distributed.initialize=mpi`",
+      "distributed.initialize: unknown 'mpi'", section="several processes")
+def _distributed_unknown_mode(tmp):
+  return cli(tmp, "--config.distributed.initialize=mpi")
+
+
+@case(5, "no coordinator address", "`P --config.distributed.initialize=local` (no address)",
+      "distributed.coordinator_address: distributed.initialize='local' needs the coordinator as HOST:PORT",
+      section="several processes")
+def _distributed_no_address(tmp):
+  return cli(tmp, "--config.distributed.initialize=local")
+
+
+@case(5, "process id out of range", "`--config.distributed.num_processes=2 --config.distributed.process_id=2`",
+      "distributed.process_id must lie in [0, 1]", section="several processes")
+def _distributed_bad_id(tmp):
+  return cli(tmp, "--config.distributed.initialize=local", "--config.distributed.coordinator_address=localhost:1",
+             "--config.distributed.num_processes=2", "--config.distributed.process_id=2")
+
+
+@case(5, "unreachable coordinator", "process 1 of 2 with no process 0 at `localhost:1`, "
+      "`--config.distributed.timeout_s=3`",
+      "distributed.coordinator_address: no coordinator answered at localhost:1 within 3 s",
+      section="several processes")
+def _distributed_no_coordinator(tmp):
+  return cli(tmp, "--config.distributed.initialize=local", "--config.distributed.coordinator_address=localhost:1",
+             "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
+             "--config.distributed.timeout_s=3")
+
+
+@case(5, "host-held states for a staged method", "`P --config.algorithm.name=fedloe "
+      "--config.engine.host_client_states=True`", "engine.host_client_states: 'fedloe' runs in stages",
+      section="config fields")
+def _host_states_staged(tmp):
+  return cli(tmp, "--config.algorithm.name=fedloe", "--config.engine.host_client_states=True")
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)

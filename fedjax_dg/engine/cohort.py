@@ -2,6 +2,7 @@
 and which of them fail (drop out or straggle)."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -18,10 +19,31 @@ class _Cohort(NamedTuple):
   keep: Any = None        # [S] ids whose new state is kept (dropped members: num_clients), or None
 
 
+# Above this many clients a cohort is drawn by Floyd's algorithm (O(cohort^2) work) instead
+# of a permutation of every client (a sort of all of them: O(C log C), the largest cost of a
+# round at 100,000 clients). Both draw a uniformly random subset; at or below it, cohorts are
+# those of `jax.random.choice(..., replace=False)`, as before.
+FLOYD_ABOVE = 1 << 14
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))  # compiled once: the host-state round calls it eagerly
+def floyd_sample(key, n: int, k: int):
+  """`k` distinct ids of `range(n)`, a uniformly random subset, sorted (Floyd's algorithm:
+  for i = n-k, ..., n-1 draw j uniform in [0, i] and take j, or i when j is taken)."""
+  keys = jax.random.split(key, k)
+
+  def body(t, chosen):
+    i = n - k + t
+    j = jax.random.randint(keys[t], (), 0, i + 1)
+    return chosen.at[t].set(jnp.where(jnp.any(chosen == j), i, j))
+  return jnp.sort(jax.lax.fori_loop(0, k, body, jnp.full((k,), -1, jnp.int32)))
+
+
 def make_sampler(num_clients: int, cohort_size: int, padded: int, weighting: str, dropout: float = 0.0,
                  straggler_fraction: float = 0.0) -> Callable:
   """`sample(counts, rng, client_weights) -> _Cohort` for a cohort of `cohort_size` of
-  `num_clients` clients, padded to `padded` members (padding: id `num_clients`, weight 0).
+  `num_clients` clients, padded to `padded` members (padding: id `num_clients`, weight 0);
+  the cohort is a uniformly random subset (`floyd_sample` above `FLOYD_ABOVE` clients).
 
   Without `client_weights` a member's weight is its example count (`weighting="examples"`)
   or 1. Failing clients (FedProx's systems heterogeneity), with `k = fold_in(rng, 1)` split
@@ -36,8 +58,10 @@ def make_sampler(num_clients: int, cohort_size: int, padded: int, weighting: str
     k_cohort, k_clients = jax.random.split(rng)
     if cohort_size == num_clients:
       ids = jnp.arange(num_clients)
-    else:
+    elif num_clients <= FLOYD_ABOVE:
       ids = jnp.sort(jax.random.choice(k_cohort, num_clients, (cohort_size,), replace=False))
+    else:
+      ids = floyd_sample(k_cohort, num_clients, cohort_size)
     ids = jnp.concatenate([ids, jnp.full((padded - cohort_size,), num_clients, ids.dtype)])
     valid = (ids < num_clients).astype(jnp.float32)
     if client_weights is not None:  # e.g. learned aggregation weights (differentiable)

@@ -15,6 +15,15 @@ import jax
 import numpy as np
 
 
+def host_value(x):
+  """A NumPy copy of `x`: a global array spread over several processes' devices
+  (`jax.distributed`) is gathered (a collective: every process calls it in the same order)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
 class HostClientStates:
   """Client states on the host: `gather(ids)` -> the `[S, ...]` states, `scatter(ids, states)`
   writes them back (ids `>= num_clients` are skipped: padding and dropped members)."""
@@ -48,7 +57,7 @@ class HostClientStates:
 
   def scatter(self, ids, states):
     ids = np.asarray(ids)
-    leaves = [np.asarray(a) for a in jax.tree.leaves(states)]
+    leaves = [host_value(a) for a in jax.tree.leaves(states)]  # every process keeps the whole table
     keep = np.nonzero(ids < self.num_clients)[0]
     new = [i for i in keep if self.slot[ids[i]] < 0]
     if new:
@@ -65,6 +74,31 @@ class HostClientStates:
       return
     cap = max(need, 2 * cap, 16)
     self.rows = [np.concatenate([r, np.empty((cap - r.shape[0],) + r.shape[1:], r.dtype)]) for r in self.rows]
+
+  def sparse(self) -> dict:
+    """The states held, for a checkpoint: `{"ids": [U] client ids, "rows": one [U, ...] array
+    per leaf}`, row `j` being client `ids[j]`'s state (slot order, so `from_sparse` gives
+    the same slots back)."""
+    ids = np.nonzero(self.slot >= 0)[0]
+    ids = ids[np.argsort(self.slot[ids])].astype(np.int32)
+    return {"ids": ids, "rows": tuple(r[:self.used].copy() for r in self.rows)}
+
+  def sparse_shape(self, used: int) -> dict:
+    """`sparse()`'s shapes when `used` clients hold a state (a checkpoint's restore target)."""
+    return {"ids": jax.ShapeDtypeStruct((used,), np.int32),
+            "rows": tuple(jax.ShapeDtypeStruct((used,) + a.shape, a.dtype) for a in self.init)}
+
+  def from_sparse(self, saved: dict) -> "HostClientStates":
+    """A new table like this one (same initial state and clients) holding `saved`'s states."""
+    ids = np.asarray(host_value(saved["ids"]), np.int64)
+    rows = [np.asarray(host_value(r)) for r in saved["rows"]]
+    if len(ids) and (ids.min() < 0 or ids.max() >= self.num_clients or len(np.unique(ids)) != len(ids)):
+      raise ValueError(f"its host-held client ids are not distinct ids in [0, {self.num_clients})")
+    out = HostClientStates(jax.tree.unflatten(self.treedef, self.init), self.num_clients)
+    out.slot[ids] = np.arange(len(ids), dtype=np.int32)
+    out.rows = [r.astype(i.dtype, copy=True) for r, i in zip(rows, self.init)]
+    out.used = len(ids)
+    return out
 
   def stacked(self):
     """Every client's state `[C, ...]` (for tests and small C)."""

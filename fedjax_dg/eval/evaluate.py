@@ -24,18 +24,25 @@ class Evaluator:
   and scores the predictions with the dataset's own metric `metrics(pred, split) -> dict`
   (`Fold.metrics`: WILDS's CivilComments worst-group accuracy, Py150's class and method
   token accuracy), or `classification_metrics` over (domain, label) groups when None.
-  Predictions are `[N]`, or `[N, T]` for a per-token model (GPT-2 on Py150)."""
+  Predictions are `[N]`, or `[N, T]` for a per-token model (GPT-2 on Py150).
+
+  Under `jax.distributed` each of the P processes predicts its own 1/P of every split's
+  batches on its own devices, and the predictions are gathered (`process_allgather`), so
+  every split is predicted once, not once per process; each process then scores them."""
 
   def __init__(self, model, splits: dict, num_classes: int, batch_size: int = 512, metrics=None):
     self.num_classes = num_classes
     self.metrics = metrics
     self.splits = {k: v for k, v in splits.items() if len(v)}
     self._padded = {}
+    procs, me = jax.process_count(), jax.process_index()
+    self._multi = procs > 1
     for name, s in self.splits.items():
-      nb = math.ceil(len(s) / batch_size)
+      nb = math.ceil(math.ceil(len(s) / batch_size) / procs) * procs  # batches, a multiple of the processes
       x = np.zeros((nb * batch_size,) + s.x.shape[1:], s.x.dtype)
       x[:len(s)] = s.x
-      self._padded[name] = jnp.asarray(x.reshape((nb, batch_size) + s.x.shape[1:]))
+      mine = nb // procs  # this process's contiguous share
+      self._padded[name] = jnp.asarray(x.reshape((nb, batch_size) + s.x.shape[1:])[me * mine:(me + 1) * mine])
 
     @jax.jit
     def predict(params, xb):
@@ -44,10 +51,17 @@ class Evaluator:
     self._predict = predict
 
   def __call__(self, params) -> dict:
+    if self._multi:  # this process's copy of the (replicated) parameters; its batches only
+      from fedjax_dg.engine.host_state import host_value
+      params = jax.tree.map(host_value, params)
     preds = {k: self._predict(params, xb) for k, xb in self._padded.items()}
     out = {}
     for k, p in preds.items():
       s = self.splits[k]
+      if self._multi:  # [processes, share, ...] in process order: the split's batches in order
+        from jax.experimental import multihost_utils
+        p = np.asarray(multihost_utils.process_allgather(p))
+        p = p.reshape((-1,) + p.shape[2:])
       p = np.asarray(p)[:len(s)]
       out[k] = (self.metrics(p, s) if self.metrics is not None
                 else classification_metrics(p, s.y, s.domain, self.num_classes))

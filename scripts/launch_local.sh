@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Usage: scripts/launch_local.sh N [fedjax-dg ARGS...]
+#
+# Runs `fedjax-dg ARGS...` as N processes of one jax.distributed run on this machine (CPU,
+# gloo collectives, the coordinator on localhost at a free port) and waits for all of them.
+# Process 0 writes the run directory and the progress bar. Exits 0 when every process
+# does; when one fails (an error, a kill), the others are stopped at once (SIGKILL), a
+# process killed by a signal gets one line saying so (one that failed with an error has
+# printed its own), and the exit status is the failed one's.
+#
+# Environment: FEDJAX_DG, the command to run (default: `fedjax-dg` if it is on PATH, else
+# `python -m fedjax_dg`); PYTHON (default python3), used to find a free port;
+# JAX_PLATFORMS (default cpu).
+set -u
+
+if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: scripts/launch_local.sh N [fedjax-dg ARGS...] (N: the number of processes, >= 1)" >&2
+  exit 2
+fi
+n=$1
+shift
+python=${PYTHON:-python3}
+if [ -n "${FEDJAX_DG:-}" ]; then
+  read -r -a cmd <<< "$FEDJAX_DG"
+elif command -v fedjax-dg > /dev/null; then
+  cmd=(fedjax-dg)
+else
+  cmd=("$python" -m fedjax_dg)
+fi
+port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])') || {
+  echo "launch_local.sh: cannot find a free port with $python (set PYTHON)" >&2; exit 2; }
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
+
+pids=()
+stop_all() {  # SIGKILL: JAX takes SIGTERM as a preemption notice and goes on; a kill tears no file
+  local p
+  for p in "${pids[@]}"; do kill -KILL "$p" 2> /dev/null; done
+}
+trap 'stop_all; exit 130' INT TERM
+
+for ((i = 0; i < n; i++)); do
+  "${cmd[@]}" "$@" --config.distributed.initialize=local \
+    --config.distributed.coordinator_address="localhost:$port" \
+    --config.distributed.num_processes="$n" --config.distributed.process_id="$i" &
+  pids+=($!)
+done
+
+status=0
+left=$n
+while [ $left -gt 0 ]; do
+  wait -n -p done_pid 2> /dev/null  # bash's own "Killed" notices: the line below says it once
+  rc=$?
+  [ -z "${done_pid:-}" ] && break
+  left=$((left - 1))
+  if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
+    status=$rc
+    for ((i = 0; i < n; i++)); do [ "${pids[$i]}" = "$done_pid" ] && who=$i; done
+    if [ $rc -gt 128 ]; then  # killed by a signal: the process could not say so itself
+      echo "launch_local.sh: process $who was killed (signal $((rc - 128))); stopping the others" >&2
+    fi
+    stop_all
+  fi
+done
+wait 2> /dev/null
+exit $status
