@@ -152,7 +152,8 @@ def test_runs_differing_in_seed_and_lr_equal_their_solo_runs(seeds_batch):
   root, cfgs, solo, out = seeds_batch
   assert isinstance(out[0], dict) and isinstance(out[1], dict)
   assert out[0]["batch"] == {"size": 3, "index": 0} and out[1]["batch"] == {"size": 3, "index": 1}
-  assert set(out[0]["timing"]) == {"compile_s", "train_s", "eval_s", "checkpoint_s", "total_s"}
+  assert set(out[0]["timing"]) == {"compile_s", "train_s", "eval_s", "checkpoint_s", "total_s", "rounds_timed",
+                                   "median_round_s"}
   assert set(solo[0]["timing"]) == set(out[0]["timing"])  # the single run reports the same split
   assert_same_run(cfgs[0], root / "batch0", cfgs[0], root / "solo0", other=root / "solo1")
   assert_same_run(cfgs[1], root / "batch1", cfgs[1], root / "solo1", other=root / "solo0")

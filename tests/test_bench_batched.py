@@ -212,6 +212,17 @@ def test_each_job_records_its_batch_and_the_budget_splits_groups(arms):
   assert "(batch" not in launch.status_text(launch.status(arms["alone"]["exp"]), verbose=True)
 
 
+def assert_same_records(batched: list, alone: list) -> None:
+  """The evaluations of a job run in a batch equal those it gets alone: every field exactly,
+  the training loss to 1e-6 relative (the batched program may sum in another order)."""
+  assert len(batched) == len(alone)
+  for x, y in zip(batched, alone):
+    x, y = dict(x), dict(y)
+    lx, ly = x.pop("train_loss"), y.pop("train_loss")
+    assert x == y
+    assert (lx is None and ly is None) or abs(lx - ly) <= 1e-6 * abs(ly), (x["round"], lx, ly)
+
+
 def test_a_job_failing_inside_a_batch_fails_alone(arms):
   jobs, alone = arms["batched"]["jobs"], arms["alone"]["jobs"]
   for arm in ("batched", "alone"):
@@ -226,7 +237,7 @@ def test_a_job_failing_inside_a_batch_fails_alone(arms):
   for mate in mates:  # done, with the evaluations it gets alone
     assert launch.job_state(jobs[mate].workdir) == "done"
     assert not os.path.exists(os.path.join(jobs[mate].workdir, "error.txt"))
-    assert collect.read_records(jobs[mate].workdir) == collect.read_records(alone[mate].workdir)
+    assert_same_records(collect.read_records(jobs[mate].workdir), collect.read_records(alone[mate].workdir))
   assert "partition.lam must lie in [0, 1], got 1.5" in line(jobs["bad"])
   assert "ConfigError" in open(os.path.join(jobs["bad"].workdir, "error.txt")).read()
   # The launcher's lines name each failed job and say why.
@@ -282,7 +293,7 @@ def test_interrupted_jobs_resume_inside_a_batch(arms, tmp_path, jax_cache):
     recs, want = collect.read_records(j.workdir), collect.read_records(ref[key].workdir)
     assert [r["round"] for r in recs] == [1, 2, 3]
     assert recs[0]["train_loss"] == marker  # resumed from round 2, not rerun from round 0
-    assert recs[1:] == want[1:]
+    assert_same_records(recs[1:], want[1:])
     assert json.load(open(os.path.join(j.workdir, "summary.json")))["selection"] == \
         json.load(open(os.path.join(ref[key].workdir, "summary.json")))["selection"]
   assert len(ids) == 1
