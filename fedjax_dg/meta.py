@@ -59,6 +59,7 @@ import numpy as np
 import optax
 
 from fedjax_dg.engine.host_state import HostClientStates
+from fedjax_dg.algorithms.base import unrolled
 from fedjax_dg.engine.round import RoundState, as_builder, make_round
 
 DIFFERENTIABLE_STRATEGIES = ("vmap", "chunked", "sequential")
@@ -260,16 +261,6 @@ def rounds(p: Problem, meta: Meta, state: RoundState, round_key, first, num: int
     st, _ = p.round_fn(st, p.store, jax.random.fold_in(round_key, t), cw)
     return (st if w is None else shrink(st, w.shrink)), None
   return unrolled(one, state, first + jnp.arange(num), remat)
-
-
-def unrolled(step: Callable, carry, xs, remat: bool = True):
-  """`lax.scan(step, carry, xs)`'s final carry, each step a `jax.checkpoint` when `remat`:
-  the backward pass then recomputes one step's forward at a time, so memory holds the
-  carries (one per step) rather than every step's intermediates. `step(carry, x) -> (carry, _)`.
-  Used for whole rounds (`rounds`) and for the learned rule's replay of its last K
-  aggregations (`algorithms/learned.py`)."""
-  body = jax.checkpoint(step) if remat else step
-  return jax.lax.scan(body, carry, xs)[0]
 
 
 def _value(p: Problem, objective: Objective, state: RoundState):

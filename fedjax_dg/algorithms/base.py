@@ -406,3 +406,13 @@ def decay_mask(params):
 def set_learning_rate(opt_state, lr):
   """Returns an `inject_hyperparams` optimizer state with its step size replaced by `lr`."""
   return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
+
+
+def unrolled(step: Callable, carry, xs, remat: bool = True):
+  """`lax.scan(step, carry, xs)`'s final carry, each step a `jax.checkpoint` when `remat`:
+  the backward pass then recomputes one step's forward at a time, so memory holds the
+  carries (one per step) rather than every step's intermediates. `step(carry, x) -> (carry, _)`.
+  Used for whole rounds (`fedjax_dg.meta.rounds`) and for the learned rule's replay of its last K
+  aggregations (`algorithms/learned.py`)."""
+  body = jax.checkpoint(step) if remat else step
+  return jax.lax.scan(body, carry, xs)[0]

@@ -21,7 +21,7 @@ aggregations (this round's and the K - 1 before it): starting from the global mo
 `theta_{t-K+1}` the server held K - 1 rounds ago, eq. (2) is applied K times with the
 current `(a, b, g)`, each round's updates as its clients sent them, and the validation loss
 of the result is differentiated with respect to `(a, b, g)`. The replay runs in a `lax.scan`
-whose every step is a `jax.checkpoint` (`fedjax_dg.meta.unrolled`), so its backward pass
+whose every step is a `jax.checkpoint` (`fedjax_dg.algorithms.base.unrolled`), so its backward pass
 holds K models rather than K aggregations' intermediates. Eq. (1) is linear in the
 updates once `exp(a)` is fixed,
 
@@ -56,8 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dg import meta
-from fedjax_dg.algorithms.base import ServerRule, erm_objective, local_train, tree_where
+from fedjax_dg.algorithms.base import ServerRule, erm_objective, local_train, tree_where, unrolled
 from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, hparam, send
 from fedjax_dg.data.augment import to_float
 
@@ -103,7 +102,7 @@ def push(window: Window, params, deltas, weights, shares) -> Window:
 def replay(outer, window: Window, filled, server_lr, remat: bool = True):
   """The global model after the window's last `filled` rounds (of K), each aggregated by
   eq. (2)-(3) with the outer variables `outer = (a, b, g)`, starting from the model the
-  oldest of them started from; per-round `jax.checkpoint` (`fedjax_dg.meta.unrolled`)."""
+  oldest of them started from; per-round `jax.checkpoint` (`fedjax_dg.algorithms.base.unrolled`)."""
   a, b, g = outer
   K = window.mass.shape[0]
   first = K - filled
@@ -117,7 +116,7 @@ def replay(outer, window: Window, filled, server_lr, remat: bool = True):
                        .astype(p.dtype), theta, updates)
     return tree_where(k >= first, new, theta), None
   oldest = jax.tree.map(lambda p: p[0], window.params)
-  return meta.unrolled(one, oldest, (jnp.arange(K), window.params, window.updates, window.mass), remat)
+  return unrolled(one, oldest, (jnp.arange(K), window.params, window.updates, window.mass), remat)
 
 
 def learned_rule(model, val_x, val_y, num_domains: int, server_lr, outer_lr, every: int = 1,
