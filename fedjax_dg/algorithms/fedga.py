@@ -154,4 +154,5 @@ SPEC = MethodSpec(
     lambda ctx, hp: fedga_client(ctx.model, ctx.sched, ctx.client_opt, ctx.num_clients, ctx.config.num_rounds,
                                  hp.step, fair=hp.fair, gap_store=ctx.tune_store if hp.gap_fraction > 0 else None),
     HParams, rule="ga", sends=("its aggregation weight; generalisation gap (post-round)",),
-    receives=("aggregation weights",), group="FDG", tune_fraction=lambda hp: hp.gap_fraction)
+    receives=("aggregation weights",), group="FDG", tune_fraction=lambda hp: hp.gap_fraction,
+    claim="Zhang et al. 2023")

@@ -86,4 +86,5 @@ class HParams:
 SPEC = MethodSpec(
     "fediir", "seed 003 (Alg. 1)",
     lambda ctx, hp: fediir_client(ctx.model, ctx.sched, ctx.client_opt, hp.gamma, hp.ema),
-    HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="seed")
+    HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="seed",
+    claim="seed 003")

@@ -221,6 +221,7 @@ SPEC = MethodSpec(
     "fedloe", "seed 000 (App. C, Alg. 1)", erm_client, HParams,
     sends=("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
     receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
+    claim="seed 000",
     tune_fraction=lambda hp: hp.tune_fraction,
     stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds),),
     not_for_models=(("gpt2", "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is "

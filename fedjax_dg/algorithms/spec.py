@@ -395,6 +395,8 @@ class MethodSpec:
   pretrained  optional `(params, load) -> params`: where a pretrained backbone goes in the
               method's parameters (`load(params)` fills a plain model's featurizer)
   record      optional `server_state -> dict`: extra fields for each evaluation record
+  claim       who claims the method beats FedAvg (the paper, as the report names it); the
+              benchmark report tests that claim in every federated column ("": none)
   """
   name: str
   paper: str
@@ -417,6 +419,7 @@ class MethodSpec:
   not_for_models: tuple = ()
   pretrained: Callable | None = None
   record: Callable | None = None
+  claim: str = ""
 
   def not_for_model(self, model_name: str) -> str | None:
     return dict(self.not_for_models).get(model_name)

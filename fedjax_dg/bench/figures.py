@@ -349,7 +349,8 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
   f = sweep.get("figures", {})
   metric, ddof, rule = st["metric"], st["ddof"], "heldout_domain"
   names, order, groups = method_order(sweep)
-  baseline = sweep.get("report", {}).get("baseline", "fedavg")
+  from fedjax_dg.algorithms import BASELINE
+  baseline = sweep.get("report", {}).get("baseline", "") or BASELINE
   os.makedirs(out_dir, exist_ok=True)
   made = []
 

@@ -15,11 +15,6 @@ import os
 
 from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
 
-# The seed papers' methods whose headline claim is "better than FedAvg" (seeds 000, 002-004, FedGA).
-SEED_PAPER_CLAIMS = {"fediir": "FedIIR (seed 003)", "fedomg": "FedOMG (seed 002)", "feddim": "FedDIM (seed 004)",
-                     "fedloe": "FedLOE (seed 000)", "fedga": "FedGA"}
-
-
 def _fmt(v, digits=3):
   return "X" if v is None else f"{v:.{digits}f}"
 
@@ -181,8 +176,12 @@ def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
 def seed_paper_claims(table: collect.Table, baseline: str, names: dict) -> list[tuple[str, str, list[str]]]:
   """Each seed paper's headline claim, "our method beats FedAvg", in every federated column:
   [(claim, verdict, lines)] for the methods the table holds."""
+  from fedjax_dg import algorithms
   out = []
-  for m, who in SEED_PAPER_CLAIMS.items():
+  for m, spec in algorithms.METHODS.items():  # the methods whose paper claims they beat FedAvg
+    if not spec.claim:
+      continue
+    who = f"{names.get(m, m)} ({spec.claim})"
     if not any(r[1] == m for r in table.rows):
       continue
     lines, outcomes = [], []
