@@ -173,9 +173,9 @@ def timing(exp) -> dict:
   return sums
 
 
-def scores(exp) -> dict:
-  from fedjax_dg.bench import collect
-  return {r["key"]: r for r in collect.job_rows(exp, "accuracy")}
+def scores(sweep, exp) -> dict:
+  from fedjax_dg.bench import collect, results
+  return {r["key"]: r for r in collect.job_rows(results.from_runs(sweep, exp), "accuracy")}
 
 
 def compare(a: dict, b: dict) -> dict:
@@ -249,9 +249,9 @@ def main(argv=None):
         raise SystemExit(f"error: {root} exists; give a fresh --keep folder")
       print(f"{arm}: {args.jobs} jobs in {root}", flush=True)
       rec = measure(args, arm, root)
-      _, exp = selection(args, root)
+      sweep, exp = selection(args, root)
       rec["timing_sums_s"] = timing(exp)
-      rows[arm] = scores(exp)
+      rows[arm] = scores(sweep, exp)
       result["arms"][arm] = rec
       print(f"{arm}: {rec['wall_s']:.1f} s, {rec['jobs_per_hour']:.0f} jobs/h, peak tree RSS "
             f"{_fmt(rec['peak_rss_tree_bytes'] and rec['peak_rss_tree_bytes'] / 2 ** 20, ' MiB')}, {rec['counts']}",
