@@ -12,7 +12,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -130,6 +129,27 @@ def test_full_disk(target, tmpfs, reference, monkeypatch):
   _same_results(_resume(workdir), reference)
 
 
+def _fails_at_checkpoint_4(monkeypatch, workdir, mounted, fault, cause: str, reference):
+  """`fault` runs as the save of round 4 starts (`mounted`: the mounts it made, undone after
+  the run): the run stops with one line naming checkpoints/4 and `cause`, only checkpoint 2
+  and its checksum remain, nothing half-written, and the resume ends as the uninterrupted
+  run."""
+  _before(monkeypatch, ckpt_lib.Checkpoints, "save", lambda self, step, state: step == 4, fault)
+  try:
+    with pytest.raises(rundir.WriteError) as e:
+      experiment.train_and_evaluate(_config(), workdir)
+  finally:
+    for m in mounted:
+      subprocess.run(["umount", m], check=True)
+  line = str(e.value)
+  assert "\n" not in line and f"{workdir}/checkpoints/4" in line and cause in line, line
+  monkeypatch.undo()
+  ckdir = os.path.join(workdir, "checkpoints")
+  assert sorted(os.listdir(ckdir)) == ["2"] and sorted(os.listdir(os.path.join(workdir, "checkpoint_sums"))) == ["2.json"]
+  _nothing_half_written(workdir)
+  _same_results(_resume(workdir), reference)
+
+
 def test_full_disk_while_a_checkpoint_is_saved(tmp_path, reference, monkeypatch):
   """`checkpoints/` on its own volume, full as the save of round 4 starts (a one-page
   tmpfs mounted over it, after checkpoint 2 is written): orbax's background save fails, the
@@ -145,19 +165,7 @@ def test_full_disk_while_a_checkpoint_is_saved(tmp_path, reference, monkeypatch)
       pytest.skip("cannot mount a tmpfs here (needs root)")
     mounted.append(ckdir)
     _fill(ckdir)
-  _before(monkeypatch, ckpt_lib.Checkpoints, "save", lambda self, step, state: step == 4, full)
-  try:
-    with pytest.raises(rundir.WriteError) as e:
-      experiment.train_and_evaluate(_config(), workdir)
-  finally:
-    for m in mounted:
-      subprocess.run(["umount", m], check=True)
-  line = str(e.value)
-  assert "\n" not in line and f"{workdir}/checkpoints/4" in line and "no space left on the device" in line, line
-  monkeypatch.undo()
-  assert sorted(os.listdir(ckdir)) == ["2"] and sorted(os.listdir(os.path.join(workdir, "checkpoint_sums"))) == ["2.json"]
-  _nothing_half_written(workdir)
-  _same_results(_resume(workdir), reference)
+  _fails_at_checkpoint_4(monkeypatch, workdir, mounted, full, "no space left on the device", reference)
 
 
 def test_checkpoints_made_read_only_while_saving(tmp_path, reference, monkeypatch):
@@ -173,19 +181,7 @@ def test_checkpoints_made_read_only_while_saving(tmp_path, reference, monkeypatc
     if _mount("--bind", ckdir, ckdir) and (mounted.append(ckdir) or _mount("-o", "remount,bind,ro", ckdir)):
       return
     pytest.skip("cannot make a read-only bind mount here (needs root)")
-  _before(monkeypatch, ckpt_lib.Checkpoints, "save", lambda self, step, state: step == 4, read_only)
-  try:
-    with pytest.raises(rundir.WriteError) as e:
-      experiment.train_and_evaluate(_config(), workdir)
-  finally:
-    for m in mounted:
-      subprocess.run(["umount", m], check=True)
-  line = str(e.value)
-  assert "\n" not in line and f"{workdir}/checkpoints/4" in line and "read-only file system" in line, line
-  monkeypatch.undo()
-  assert sorted(os.listdir(ckdir)) == ["2"] and sorted(os.listdir(os.path.join(workdir, "checkpoint_sums"))) == ["2.json"]
-  _nothing_half_written(workdir)
-  _same_results(_resume(workdir), reference)
+  _fails_at_checkpoint_4(monkeypatch, workdir, mounted, read_only, "read-only file system", reference)
 
 
 def _cli(workdir, *extra, fsize_kib=None):
