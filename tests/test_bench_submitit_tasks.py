@@ -197,5 +197,5 @@ def test_a_killed_task_stops_the_other_with_one_line(tmp_path):
   stopped = time.time() - killed
   assert stopped < 60 + 30, stopped  # distributed.heartbeat_s (60 s) and submitit's polling
   (failed,) = events(job, "failed")
-  assert "\n" not in failed["error"] and "another process" in failed["error"], failed
+  assert "\n" not in failed["error"] and failed["error"].startswith("PeerLost: lost another task of this job"), failed
   assert launch.job_state(job.workdir) == "failed" and not os.path.exists(os.path.join(job.workdir, "RUNNING"))

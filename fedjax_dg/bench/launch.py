@@ -189,16 +189,17 @@ def release(workdir: str) -> None:
     os.remove(_path(workdir, "RUNNING"))
 
 
-def run_held(workdir: str, config) -> Exception | None:
-  """Runs `config` in `workdir`, whose lock this process holds: the start line, the run with
-  its output in log.txt, then done or failed (error.txt). Returns the error, if any."""
+def run_held(workdir: str, config, run=None) -> Exception | None:
+  """Runs `config` in `workdir` (`run(config, workdir)`, default `run_config`), whose lock this
+  process holds: the start line, the run with its output in log.txt, then done or failed
+  (error.txt). Returns the error, if any."""
   _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
   t0 = time.time()
   try:
     _quiet_logging()
     with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
         contextlib.redirect_stderr(log):
-      run_config(config, workdir)
+      (run or run_config)(config, workdir)
   except Exception as e:  # the sweep goes on; the job records why it stopped
     _record_failure(workdir, e, t0)
     return e

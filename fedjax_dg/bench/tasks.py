@@ -132,12 +132,27 @@ def _run_writer(workdir: str, config) -> str:
   """Process 0: the job's files, the lock released; a failure the others do not share ends it."""
   from fedjax_dg import distributed
   try:
-    error = launch.run_held(workdir, config)
+    error = launch.run_held(workdir, config, _run_saying_lost)
   finally:
     launch.release(workdir)
   if error is not None and not isinstance(error, distributed.AgreedError):
     distributed.fail(error)  # one line, then exits: the others are in a collective
   return "failed" if error is not None else "done"
+
+
+class PeerLost(RuntimeError):
+  """Another task of the job is gone (its own log says why)."""
+
+
+def _run_saying_lost(config, workdir: str) -> None:
+  """`launch.run_config`; a collective's error that another task is gone says so in one line."""
+  from fedjax_dg import distributed
+  try:
+    launch.run_config(config, workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    if not distributed.peer_lost(e):
+      raise
+    raise PeerLost(f"lost another task of this job (see its submitit log): {' '.join(str(e).split())[:300]}") from e
 
 
 def _run_other(workdir: str, config) -> str:
