@@ -24,6 +24,12 @@ SCORE_COLUMNS = [f"{rule}_{f}" for rule in ("heldout_domain", "in_domain", "orac
                  for f in ("round", "val", "test", "in_test")] + ["final_round", "final_test"]
 
 
+@pytest.fixture(autouse=True)
+def cpu_tasks(monkeypatch):
+  """The tasks run on CPU (gloo), also on a machine with accelerators."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+
+
 def tiny(root, seeds=(0,), lams=(1.0,), **base) -> sweep_lib.Expansion:
   """configs/sweeps/tiny.py's FedAvg at `lams` and `seeds` under `root`."""
   s = sweep_lib.load_config_file(TINY)
