@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import numpy as np
 
 from fedjax_dg.bench import launch
 from fedjax_dg.bench import sweep as sweep_lib
 
-DECISIONS = ("run", "skipped", "busy")
+DECISIONS = ("run", "skipped", "busy", "failed")
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 
 
@@ -120,12 +121,23 @@ def execute_task(workdir: str, fields: dict, ignore_locks: bool = False) -> str:
   config = with_task(config, fields, env.num_tasks, env.global_rank)
   distributed.initialize(config)  # before anything uses JAX
   writer = distributed.is_writer()
-  decision = agreed(launch.decide(workdir, ignore_locks) if writer else "run")
+  decision = agreed(_decide(workdir, ignore_locks) if writer else "run")
   if decision != "run":
     return decision
+  launch._quiet_logging()  # pylint: disable=protected-access
   if writer:
     return _run_writer(workdir, config)
   return _run_other(workdir, config)
+
+
+def _decide(workdir: str, ignore_locks: bool) -> str:
+  """`launch.decide`, or "failed" (one line on stderr) where the job's folder cannot be read:
+  every task hears it, none waits in a collective."""
+  try:
+    return launch.decide(workdir, ignore_locks)
+  except Exception as e:  # pylint: disable=broad-except  # e.g. an unreadable lock or folder
+    print(f"error: {workdir}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+    return "failed"
 
 
 def _run_writer(workdir: str, config) -> str:
@@ -169,13 +181,14 @@ def _run_other(workdir: str, config) -> str:
 
 def outcome(handle, workdir: str) -> str:
   """A multi-task submitit job's outcome: task 0's, or, where a task ended without a result
-  (`distributed.fail` exits at once), the job's state from its files ("failed" when
-  error.txt says so)."""
+  (`distributed.fail` exits at once, a task was killed), the job's state from its files:
+  "done", "failed" (error.txt), "interrupted" (started, its writer gone: the next run
+  resumes it), else "failed"."""
   try:
     return handle.results()[0]
   except Exception:  # pylint: disable=broad-except  # submitit.core.utils.UncompletedJobError, FailedJobError
     state = launch.job_state(workdir)
-    return state if state in ("done", "failed") else "failed"
+    return state if state in ("done", "failed", "interrupted") else "failed"
 
 
 def submit(executor, jobs: list, ignore_locks: bool = False) -> list:
