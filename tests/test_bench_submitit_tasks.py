@@ -64,7 +64,7 @@ def scores(sweep, exp, out) -> dict:
     (2, "submitit", "debug", "submitit's debug cluster runs one task in this process"),
 ])
 def test_tasks_per_job_refused(value, launcher, cluster, fragment):
-  with pytest.raises(sweep_lib.SweepError, match=None) as e:
+  with pytest.raises(sweep_lib.SweepError) as e:
     tasks.check_tasks_per_job(value, launcher, cluster)
   assert fragment in str(e.value) and "\n" not in str(e.value)
 
@@ -93,6 +93,10 @@ def test_each_task_gets_its_distributed_fields_and_the_key_stays(tmp_path):
   slurm = tasks.with_task(job.config, tasks.coordinator("slurm", 0), 8, 3).distributed
   assert (slurm.initialize, slurm.num_processes, slurm.process_id) == ("auto", 1, 0)  # Slurm says them
   assert "distributed" in rundir.RESULT_NEUTRAL  # so the job's key, taken without it, is the same
+  old = job.config.copy_and_resolve_references()
+  del old["distributed"]
+  assert tasks.with_task(old, tasks.coordinator("local", 1), 2, 0).distributed.timeout_s == \
+      job.config.distributed.timeout_s  # a config without the block gets the default one
 
 
 def test_run_submitit_refuses_before_writing(tmp_path):

@@ -1,6 +1,7 @@
 """Running a sweep's jobs: batches of jobs that share one compiled program in a local pool
 of worker processes (`run_batched`, the default), one job at a time per worker (`run_local`,
-`--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch).
+`--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch, or
+per job run as several tasks of one `jax.distributed` run: `fedjax_dg.bench.tasks`).
 `execute` runs one job in this process, `execute_batch` a batch (`fedjax_dg.bench.batches`
 groups and sizes them; `fedjax_dg.batch` runs them).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -156,7 +158,7 @@ def _record_done(workdir: str, t0: float) -> None:
   _event(workdir, "done", seconds=time.time() - t0)
 
 
-def _quiet_logging() -> None:
+def quiet_logging() -> None:
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
 
@@ -196,7 +198,7 @@ def run_held(workdir: str, config, run=None) -> Exception | None:
   _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
   t0 = time.time()
   try:
-    _quiet_logging()
+    quiet_logging()
     with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
         contextlib.redirect_stderr(log):
       (run or run_config)(config, workdir)
@@ -281,7 +283,7 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
     else:
       held.append(w)
   try:
-    _quiet_logging()
+    quiet_logging()
     keys, configs, ready = {}, {}, []
     for w in held:
       try:
@@ -517,10 +519,8 @@ def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = No
   jobs import this fedjax_dg (PYTHONPATH) and use `cache_dir` as JAX's compilation cache.
   With `wait`, returns each job's outcome ("done", "failed", ...), else the submitit job
   handles."""
-  try:
-    import submitit  # noqa: F401  (a missing submitit: the line below, before anything is written)
-  except ImportError:
-    raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'") from None
+  if importlib.util.find_spec("submitit") is None:  # before anything is written
+    raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'")
   from fedjax_dg.bench import tasks as tasks_lib
   batches_lib.check_max_runs(max_runs)
   tasks = tasks_lib.check_tasks_per_job(tasks, cluster=cluster)

@@ -97,6 +97,9 @@ def with_task(config, fields: dict, num_tasks: int, rank: int):
   """`config` with its `distributed` block set for task `rank` of `num_tasks` (the counts
   matter only for `initialize="local"`; "auto" reads them from the cluster)."""
   config = config.copy_and_resolve_references()
+  if "distributed" not in config:  # a base config written before the block existed
+    from fedjax_dg import defaults
+    config.distributed = defaults.default_config().distributed
   d = config.distributed
   d.initialize = fields["initialize"]
   if d.initialize == "local":
@@ -124,7 +127,7 @@ def execute_task(workdir: str, fields: dict, ignore_locks: bool = False) -> str:
   decision = agreed(_decide(workdir, ignore_locks) if writer else "run")
   if decision != "run":
     return decision
-  launch._quiet_logging()  # pylint: disable=protected-access
+  launch.quiet_logging()
   if writer:
     return _run_writer(workdir, config)
   return _run_other(workdir, config)
