@@ -49,8 +49,8 @@ def check_tasks_per_job(tasks: int, launcher: str = "submitit", cluster: str | N
   if isinstance(tasks, bool) or not isinstance(tasks, (int, np.integer)) or tasks < 1:
     raise sweep_lib.SweepError(f"{flag} (processes per job) must be an integer >= 1, got {tasks!r}")
   if tasks > 1 and launcher != "submitit":
-    raise sweep_lib.SweepError(f"{flag}={tasks} runs a job as several submitit tasks: use --launcher=submitit "
-                               f"(the {launcher} launcher runs each job in one process)")
+    raise sweep_lib.SweepError(f"{flag}={tasks} runs a job as several submitit tasks: use --launcher=submitit, "
+                               f"or --tasks_per_job=1 with the {launcher} launcher (one process per job)")
   if tasks > 1 and cluster == "debug":
     raise sweep_lib.SweepError(f"{flag}={tasks}: submitit's debug cluster runs one task in this process; "
                                "use --cluster=local or Slurm")
