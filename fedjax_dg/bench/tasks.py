@@ -21,9 +21,11 @@ the submitit parameters name them; `cluster="local"`: N local processes). Every 
 A failure every task shares (a bad config: `distributed.agree`) is recorded once by
 process 0 and every task returns "failed". Any other failure ends its task at once with one
 line and status 2 (`distributed.fail`, after process 0 has recorded it when it is the one
-failing); the others lose it in their next collective and end the same way (at once when
-its connection closes, else after `distributed.heartbeat_s`); on Slurm, submitit's `srun`
-gets `--kill-on-bad-exit=1`, which stops them at once.
+failing); the others lose it in their next collective (at once when its connection closes,
+else after `distributed.heartbeat_s`) and end the same way, process 0 recording a
+`PeerLost` line. A killed process 0 takes the others down through JAX's coordinator, which
+it hosts, and leaves the job interrupted (resumed by the next run). On Slurm, submitit's
+`srun` gets `--kill-on-bad-exit=1`, which stops the others at once.
 
 Several jobs are not batched into one program of a multi-process job: with N > 1 each
 submitit job runs one sweep job.
