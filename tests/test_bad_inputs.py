@@ -1118,6 +1118,27 @@ for _flag, _value, _expect in (
                                                      "configs/sweeps/tiny.py", f"--sweep.root={tmp}/sweep", f"{f}={v}"]))
 
 
+for _value, _launcher, _expect in (
+    ("0", "local", "--tasks_per_job (processes per job) must be an integer >= 1, got 0"),
+    ("2", "local", "--tasks_per_job=2 runs a job as several submitit tasks: use --launcher=submitit")):
+  case(5, f"`bench run --launcher={_launcher} --tasks_per_job={_value}`", f"`python -m fedjax_dg.bench run --sweep "
+       f"configs/sweeps/tiny.py --launcher={_launcher} --tasks_per_job={_value}`", _expect, section="sweeps")(
+           lambda tmp, v=_value, la=_launcher: _run(tmp, [
+               sys.executable, "-m", "fedjax_dg.bench", "run", "--sweep", "configs/sweeps/tiny.py",
+               f"--sweep.root={tmp}/sweep", f"--launcher={la}", f"--tasks_per_job={v}"]))
+
+
+@case(5, "submitit nodes not dividing the tasks of a job", "`sweep.launch.submitit.nodes = 3` with "
+      "`--tasks_per_job=4`", "sweep.launch.submitit.nodes=3 must be >= 1 and divide tasks_per_job=4",
+      section="sweeps")
+def _(tmp):
+  pytest.importorskip("submitit")
+  from fedjax_dg.bench import launch
+  _, exp, _ = _tiny_sweep(tmp)
+  return error_of(lambda: launch.run_submitit(exp, str(tmp / "submitit"), cluster="local", parameters={"nodes": 3},
+                                              tasks=4))
+
+
 # ----------------------------------------------------------------------------- data files
 
 def _iwildcam(tmp, rows, raw: bytes | None = None):

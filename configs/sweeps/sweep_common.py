@@ -70,7 +70,9 @@ def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
   # Jobs of one static configuration run as batches (`vectorize`) within `batch_memory` (bytes
   # such as "4G", or a share of the device's memory such as "50%"; "" = the default share) and
   # `max_batch` runs; `bench run --no-vectorize / --batch-memory / --max-batch` override them.
+  # `tasks_per_job` > 1 (submitit only; `bench run --tasks_per_job`) runs each job as that many
+  # submitit tasks, the processes of one jax.distributed run (docs/multi_process.md).
   s.launch = ml_collections.ConfigDict({"workers": 1, "compilation_cache": True, "compilation_cache_dir": "",
                                         "submitit": {"timeout_min": 60}, "vectorize": True, "batch_memory": "",
-                                        "max_batch": 64})
+                                        "max_batch": 64, "tasks_per_job": 1})
   return s

@@ -9,7 +9,9 @@ Commands:
            in seeds and continuous hyperparameters run as batches, one program each
            (--batch-memory: bytes per batch such as 4G, or a share of the device's memory
            such as 50%, default 50% shared by the workers; --max-batch: runs per batch,
-           default 64); --no-vectorize runs one job at a time per worker
+           default 64); --no-vectorize runs one job at a time per worker;
+           --launcher=submitit --tasks_per_job=N runs each job as N submitit tasks, the
+           processes of one jax.distributed run (default sweep.launch.tasks_per_job, 1)
   status   done / running / failed / interrupted / pending counts and the unfinished jobs
            (--verbose: every job, and the batch that ran it)
   collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
@@ -45,9 +47,11 @@ _VECTORIZE = flags.DEFINE_bool("vectorize", None, "run: batch the jobs that shar
 _BATCH_MEMORY = flags.DEFINE_string("batch_memory", None, "run: memory per batch: bytes (4G, 512M, 3e9) or a share "
                                     "of the device's memory (50%; the default, shared by the workers).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", None, "run: at most this many runs per batch (default 64).")
+_TASKS = flags.DEFINE_integer("tasks_per_job", None, "run --launcher=submitit: processes per job, one submitit task "
+                              "each, of one jax.distributed run (default sweep.launch.tasks_per_job, 1).")
 # Spellings of the flags above with hyphens (absl reads `--batch_memory`, `--novectorize`).
 _HYPHENATED = {"--batch-memory": "--batch_memory", "--max-batch": "--max_batch", "--no-vectorize": "--novectorize",
-               "--ignore-locks": "--ignore_locks"}
+               "--ignore-locks": "--ignore_locks", "--tasks-per-job": "--tasks_per_job"}
 
 # --- report flags (staleness, the results file) -------------------------------------------
 _ALLOW_STALE = flags.DEFINE_bool("allow_stale", False, "collect / figures / report: use jobs run under other code "
@@ -92,6 +96,15 @@ def _from_results(cmd: str) -> int:
 # --- end of report flags ---------------------------------------------------------------------
 
 
+def _tasks_per_job(lc) -> int:
+  """--tasks_per_job, else sweep.launch.tasks_per_job (1), checked against the launcher."""
+  from fedjax_dg.bench import tasks
+  if _TASKS.value is not None:
+    return tasks.check_tasks_per_job(_TASKS.value, _LAUNCHER.value, _CLUSTER.value)
+  return tasks.check_tasks_per_job(lc.get("tasks_per_job", 1), _LAUNCHER.value, _CLUSTER.value,
+                                   flag="sweep.launch.tasks_per_job")
+
+
 def _out(sweep, sub: str) -> str:
   return _OUT.value or (sweep.get("report", {}).get("out", "") if sub == "report" else "") or \
       os.path.join(sweep.root, "results" if sub != "report" else "report")
@@ -133,6 +146,7 @@ def main(argv) -> int:
         max_runs = batches.check_max_runs(_MAX_BATCH.value)
       else:
         max_runs = batches.check_max_runs(lc.get("max_batch", batches.DEFAULT_MAX_RUNS), flag="sweep.launch.max_batch")
+      tasks = _tasks_per_job(lc)
     exp = sweep_lib.expand(sweep)
     for grid, why in exp.waiting.items():  # report flags: a seeds phase waiting for its search
       print(f"waiting: {why}", file=sys.stderr)
@@ -158,7 +172,7 @@ def main(argv) -> int:
         params = dict(lc.get("submitit", {}))
         folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")
         out = launch.run_submitit(exp, folder, _CLUSTER.value, params, wait=_WAIT.value, cache_dir=cache,
-                                  vectorize=vectorize, memory=memory, max_runs=max_runs)
+                                  vectorize=vectorize, memory=memory, max_runs=max_runs, tasks=tasks)
         if _WAIT.value:
           print(launch.status_text(launch.status(exp)))
         else:

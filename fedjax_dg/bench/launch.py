@@ -1,6 +1,7 @@
 """Running a sweep's jobs: batches of jobs that share one compiled program in a local pool
 of worker processes (`run_batched`, the default), one job at a time per worker (`run_local`,
-`--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch).
+`--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch, or
+per job run as several tasks of one `jax.distributed` run: `fedjax_dg.bench.tasks`).
 `execute` runs one job in this process, `execute_batch` a batch (`fedjax_dg.bench.batches`
 groups and sizes them; `fedjax_dg.batch` runs them).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -129,7 +131,7 @@ def run_config(config, workdir: str) -> dict:
   return experiment.run_fold(config, splits.fold_from_config(datasets.load_dataset(d), d), workdir)
 
 
-def _load_job(workdir: str):
+def load_job(workdir: str):
   """(key, config) of the job's job.json, the config set to run in `workdir` (resuming, quietly)."""
   with open(_path(workdir, "job.json")) as f:
     doc = json.load(f)
@@ -156,7 +158,7 @@ def _record_done(workdir: str, t0: float) -> None:
   _event(workdir, "done", seconds=time.time() - t0)
 
 
-def _quiet_logging() -> None:
+def quiet_logging() -> None:
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
 
@@ -165,27 +167,46 @@ def execute(workdir: str, ignore_locks: bool = False) -> str:
   """Runs the job in `workdir` (its job.json) in this process unless it is done or another
   process holds it. Returns "skipped", "busy", "done" or "failed"; never raises for a
   failing job: its traceback goes to error.txt."""
+  decision = decide(workdir, ignore_locks)
+  if decision != "run":
+    return decision
+  try:
+    _, config = load_job(workdir)
+    return "done" if run_held(workdir, config) is None else "failed"
+  finally:
+    release(workdir)
+
+
+def decide(workdir: str, ignore_locks: bool = False) -> str:
+  """"skipped" (the job is done), "busy" (another live process holds its lock) or "run" (this
+  process now holds the lock: `release` it)."""
   if job_state(workdir) == "done":
     return "skipped"
-  if not _acquire(workdir, ignore_locks):
-    return "busy"
+  return "run" if _acquire(workdir, ignore_locks) else "busy"
+
+
+def release(workdir: str) -> None:
+  """Removes the job's RUNNING lock."""
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(_path(workdir, "RUNNING"))
+
+
+def run_held(workdir: str, config, run=None) -> Exception | None:
+  """Runs `config` in `workdir` (`run(config, workdir)`, default `run_config`), whose lock this
+  process holds: the start line, the run with its output in log.txt, then done or failed
+  (error.txt). Returns the error, if any."""
+  _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
+  t0 = time.time()
   try:
-    _, config = _load_job(workdir)
-    _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
-    t0 = time.time()
-    try:
-      _quiet_logging()
-      with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
-          contextlib.redirect_stderr(log):
-        run_config(config, workdir)
-    except Exception as e:  # the sweep goes on; the job records why it stopped
-      _record_failure(workdir, e, t0)
-      return "failed"
-    _record_done(workdir, t0)
-    return "done"
-  finally:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(_path(workdir, "RUNNING"))
+    quiet_logging()
+    with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
+        contextlib.redirect_stderr(log):
+      (run or run_config)(config, workdir)
+  except Exception as e:  # the sweep goes on; the job records why it stopped
+    _record_failure(workdir, e, t0)
+    return e
+  _record_done(workdir, t0)
+  return None
 
 
 # ---------------------------------------------------------------------------- a batch of jobs
@@ -262,11 +283,11 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
     else:
       held.append(w)
   try:
-    _quiet_logging()
+    quiet_logging()
     keys, configs, ready = {}, {}, []
     for w in held:
       try:
-        keys[w], configs[w] = _load_job(w)
+        keys[w], configs[w] = load_job(w)
         config_lib.validate(configs[w])  # an invalid config fails alone, before the batch compiles
         ready.append(w)
       except Exception as e:  # pylint: disable=broad-except  # an unreadable job.json or invalid config fails alone
@@ -485,25 +506,32 @@ def _environ(**values):
 
 def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = None, parameters: dict | None = None,
                  wait: bool = False, quiet: bool = False, cache_dir: str = "", vectorize: bool = True,
-                 memory: batches_lib.Memory | None = None, max_runs: int = batches_lib.DEFAULT_MAX_RUNS) -> list:
+                 memory: batches_lib.Memory | None = None, max_runs: int = batches_lib.DEFAULT_MAX_RUNS,
+                 tasks: int = 1) -> list:
   """Submits every job not done as one submitit batch (a Slurm job array with
   `cluster=None` on a Slurm login node; `cluster="local"` runs them as local processes,
   as the tests do): with `vectorize`, one submitit job per unit of jobs sharing a static
   configuration (`plan`), which cuts it into batches that fit `memory` on its own node's
   device (`execute_batch`); without, one submitit job per job. `parameters` go to
   `update_parameters` (e.g. timeout_min, slurm_partition, gpus_per_node, cpus_per_task,
-  slurm_array_parallelism). The jobs import this fedjax_dg (PYTHONPATH) and use `cache_dir`
-  as JAX's compilation cache. With `wait`, returns each job's outcome ("done", "failed",
-  ...), else the submitit job handles."""
-  try:
-    import submitit
-  except ImportError:
-    raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'") from None
+  slurm_array_parallelism). With `tasks` > 1, each job runs alone as one submitit job of
+  `tasks` tasks, the processes of one `jax.distributed` run (`fedjax_dg.bench.tasks`). The
+  jobs import this fedjax_dg (PYTHONPATH) and use `cache_dir` as JAX's compilation cache.
+  With `wait`, returns each job's outcome ("done", "failed", ...), else the submitit job
+  handles."""
+  if importlib.util.find_spec("submitit") is None:  # before anything is written
+    raise sweep_lib.SweepError("the submitit launcher needs submitit: pip install 'fedjax-dg[cluster]'")
+  from fedjax_dg.bench import tasks as tasks_lib
   batches_lib.check_max_runs(max_runs)
+  tasks = tasks_lib.check_tasks_per_job(tasks, cluster=cluster)
+  if tasks > 1:
+    parameters = tasks_lib.task_parameters(dict(parameters or {}), tasks)
   todo = prepare(exp)
   if not todo:
     _print(f"{len(exp.jobs)} jobs, all done", quiet)
     return []
+  if tasks > 1:
+    return _submit_tasks(exp, todo, folder, cluster, parameters, wait, quiet, cache_dir, tasks)
   failed = []
   if vectorize:
     units, errors = plan(todo, max_runs)
@@ -515,10 +543,8 @@ def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = No
     units = [[j] for j in todo]
   if not units:
     return failed if wait else []
-  executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-  executor.update_parameters(**dict(parameters or {}))
-  cache = dict(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0") if cache_dir else {}
-  with _environ(PYTHONPATH=_child_pythonpath(), **cache), executor.batch():
+  executor = _executor(folder, cluster, parameters)
+  with _job_environ(cache_dir), executor.batch():
     if vectorize:
       handles = [executor.submit(execute_batch, [os.path.abspath(j.workdir) for j in unit], False, memory, 1, max_runs)
                  for unit in units]
@@ -533,6 +559,33 @@ def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = No
   if not vectorize:
     return [h.result() for h in handles]
   return failed + [outcome for h in handles for _, outcome, _ in h.result()]
+
+
+def _executor(folder: str, cluster: str | None, parameters: dict | None):
+  import submitit
+  executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+  executor.update_parameters(**dict(parameters or {}))
+  return executor
+
+
+def _job_environ(cache_dir: str):
+  """The environment the submitted jobs inherit: this fedjax_dg, JAX's compilation cache."""
+  cache = dict(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0") if cache_dir else {}
+  return _environ(PYTHONPATH=_child_pythonpath(), **cache)
+
+
+def _submit_tasks(exp, todo: list, folder: str, cluster: str | None, parameters: dict, wait: bool, quiet: bool,
+                  cache_dir: str, tasks: int) -> list:
+  """`run_submitit` with `tasks` > 1: one submitit job of `tasks` tasks per sweep job."""
+  from fedjax_dg.bench import tasks as tasks_lib
+  executor = _executor(folder, cluster, parameters)
+  with _job_environ(cache_dir), executor.batch():
+    handles = tasks_lib.submit(executor, todo)
+  _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - len(todo)} already done, {len(todo)} submitted to "
+         f"{executor.cluster} as {tasks} tasks each, one job per submitit job (logs in {folder})", quiet)
+  if not wait:
+    return handles
+  return [tasks_lib.outcome(h, j.workdir) for h, j in zip(handles, todo)]
 
 
 def status(exp: sweep_lib.Expansion) -> list[dict]:
