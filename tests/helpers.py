@@ -35,6 +35,20 @@ def tree_max_diff(a, b):
   return max(float(jnp.max(jnp.abs(f(x) - f(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+# `jax.jit(..., compiler_options=XLA_DEFAULT_OPT)`: one program compiled at XLA's default
+# backend optimisation level (3), where the suite compiles at 0 (conftest.py).
+XLA_DEFAULT_OPT = {"xla_backend_optimization_level": 3}
+
+
+def xla_flags(devices: int = 0) -> str:
+  """XLA_FLAGS for a test's subprocess: the suite's own flags (conftest: the compile
+  optimisation level) without any forced host-device count, plus `devices` forced host
+  devices when given."""
+  import os
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices else []))
+
+
 def run_on_host_devices(script_template: str, marker: str, n: int = 4):
   """Runs `script_template` (formatted with `root` and `tests`) in a fresh Python with `n`
   forced XLA host devices and checks it printed `marker`."""
@@ -70,7 +84,7 @@ def run_scripts_on_host_devices(scripts: dict, n: int = 4) -> dict:
   import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   codes = {k: (t.format(root=root, tests=os.path.join(root, "tests")), m) for k, (t, m) in scripts.items()}
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(n), JAX_PLATFORMS="cpu")
   try:  # 10 minutes a script
     out = subprocess.run([sys.executable, "-c", _SCRIPTS_DRIVER], input=json.dumps(codes), env=env,
                          capture_output=True, text=True, timeout=600 * len(codes))

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import helpers
 from helpers import pythonpath
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +28,7 @@ RUN = ("--config", os.path.join(ROOT, "configs", "default.py"), "--config.model.
 
 
 def _env(**extra):
-  return {**os.environ, "PYTHONPATH": pythonpath(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+  return {**os.environ, "PYTHONPATH": pythonpath(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": helpers.xla_flags(),
           "PYTHON": sys.executable, "FEDJAX_DG": f"{sys.executable} -m fedjax_dg", **extra}
 
 

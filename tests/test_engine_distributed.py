@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_dg.algorithms.base import make_schedule
 from fedjax_dg.engine import init_round_state, make_round
+import helpers
 from helpers import method, ragged_store, sgd_config, tiny_mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +67,7 @@ def _two_processes(cases, tmp_path):
   script = tmp_path / "worker.py"
   script.write_text(WORKER.format(root=ROOT, tests=os.path.join(ROOT, "tests")))
   out, port = tmp_path / "out.npz", str(_free_port())
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=helpers.xla_flags())
   procs = [subprocess.Popen([sys.executable, str(script), str(i), port, str(out), ",".join(cases)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
   try:
