@@ -224,8 +224,15 @@ def _stack(trees):
   return jax.tree.map(lambda *a: jnp.stack(a), *trees)
 
 
-def _pick(tree, r: int):
+@jax.jit
+def _take(tree, r):
   return jax.tree.map(lambda a: a[r], tree)
+
+
+def _pick(tree, r: int):
+  """Run `r`'s slice of every leaf of the stacked `tree`: one compiled gather for the whole
+  tree, not one dispatch per leaf (a record or a checkpoint of a run reads its state)."""
+  return _take(tree, jnp.int32(r))
 
 
 def _put(tree, r: int, one):
@@ -442,6 +449,13 @@ def run_axis(config) -> str:
   return axis
 
 
+@jax.jit
+def _round_keys(k_rounds, rounds):
+  """`[runs, rounds, 2]`: every run's key of every round, `fold_in(k_rounds[r], t)` (as a
+  single run draws it), in one call instead of one per run and round."""
+  return jax.vmap(lambda k: jax.vmap(lambda t: jax.random.fold_in(k, t))(rounds))(k_rounds)
+
+
 def _batched_round(round_fn, store_axis, axis: str = "vmap"):
   """`step(states, store, keys, active) -> (states, metrics)`: the round over the run axis,
   `vmap`ped or (`axis="map"`) looped with `jax.lax.map`; a run not active (waiting for its
@@ -518,6 +532,7 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
   bar = tqdm(total=total - t0, desc=f"round (batch of {R})", dynamic_ncols=True,
              disable=all(r.config.get("quiet", False) for r in group))
   compiled = set()
+  round_keys = np.asarray(_round_keys(jnp.stack([b.k_rounds for b in books]), jnp.arange(total)))
 
   def evaluate(done, k, runs, losses):
     since = time.time()
@@ -546,7 +561,7 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
       st = stages[k]
       if k > 0 and t == st.first:
         state = _stack([books[r].next_stage_state(k, _pick(state, r)) for r in range(R)])
-      keys = jnp.stack([jax.random.fold_in(b.k_rounds, t) for b in books])
+      keys = jnp.asarray(round_keys[:, t])
       since = time.time()
       state, metrics = steps[k](state, store, keys, jnp.asarray(active))
       losses = np.asarray(metrics["train_loss"])  # waits for the round
