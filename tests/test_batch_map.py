@@ -15,8 +15,8 @@ import pytest
 import test_batch as tb
 
 
-def _base(tiny_config, name, **over):
-  c = tb._config(tiny_config, name, **over)
+def _base(tiny_config, name, strategy="vmap", **over):
+  c = tb._config(tiny_config, name, strategy, **over)
   c.engine.run_axis = "map"
   c.eval_every = 1
   c.checkpoint_every = 2
@@ -87,3 +87,20 @@ def test_centralised_groupdro_under_map_equals_its_solo_runs_bit_for_bit(tiny_co
   assert all(isinstance(o, dict) for o in out + solo), (out, solo)
   for i in range(3):
     assert_identical(cfgs[i], tmp_path / f"b{i}", tmp_path / f"s{i}", tmp_path / f"s{(i + 1) % 3}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["chunked", "sequential"])
+@pytest.mark.parametrize("name", ["scaffold", "fedloe"])
+def test_other_strategies_and_stateful_or_staged_methods_under_map_equal_their_solo_runs(tiny_config, tmp_path,
+                                                                                          strategy, name):
+  """SCAFFOLD (persistent client states) and FedLOE (two stages) under the chunked and the
+  sequential client strategies, two runs differing in seed and step size."""
+  extra = {"algorithm.fedloe.stage2_rounds": 2, "num_rounds": 2, "algorithm.fedloe.head_steps": 2,
+           "algorithm.fedloe.solver_steps": 5} if name == "fedloe" else {}
+  cfgs = [_base(tiny_config, name, strategy, seed=0, **extra),
+          _base(tiny_config, name, strategy, seed=1, **{"client.lr": 0.05}, **extra)]
+  out, solo = _batch_and_solo(cfgs, tmp_path)
+  assert all(isinstance(o, dict) for o in out + solo), (out, solo)
+  assert_identical(cfgs[0], tmp_path / "b0", tmp_path / "s0", tmp_path / "s1")
+  assert_identical(cfgs[1], tmp_path / "b1", tmp_path / "s1", tmp_path / "s0")
