@@ -19,9 +19,11 @@ records per arm the wall time (child start to exit), jobs per hour, the
 peak resident memory of the child's process tree (sampled every 0.1 s with psutil; also
 the largest single process, `getrusage` in the child), the outcome counts, and the sum
 over the jobs of each run summary's `timing` (compile, train, evaluate, checkpoint, total;
-null where no summary has that key); then the ratios alone / batched and process / batched,
-and whether the arms give the same scores as the batched arm (every score column of
-`jobs.csv` within 1e-5).
+null where no summary has that key; a batch's totals counted once); then the ratios
+alone / batched and process / batched, whether the arms give the same scores as the
+batched arm (every score column of `jobs.csv` within 1e-5), and the Amdahl bound of
+batching on a device where it does not speed up the training arithmetic: the alone arm's
+total time over its training time.
 
     python benchmarks/sweep_speed.py --out benchmarks/results/sweep_speed_cpu.json
     python benchmarks/sweep_speed.py --jobs 6 --rounds 4      # a quick check that it works
@@ -187,17 +189,21 @@ def measure(args, arm: str, root: str) -> dict:
 
 
 def timing(exp) -> dict:
-  """Sums over the jobs' summaries of each `timing` key (None where no summary has it)."""
+  """Sums over the jobs' summaries of each `timing` key (None where no summary has it). A
+  run of a batch reports its batch's totals: each counts `1 / batch size` of them, so every
+  batch is counted once and the sums split the arm's wall time."""
   sums = {k: None for k in TIMING}
   for job in exp.jobs.values():
     path = os.path.join(job.workdir, "summary.json")
     if not os.path.exists(path):
       continue
     with open(path) as f:
-      t = json.load(f).get("timing") or {}
+      summary = json.load(f)
+    t = summary.get("timing") or {}
+    share = 1.0 / max(1, int((summary.get("batch") or {}).get("size", 1)))
     for k in TIMING:
       if t.get(k) is not None:
-        sums[k] = (sums[k] or 0.0) + float(t[k])
+        sums[k] = (sums[k] or 0.0) + share * float(t[k])
   return sums
 
 
