@@ -40,8 +40,10 @@ saved); from then on its state is frozen (`jnp.where` per run) and the others go
 results unchanged.
 
 Strategies: "vmap", "chunked" and "sequential" (and their sharded forms over several
-devices) run the batch as `jax.vmap` of the round over the run axis, one compiled program
-per stage. "host_loop" (a Python loop dispatching one client at a time) and host-held inputs
+devices) run the batch as one compiled program per stage over the run axis: a `jax.lax.map`
+loop through the single run's round (`engine.run_axis="map"`, the default on CPU: each run's
+arithmetic is the single run's, bit for bit) or `jax.vmap` of the round (`"vmap"`, the
+default on GPU and TPU: the run axis fills the device; results equal to float32 rounding). "host_loop" (a Python loop dispatching one client at a time) and host-held inputs
 (`engine.host_store`) cannot be traced under `vmap`: there the runs of the batch run one
 after another as ordinary runs in this process (same results, same files), each with its own
 timing.

@@ -104,3 +104,22 @@ def test_other_strategies_and_stateful_or_staged_methods_under_map_equal_their_s
   assert all(isinstance(o, dict) for o in out + solo), (out, solo)
   assert_identical(cfgs[0], tmp_path / "b0", tmp_path / "s0", tmp_path / "s1")
   assert_identical(cfgs[1], tmp_path / "b1", tmp_path / "s1", tmp_path / "s0")
+
+
+def test_run_axis_splits_batches_and_enters_a_job_key_only_when_set(tiny_config):
+  """Runs of different `engine.run_axis` never share a batch (they may round differently);
+  "auto" leaves a sweep job's key what it was before the field existed, "map" and "vmap"
+  make new jobs."""
+  from fedjax_dg import batch
+  from fedjax_dg.bench import sweep as sweep_lib
+  cfgs = {axis: _base(tiny_config, "fedavg") for axis in ("auto", "map", "vmap")}
+  for axis, c in cfgs.items():
+    c.engine.run_axis = axis
+  assert len({batch.static_key(c) for c in cfgs.values()}) == 3
+  before = cfgs["auto"].copy_and_resolve_references()
+  with before.unlocked():
+    del before.engine["run_axis"]  # a config written before the field existed
+  keys = {axis: sweep_lib.config_key(c) for axis, c in cfgs.items()}
+  assert keys["auto"] == sweep_lib.config_key(before)
+  assert len(set(keys.values())) == 3
+  assert batch.run_axis(cfgs["auto"]) == ("map" if jax.default_backend() == "cpu" else "vmap")
