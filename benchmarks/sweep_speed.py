@@ -5,15 +5,25 @@ The jobs: the first `--jobs` jobs (in the sweep's order) of the report's sweep
 names (default the table grid; the JSON counts them by method and C under `job_mix`). Each arm runs them from a fresh temporary sweep root
 (its own JAX compilation cache, as `bench run` sets up) in a child process:
 
-  alone    `bench run --no-vectorize`: `launch.run_local`, one job at a time per worker
+  alone    `bench run --no-vectorize`: `launch.run_local`, one job at a time per worker (a
+           long-lived worker process: it imports once and keeps JAX's in-memory caches)
   batched  `bench run`: `launch.run_batched`, jobs of one static configuration as one batch
+           (`engine.run_axis` as the jobs' configs say: "auto", a loop over the runs on CPU)
+  process  one job per process: a fresh Python process per job running `launch.execute`
+           (what the submitit launcher's `--no-vectorize` submits per job), one after
+           another; JAX's persistent compilation cache shared between them as the launcher
+           shares it (`launch.run_submitit`'s environment); `--workers` is ignored (one at a time)
 
-and the benchmark records per arm the wall time (child start to exit), jobs per hour, the
+The arms run in the order `--arms` gives (default alone, batched, process). The benchmark
+records per arm the wall time (child start to exit), jobs per hour, the
 peak resident memory of the child's process tree (sampled every 0.1 s with psutil; also
 the largest single process, `getrusage` in the child), the outcome counts, and the sum
 over the jobs of each run summary's `timing` (compile, train, evaluate, checkpoint, total;
-null where no summary has that key); then the ratio alone / batched, and whether both arms
-give the same scores (every score column of `jobs.csv` within 1e-5).
+null where no summary has that key; a batch's totals counted once); then the ratios
+alone / batched and process / batched, whether the arms give the same scores as the
+batched arm (every score column of `jobs.csv` within 1e-5), and the Amdahl bound of
+batching on a device where it does not speed up the training arithmetic: the alone arm's
+total time over its training time.
 
     python benchmarks/sweep_speed.py --out benchmarks/results/sweep_speed_cpu.json
     python benchmarks/sweep_speed.py --jobs 6 --rounds 4      # a quick check that it works
@@ -36,7 +46,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "configs", "sweeps", "report.py")
-ARMS = ("alone", "batched")
+ARMS = ("alone", "batched", "process")
 TIMING = ("compile_s", "train_s", "eval_s", "checkpoint_s", "total_s")
 SCORES = [f"{rule}_{f}" for rule in ("heldout_domain", "in_domain", "oracle") for f in ("round", "val", "test", "in_test")]
 SCORES += ["final_round", "final_test"]
@@ -51,7 +61,7 @@ def _args(argv=None):
   p.add_argument("--workers", type=int, default=1, help="worker processes, the same in both arms")
   p.add_argument("--batch-memory", default="", help="the batched arm's --batch-memory (default: the launcher's)")
   p.add_argument("--max-batch", type=int, default=0, help="the batched arm's --max-batch (0: the launcher's)")
-  p.add_argument("--arms", default="alone,batched", help="which arms, in this order")
+  p.add_argument("--arms", default="alone,batched,process", help="which arms, in this order")
   p.add_argument("--keep", default="", help="run in this folder and keep it (default: a temporary folder, removed)")
   p.add_argument("--out", default="", help="write the JSON here")
   p.add_argument("--arm", default="", help=argparse.SUPPRESS)   # child mode: run one arm
@@ -102,6 +112,8 @@ def run_arm(args) -> None:
   cache = os.path.join(args.root, ".jax_cache")
   if args.arm == "alone":
     counts = launch.run_local(exp, args.workers, cache_dir=cache)
+  elif args.arm == "process":
+    counts = one_process_per_job(exp, cache)
   else:
     memory = batches.parse_memory(args.batch_memory)
     counts = launch.run_batched(exp, args.workers, memory, args.max_batch or batches.DEFAULT_MAX_RUNS,
@@ -109,6 +121,24 @@ def run_arm(args) -> None:
   print("COUNTS " + json.dumps(counts), flush=True)
   kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
   print(f"MAXRSS {kib * 1024}", flush=True)  # Linux reports KiB
+
+
+JOB_PROCESS = "import sys; from fedjax_dg.bench import launch; print(launch.execute(sys.argv[1]))"
+
+
+def one_process_per_job(exp, cache: str) -> dict:
+  """Every job not done in its own fresh Python process (`launch.execute`), one at a time,
+  with JAX's persistent compilation cache in `cache` (the launcher's environment variables)."""
+  from fedjax_dg.bench import launch
+  counts = {s: 0 for s in ("done", "failed", "skipped", "busy")}
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  for job in launch.prepare(exp):
+    out = subprocess.run([sys.executable, "-c", JOB_PROCESS, job.workdir], env=env, capture_output=True, text=True,
+                         check=False)
+    lines = out.stdout.split()
+    outcome = lines[-1] if out.returncode == 0 and lines and lines[-1] in counts else "failed"
+    counts[outcome] += 1
+  return counts
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -159,17 +189,21 @@ def measure(args, arm: str, root: str) -> dict:
 
 
 def timing(exp) -> dict:
-  """Sums over the jobs' summaries of each `timing` key (None where no summary has it)."""
+  """Sums over the jobs' summaries of each `timing` key (None where no summary has it). A
+  run of a batch reports its batch's totals: each counts `1 / batch size` of them, so every
+  batch is counted once and the sums split the arm's wall time."""
   sums = {k: None for k in TIMING}
   for job in exp.jobs.values():
     path = os.path.join(job.workdir, "summary.json")
     if not os.path.exists(path):
       continue
     with open(path) as f:
-      t = json.load(f).get("timing") or {}
+      summary = json.load(f)
+    t = summary.get("timing") or {}
+    share = 1.0 / max(1, int((summary.get("batch") or {}).get("size", 1)))
     for k in TIMING:
       if t.get(k) is not None:
-        sums[k] = (sums[k] or 0.0) + float(t[k])
+        sums[k] = (sums[k] or 0.0) + share * float(t[k])
   return sums
 
 
@@ -262,15 +296,22 @@ def main(argv=None):
       name = f"{r['algorithm']} C={r['num_clients']}"
       mix[name] = mix.get(name, 0) + 1
     result["job_mix"] = mix
-    if set(rows) == set(ARMS):
-      a, b = result["arms"]["alone"], result["arms"]["batched"]
-      result["speedup_alone_over_batched"] = a["wall_s"] / b["wall_s"]
-      pa, pb = a["peak_rss_tree_bytes"], b["peak_rss_tree_bytes"]
-      result["peak_memory_ratio_batched_over_alone"] = pb / pa if pa and pb else None
-      result["scores"] = compare(rows["alone"], rows["batched"])
-      print(f"speed-up (alone / batched wall time): {result['speedup_alone_over_batched']:.2f}x; "
-            f"same scores within {TOLERANCE}: {result['scores']['same_scores']} "
-            f"(max difference {result['scores']['max_abs_difference']:.2g})")
+    if "batched" in rows:
+      b = result["arms"]["batched"]
+      for arm in ("alone", "process"):
+        if arm not in rows:
+          continue
+        a = result["arms"][arm]
+        result[f"speedup_{arm}_over_batched"] = a["wall_s"] / b["wall_s"]
+        pa, pb = a["peak_rss_tree_bytes"], b["peak_rss_tree_bytes"]
+        result[f"peak_memory_ratio_batched_over_{arm}"] = pb / pa if pa and pb else None
+        result["scores" if arm == "alone" else f"scores_{arm}"] = same = compare(rows[arm], rows["batched"])
+        print(f"speed-up ({arm} / batched wall time): {result[f'speedup_{arm}_over_batched']:.2f}x; "
+              f"same scores within {TOLERANCE}: {same['same_scores']} (max difference {same['max_abs_difference']:.2g})")
+    if "alone" in result["arms"]:
+      t = result["arms"]["alone"]["timing_sums_s"]
+      if t.get("train_s") and t.get("total_s"):  # Amdahl: batching leaves the training arithmetic
+        result["amdahl_bound_alone_total_over_train"] = t["total_s"] / t["train_s"]
   finally:
     if not args.keep:
       shutil.rmtree(base, ignore_errors=True)

@@ -40,8 +40,10 @@ saved); from then on its state is frozen (`jnp.where` per run) and the others go
 results unchanged.
 
 Strategies: "vmap", "chunked" and "sequential" (and their sharded forms over several
-devices) run the batch as `jax.vmap` of the round over the run axis, one compiled program
-per stage. "host_loop" (a Python loop dispatching one client at a time) and host-held inputs
+devices) run the batch as one compiled program per stage over the run axis: a `jax.lax.map`
+loop through the single run's round (`engine.run_axis="map"`, the default on CPU: each run's
+arithmetic is the single run's, bit for bit) or `jax.vmap` of the round (`"vmap"`, the
+default on GPU and TPU: the run axis fills the device; results equal to float32 rounding). "host_loop" (a Python loop dispatching one client at a time) and host-held inputs
 (`engine.host_store`) cannot be traced under `vmap`: there the runs of the batch run one
 after another as ordinary runs in this process (same results, same files), each with its own
 timing.
@@ -224,8 +226,15 @@ def _stack(trees):
   return jax.tree.map(lambda *a: jnp.stack(a), *trees)
 
 
-def _pick(tree, r: int):
+@jax.jit
+def _take(tree, r):
   return jax.tree.map(lambda a: a[r], tree)
+
+
+def _pick(tree, r: int):
+  """Run `r`'s slice of every leaf of the stacked `tree`: one compiled gather for the whole
+  tree, not one dispatch per leaf (a record or a checkpoint of a run reads its state)."""
+  return _take(tree, jnp.int32(r))
 
 
 def _put(tree, r: int, one):
@@ -237,7 +246,7 @@ class BatchEvaluator:
   runner's `Evaluator` prediction over the run axis); the data shared by all runs when their
   splits are equal, stacked per run otherwise. Metrics as the runner's `Evaluator`."""
 
-  def __init__(self, model, folds: list, batch_size: int):
+  def __init__(self, model, folds: list, batch_size: int, axis: str = "vmap"):
     self.folds = folds
     self.shared = len(folds) == 1
     self.splits = [{k: v for k, v in f.eval_splits().items() if len(v)} for f in folds]
@@ -255,7 +264,13 @@ class BatchEvaluator:
     def predict(params, xb):
       pred = jax.lax.map(lambda x: jnp.argmax(model.apply(params, x), -1), xb)  # [batches, B, ...]
       return pred.reshape((-1,) + pred.shape[2:])
-    self._predict = jax.jit(jax.vmap(predict, in_axes=(0, None if self.shared else 0)))
+    if axis == "map":  # each run's predictions through the single run's program (`Evaluator`)
+      if self.shared:
+        self._predict = jax.jit(lambda params, xb: jax.lax.map(lambda p: predict(p, xb), params))
+      else:
+        self._predict = jax.jit(lambda params, xb: jax.lax.map(lambda a: predict(*a), (params, xb)))
+    else:
+      self._predict = jax.jit(jax.vmap(predict, in_axes=(0, None if self.shared else 0)))
 
   def __call__(self, params, runs) -> dict:
     """`{run: {split: metrics}}` for the runs `runs` of the stacked `params`."""
@@ -420,9 +435,42 @@ def _finite_flags(params, state):
   return jax.vmap(one)(params, state)
 
 
-def _batched_round(round_fn, store_axis):
-  """`step(states, store, keys, active) -> (states, metrics)`: the round `vmap`ped over the
-  run axis; a run not active (waiting for its start, or failed) keeps its state."""
+def run_axis(config) -> str:
+  """`engine.run_axis` resolved: "auto" is "map" on CPU, "vmap" on GPU and TPU.
+
+  "map" (`jax.lax.map`, a loop over the run axis inside the one compiled program) runs each
+  run through the single run's own round, so its arithmetic is the single run's bit for bit
+  on CPU and the program compiles in about a single run's time. "vmap" adds the run axis to
+  every array: it fills a GPU with many small runs, but its batched matrix products sum in
+  another order (results equal the single run's to float32 rounding, which a long run may
+  amplify), and XLA:CPU gains nothing from the extra axis while compiling it takes several
+  times longer (docs/batched_runs.md)."""
+  axis = config.engine.get("run_axis", "auto")
+  if axis == "auto":
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+  return axis
+
+
+@jax.jit
+def _round_keys(k_rounds, rounds):
+  """`[runs, rounds, 2]`: every run's key of every round, `fold_in(k_rounds[r], t)` (as a
+  single run draws it), in one call instead of one per run and round."""
+  return jax.vmap(lambda k: jax.vmap(lambda t: jax.random.fold_in(k, t))(rounds))(k_rounds)
+
+
+def _batched_round(round_fn, store_axis, axis: str = "vmap"):
+  """`step(states, store, keys, active) -> (states, metrics)`: the round over the run axis,
+  `vmap`ped or (`axis="map"`) looped with `jax.lax.map`; a run not active (waiting for its
+  start, or failed) keeps its state."""
+  if axis == "map":
+    def step(state, store, keys, active):
+      def one(x):
+        st, k, a = x[:3]
+        new, metrics = round_fn(st, store if store_axis is None else x[3], k)
+        return tree_where(a, new, st), metrics
+      return jax.lax.map(one, (state, keys, active) if store_axis is None else (state, keys, active, store))
+    return jax.jit(step)
+
   def step(state, store, keys, active):
     new, metrics = jax.vmap(lambda st, sto, k: round_fn(st, sto, k), in_axes=(0, store_axis, 0))(state, store, keys)
     return jax.vmap(tree_where)(active, new, state), metrics
@@ -478,13 +526,15 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
   ref = next(r for r in live if starts[r] == t0)
   state = _stack([states[r] if (r in live and starts[r] == t0) else states[ref] for r in range(R)])
   active = np.zeros(R, bool)
-  steps = [_batched_round(st.round_fn, store_axis) for st in stages]
+  axis = run_axis(group[0].config)
+  steps = [_batched_round(st.round_fn, store_axis, axis) for st in stages]
   same_splits = all(r.fold is group[0].fold for r in group)
   evaluator = BatchEvaluator(group[0].s["model"], [group[0].fold] if same_splits else [r.fold for r in group],
-                             group[0].config.eval_batch_size)
+                             group[0].config.eval_batch_size, axis)
   bar = tqdm(total=total - t0, desc=f"round (batch of {R})", dynamic_ncols=True,
              disable=all(r.config.get("quiet", False) for r in group))
   compiled = set()
+  round_keys = np.asarray(_round_keys(jnp.stack([b.k_rounds for b in books]), jnp.arange(total)))
 
   def evaluate(done, k, runs, losses):
     since = time.time()
@@ -513,7 +563,7 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
       st = stages[k]
       if k > 0 and t == st.first:
         state = _stack([books[r].next_stage_state(k, _pick(state, r)) for r in range(R)])
-      keys = jnp.stack([jax.random.fold_in(b.k_rounds, t) for b in books])
+      keys = jnp.asarray(round_keys[:, t])
       since = time.time()
       state, metrics = steps[k](state, store, keys, jnp.asarray(active))
       losses = np.asarray(metrics["train_loss"])  # waits for the round

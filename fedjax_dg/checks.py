@@ -155,11 +155,19 @@ def check_config(config) -> None:
     if path in flat:
       _check_range(path, flat[path])
   _check_data_size(config)
+  _check_run_axis(flat)
   check_runs(config, flat)
   name = config.algorithm.get("name", "")
   if isinstance(name, str) and (not name or any(not part.strip() for part in name.split("+"))):
     raise ConfigError(f"algorithm.name: {name!r} names no method in one of its parts; write METHOD or "
                       "METHOD+RULE, e.g. 'fediir' or 'fediir+omg'")
+
+
+def _check_run_axis(flat: dict) -> None:
+  from fedjax_dg.defaults import RUN_AXES
+  v = flat.get("engine.run_axis", "auto")
+  if v not in RUN_AXES + ("auto",):
+    raise ConfigError(f"engine.run_axis must be one of {', '.join(RUN_AXES + ('auto',))}, got {v!r}")
 
 
 # ----------------------------------------------------------------------------- run lists

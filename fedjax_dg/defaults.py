@@ -12,6 +12,8 @@ import ml_collections
 
 # The engine strategies a config may name (fedjax_dg/engine/round.py runs them).
 STRATEGIES = ("vmap", "chunked", "sequential", "host_loop")
+# How the runs of a batch share their compiled round (fedjax_dg/batch.py; docs/batched_runs.md).
+RUN_AXES = ("map", "vmap")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -144,6 +146,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.dropout = 0.0      # probability that a sampled client does not report in a round
   c.engine.straggler_fraction = 0.0  # share of the cohort that takes only part of its local steps
   c.engine.buckets = False    # epoch mode: run each client at its own steps (results equal the masked run)
+  # A batch of runs (config.runs, the sweep launcher): "map" loops over the runs inside the one
+  # compiled program (each run the single run's arithmetic, bit for bit on CPU), "vmap" adds a
+  # run axis to every array (fills a GPU), "auto": "map" on CPU, "vmap" on GPU and TPU.
+  c.engine.run_axis = "auto"
   # True: persistent client states (SCAFFOLD's controls, ...) in host memory, kept only for
   # clients once sampled and checkpointed sparsely (engine/host_state.py; docs/multi_process.md)
   c.engine.host_client_states = False

@@ -907,6 +907,7 @@ for _field, _value, _expect in (
     ("data.test_domains", 5, "data.test_domains must be a tuple, got 5 (int), e.g. (5,)"),
     ("data.test_domains", (5.0,), "data.test_domains: every entry must be an integer, got 5.0 (float)"),
     ("engine.unroll", -5, "engine.unroll must be >= 1, or -1 (the measured default), got -5"),
+    ("engine.run_axis", "loop", "engine.run_axis must be one of map, vmap, auto, got 'loop'"),
     ("data.num_workers", -1, "data.num_workers must be in [0, 1024] (0: no worker threads), got -1"),
     ("data.max_per_domain", -3, "data.max_per_domain must be >= 0 (0: all), got -3"),
     ("data.color_flips", (0.1, 1.5), "data.color_flips: every entry must lie in [0, 1], got 1.5"),

@@ -27,6 +27,7 @@ def _config(tiny_config, name="fedavg", strategy="vmap", **over):
   c.num_rounds = 4
   c.engine.strategy = strategy
   c.engine.chunk_size = 2
+  c.engine.run_axis = "vmap"  # the run axis as a batch axis (tests/test_batch_map.py: the loop over runs)
   for k, v in over.items():
     node = c
     *path, last = k.split(".")
