@@ -289,34 +289,30 @@ def _method_config(tiny_config, name, strategy, **over):
 @pytest.mark.parametrize("strategy", ["vmap", "chunked", "sequential", "host_loop"])
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_strategy_and_method_kind_equals_its_solo_runs(tiny_config, tmp_path, strategy, name):
-  from fedjax_dg import batch
   cfgs = [_method_config(tiny_config, name, strategy, seed=0),
           _method_config(tiny_config, name, strategy, seed=1, **{"client.lr": 0.05}, **METHODS[name])]
-  out = batch.train_and_evaluate_batch(cfgs, [tmp_path / "b0", tmp_path / "b1"])
+  _two_runs_equal_their_solo_runs(cfgs, tmp_path, STATE_RTOL.get(name, RTOL))
+
+
+def _two_runs_equal_their_solo_runs(cfgs, d, state_rtol):
+  """The two runs `cfgs` batched into `d/b0`, `d/b1` and alone into `d/s0`, `d/s1`: each
+  batched run equals its solo run and differs from the other."""
+  from fedjax_dg import batch
+  out = batch.train_and_evaluate_batch(cfgs, [d / "b0", d / "b1"])
   assert all(isinstance(o, dict) for o in out), out
   for i, c in enumerate(cfgs):
-    assert isinstance(_solo(c, tmp_path / f"s{i}"), dict)
-  rtol = STATE_RTOL.get(name, RTOL)
-  assert_same_run(cfgs[0], tmp_path / "b0", cfgs[0], tmp_path / "s0", other=tmp_path / "s1", state_rtol=rtol)
-  assert_same_run(cfgs[1], tmp_path / "b1", cfgs[1], tmp_path / "s1", other=tmp_path / "s0", state_rtol=rtol)
+    assert isinstance(_solo(c, d / f"s{i}"), dict)
+  assert_same_run(cfgs[0], d / "b0", cfgs[0], d / "s0", other=d / "s1", state_rtol=state_rtol)
+  assert_same_run(cfgs[1], d / "b1", cfgs[1], d / "s1", other=d / "s0", state_rtol=state_rtol)
 
 
 @pytest.mark.parametrize("name", ["fedloe", pytest.param("fediir", marks=pytest.mark.slow)])
 def test_multi_stage_and_pre_round_methods_in_one_batch_equal_their_solo_runs(tiny_config, tmp_path, name):
   """FedLOE (two stages, switching at the same round for every run) and FedIIR (a pre-round
   statistic), two runs each under vmap."""
-  from fedjax_dg import batch
-  if True:
-    cfgs = [_method_config(tiny_config, name, "vmap", seed=0),
-            _method_config(tiny_config, name, "vmap", seed=0, **{"client.lr": 0.05}, **METHODS[name])]
-    d = tmp_path / name
-    out = batch.train_and_evaluate_batch(cfgs, [d / "b0", d / "b1"])
-    assert all(isinstance(o, dict) for o in out), out
-    for i, c in enumerate(cfgs):
-      assert isinstance(_solo(c, d / f"s{i}"), dict)
-    rtol = STATE_RTOL.get(name, RTOL)
-    assert_same_run(cfgs[0], d / "b0", cfgs[0], d / "s0", other=d / "s1", state_rtol=rtol)
-    assert_same_run(cfgs[1], d / "b1", cfgs[1], d / "s1", other=d / "s0", state_rtol=rtol)
+  cfgs = [_method_config(tiny_config, name, "vmap", seed=0),
+          _method_config(tiny_config, name, "vmap", seed=0, **{"client.lr": 0.05}, **METHODS[name])]
+  _two_runs_equal_their_solo_runs(cfgs, tmp_path / name, STATE_RTOL.get(name, RTOL))
 
 
 SHARDED = """
