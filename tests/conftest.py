@@ -26,7 +26,7 @@ CACHE_VAR = "FEDJAX_DG_TEST_JAX_CACHE"
 # less time per test; the arithmetic is the same operations, and every oracle compares with
 # its float64 reference at its own tolerance). FEDJAX_DG_TEST_XLA_OPT=default keeps XLA's
 # default level. Subprocesses inherit the setting through XLA_FLAGS (`helpers.xla_flags`).
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 OPT_VAR = "FEDJAX_DG_TEST_XLA_OPT"
 _OWNED_CACHE = "_FEDJAX_DG_TEST_JAX_CACHE_OWNED"
 
@@ -62,8 +62,9 @@ def pytest_configure(config):
   if not os.environ.get(CACHE_VAR):
     os.environ[CACHE_VAR] = tempfile.mkdtemp(prefix="fedjax_dg_jax_cache_")
     os.environ[_OWNED_CACHE] = str(os.getpid())
-  if os.environ.get(OPT_VAR, "fast") == "fast" and FAST_COMPILE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+  if os.environ.get(OPT_VAR, "fast") == "fast":
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f for f in FAST_COMPILE_FLAG.split() if f not in flags])
   cache = os.environ[CACHE_VAR]
   if cache == "off":
     return
