@@ -156,11 +156,23 @@ def _closed_loop_noise(exc_type, exc, tb) -> bool:
           and any(f.filename.endswith(os.path.join("asyncio", "base_events.py")) for f in last))
 
 
+class _DropOrbaxUnretrieved(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" record for a future whose exception was
+  raised in orbax (a failed write of a background save, collected when the process ends)."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    tb = exc.__traceback__ if exc is not None else None
+    in_orbax = tb is not None and any(f"{os.sep}orbax{os.sep}" in f.filename for f in traceback.extract_tb(tb))
+    return not (in_orbax and "exception was never retrieved" in record.getMessage())
+
+
 def quiet_failed_saves() -> None:
   """For a command-line process: orbax's log records and the closed-loop noise of a failed
   background save are dropped for the life of the process (they may come after the run
   has stopped; the run's one-line error says what failed)."""
   logging.getLogger("absl").addFilter(_DropOrbaxRecords())
+  logging.getLogger("asyncio").addFilter(_DropOrbaxUnretrieved())
   unraisable, hook = sys.unraisablehook, sys.excepthook
 
   def unraisablehook(u):

@@ -142,7 +142,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto
   c.engine.chunk_size = 10
   c.engine.host_store = False  # True: client inputs stay in host memory, minibatches fetched per step
-  c.engine.unroll = -1        # local-step scan unroll: -1 auto (full on CPU), else the factor
+  c.engine.unroll = -1        # local-step scan unroll: -1 the measured default (engine.measured), else the factor
   c.engine.dropout = 0.0      # probability that a sampled client does not report in a round
   c.engine.straggler_fraction = 0.0  # share of the cohort that takes only part of its local steps
   c.engine.buckets = False    # epoch mode: run each client at its own steps (results equal the masked run)

@@ -431,3 +431,42 @@ def test_fresh_run_never_overwrites_another_runs_summary_or_selected(reference, 
   with pytest.raises(ConfigError, match=r"already holds selected parameters \(selected/\)"):
     experiment.train_and_evaluate(config, workdir)
   assert before  # untouched files stay
+
+
+def test_an_unretrieved_orbax_write_failure_is_not_logged_and_other_failures_are():
+  """A failed background save leaves futures whose exception nobody retrieves; asyncio logs
+  each when it is collected (at exit, after the run's one-line error). The command line's
+  filter drops exactly those raised inside orbax."""
+  import asyncio
+  import gc
+  import logging
+  from fedjax_dg import checkpoint
+  code = compile("def write():\n  raise ValueError('OUT_OF_RANGE: Failed to write: File too large')\n",
+                 os.path.join("site-packages", "orbax", "checkpoint", "serialization.py"), "exec")
+  orbax_ns = {}
+  exec(code, orbax_ns)
+
+  def elsewhere():
+    raise ZeroDivisionError("not orbax")
+  seen = []
+  handler = logging.Handler()
+  handler.emit = seen.append
+  log, drop = logging.getLogger("asyncio"), checkpoint._DropOrbaxUnretrieved()
+  log.addHandler(handler)
+  log.addFilter(drop)
+  loop = asyncio.new_event_loop()
+  try:
+    for fn in (orbax_ns["write"], elsewhere):
+      fut = loop.create_future()
+      try:
+        fn()
+      except Exception as e:  # noqa: BLE001 - the future holds it, as a failed write's does
+        fut.set_exception(e)
+      del fut
+      gc.collect()
+  finally:
+    loop.close()
+    log.removeHandler(handler)
+    log.removeFilter(drop)
+  assert [r.exc_info[0] for r in seen] == [ZeroDivisionError]
+  assert "exception was never retrieved" in seen[0].getMessage()

@@ -1,6 +1,7 @@
 """The engine's defaults come from the model's operations and the backend, in one table."""
 import jax
 import ml_collections
+import numpy as np
 import pytest
 
 from fedjax_dg.engine.round import ENGINE_DEFAULTS, default_strategy, default_unroll, model_family
@@ -42,3 +43,20 @@ def test_summary_shows_the_engine_choice(tiny_config, tmp_path):
   assert s["engine"]["model_family"] == "dense" and s["engine"]["auto"] is True
   assert s["engine"]["strategy"] == s["strategy"] == want.strategy
   assert s["engine"]["unroll"] == default_unroll("dense", s["local_steps"])
+
+
+def test_the_unrolled_local_loop_gives_the_scan_s_rounds(tiny_config):
+  """Unrolling the local loop is a speed choice (`engine.unroll`): the loop unrolled in full
+  gives the scan's training losses and scores to float32 rounding."""
+  from helpers import learn_in_process
+  tiny_config.num_rounds = 3
+  tiny_config.client.local_steps, tiny_config.client.local_epochs = 6, 0
+  runs = {}
+  for unroll in (6, 1):
+    tiny_config.engine.unroll = unroll
+    runs[unroll] = learn_in_process(tiny_config)
+  assert len(runs[1]["train_loss"]) == 3
+  np.testing.assert_allclose(runs[6]["train_loss"], runs[1]["train_loss"], rtol=1e-5)
+  for split, scores in runs[1]["splits"].items():
+    for name, value in scores.items():
+      assert abs(runs[6]["splits"][split][name] - value) < 1e-5, (split, name)

@@ -18,11 +18,15 @@ class EngineDefaults(NamedTuple):
 # MNIST CNN and the 784-200-200-10 MLP): with convolutions the host loop is 35x faster
 # than the `lax.scan` over clients ("sequential"), since XLA:CPU runs a convolution's weight
 # gradient inside any while loop tens of times slower (JAX issue 12868), which is also why
-# the local loop is unrolled there; for dense models the scan is fastest (host loop 1.46x,
-# vmap 4.5x slower).
+# the local loop is unrolled there; for dense models the scan over clients is fastest (host
+# loop 1.46x, vmap 4.5x slower), and the local loop runs as a scan too: unrolled in full it
+# compiles 1.5-10x slower and runs 1.5-14x slower per round from 8 local steps on
+# (benchmarks/results/unroll_speed_cpu.json, the report grid's MLP at C = 1 and 20), and is
+# within -22%/+17% of the scan at 2 to 4 steps.
 ENGINE_DEFAULTS = {
     ("cpu", "conv"): EngineDefaults("host_loop", 64, "round_speed_cpu.json: cnn, host_loop 0.028x sequential"),
-    ("cpu", "dense"): EngineDefaults("sequential", 64, "round_speed_cpu.json: mlp, sequential fastest"),
+    ("cpu", "dense"): EngineDefaults("sequential", 2, "round_speed_cpu.json: mlp, sequential fastest; "
+                                                      "unroll_speed_cpu.json: scan from 3 local steps"),
     # Measured on an H100 (round_speed_gpu.json): the CNN's cohort of 100 runs
     # 0.235 s per round client by client in one scan, 0.284 s in the host loop and 0.465 s
     # under vmap (a vmapped convolution with per-client weights lowers to a grouped one);
