@@ -125,6 +125,10 @@ def assert_same_run(cfg_batch, w_batch, cfg_solo, w_solo, other=None, state_rtol
 
 # ----------------------------------------------------------------------------- the default checks
 
+# The tests that read `seeds_batch` run on one pytest-xdist worker: it is computed once.
+SEEDS_BATCH_GROUP = pytest.mark.xdist_group("seeds_batch")
+
+
 @pytest.fixture(scope="module")
 def seeds_batch(tmp_path_factory):
   """One batch of three FedAvg runs (seed 0; seed 1 at another client step size; seed 0 at a
@@ -149,6 +153,7 @@ def seeds_batch(tmp_path_factory):
   return root, cfgs, solo, out
 
 
+@SEEDS_BATCH_GROUP
 def test_runs_differing_in_seed_and_lr_equal_their_solo_runs(seeds_batch):
   root, cfgs, solo, out = seeds_batch
   assert isinstance(out[0], dict) and isinstance(out[1], dict)
@@ -162,6 +167,7 @@ def test_runs_differing_in_seed_and_lr_equal_their_solo_runs(seeds_batch):
     assert os.path.exists(root / "batch0" / name), name
 
 
+@SEEDS_BATCH_GROUP
 def test_a_diverging_run_fails_alone_with_its_solo_error(seeds_batch):
   root, _, solo, out = seeds_batch
   assert isinstance(solo[2], FloatingPointError) and isinstance(out[2], FloatingPointError)
@@ -171,6 +177,7 @@ def test_a_diverging_run_fails_alone_with_its_solo_error(seeds_batch):
   assert _scores(_metrics(root / "batch2")) == _scores(_metrics(root / "solo2"))  # records before it failed
 
 
+@SEEDS_BATCH_GROUP
 def test_a_killed_batch_resumes_each_run_from_its_own_checkpoint(seeds_batch, tmp_path, monkeypatch):
   """The batch of three is killed during round 4's evaluation (runs 0 and 1 hold checkpoint 2,
   run 2 has diverged); run 1's checkpoints are then lost, so the rerun starts run 0 at round
@@ -211,6 +218,7 @@ def test_a_killed_batch_resumes_each_run_from_its_own_checkpoint(seeds_batch, tm
   assert_same_run(cfgs[1], dirs[1], cfgs[1], root / "solo1", other=root / "solo0")
 
 
+@SEEDS_BATCH_GROUP
 def test_a_run_list_on_the_command_line_writes_one_directory_per_run(seeds_batch, tmp_path):
   """`config.runs`: each entry's overrides, run i in <workdir>/run_<i>, equal to its solo run;
   the diverged run is reported in one line naming it once the others finished."""

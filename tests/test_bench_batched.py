@@ -50,6 +50,11 @@ def named(exp) -> dict:
   return out
 
 
+# One pytest-xdist worker runs the whole file, so the module's fixtures (the two arms: two
+# sweeps) are computed once, not once per worker.
+pytestmark = pytest.mark.xdist_group("bench_batched")
+
+
 @pytest.fixture(scope="module")
 def jax_cache(tmp_path_factory):
   path = tmp_path_factory.getbasetemp().parent / "fedjax_dg_bench_jax_cache"
