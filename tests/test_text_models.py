@@ -292,12 +292,9 @@ def _bert_losses(bert, bp):
   seqs = SEQS + [[5, 6], [9, 9, 9, 9, 1]]
   y = jnp.array([0, 1, 1, 0, 1])
   dom = jnp.array([0, 0, 1, 1, 1])
-  values = []
-  for t, extra_row in ((12, False), (20, True)):
-    x = padded(seqs + ([[1, 2, 3]] if extra_row else []), t)
-    mask = jnp.array([1.0] * 5 + ([0.0] if extra_row else []))
-    yy = jnp.concatenate([y, jnp.array([1])]) if extra_row else y
-    dd = jnp.concatenate([dom, jnp.array([0])]) if extra_row else dom
+
+  @jax.jit  # one program per padding (eagerly, each of the model's operations compiles alone)
+  def losses(bp, x, yy, dd, mask):
     z = bert.features(bp, x)
     logits = bert.head(bp["classifier"], z)
     ce = masked_cross_entropy(logits, yy, mask)
@@ -307,7 +304,15 @@ def _bert_losses(bert, bp):
     pens = [objectives.irm_penalty(logits, yy, ma) + objectives.irm_penalty(logits, yy, mb),
             objectives.vrex_penalty(risks, present),
             objectives.coral_penalty(z, z, ma, mb), objectives.mmd_penalty(z, z, ma, mb)]
-    values.append(np.array([float(ce)] + [float(p) for p in pens]))
+    return jnp.stack([ce] + pens)
+
+  values = []
+  for t, extra_row in ((12, False), (20, True)):
+    x = padded(seqs + ([[1, 2, 3]] if extra_row else []), t)
+    mask = jnp.array([1.0] * 5 + ([0.0] if extra_row else []))
+    yy = jnp.concatenate([y, jnp.array([1])]) if extra_row else y
+    dd = jnp.concatenate([dom, jnp.array([0])]) if extra_row else dom
+    values.append(np.asarray(losses(bp, x, yy, dd, mask), np.float64))
   return values
 
 
