@@ -338,6 +338,34 @@ def test_seeds_phase_waits_for_the_search_then_runs_at_the_winner(tmp_path):
   assert len(exp2.jobs) == 5
 
 
+def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tmp_path):
+  """A trial whose run diverged fails in the launcher (FloatingPointError with the runner's
+  message); the seeds phase treats it as finished and never picks it. Any other failure
+  keeps the seeds phase waiting, with a message that says the jobs failed."""
+  from fedjax_dg import experiment
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (0, 1),
+                   "select_from": "table"}
+  exp = sweep_lib.expand(s)
+  by_trial = {e.axes["trial"]: exp.jobs[e.key] for e in sweep_lib.grid_entries(exp, "table")}
+  for t in (0, 1):
+    write_run(by_trial[t].workdir, {1: {"heldout_val": 0.5 + 0.1 * t, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+  diverged = experiment.divergence(float("nan"), True, True, 6, by_trial[2].config)
+  os.makedirs(by_trial[2].workdir, exist_ok=True)
+  launch._record_failure(by_trial[2].workdir, FloatingPointError(diverged))
+  exp2 = sweep_lib.expand(s)
+  assert not exp2.waiting
+  seeds = sweep_lib.grid_entries(exp2, "seeds")
+  assert [e.axes["trial"] for e in seeds] == [1, 1]
+  # The same trial failing for another reason (its worker died) holds the phase, saying so.
+  os.remove(os.path.join(by_trial[2].workdir, "events.jsonl"))
+  launch._record_failure(by_trial[2].workdir, RuntimeError("worker process died"))
+  exp3 = sweep_lib.expand(s)
+  assert "1 of 3 search jobs failed other than by diverging" in exp3.waiting["seeds"]
+
+
 def test_fixed_steps_grid_sets_local_steps(tmp_path):
   s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(1, 4), lams=(1.0,), seeds=(0,),
                    local_steps=7)

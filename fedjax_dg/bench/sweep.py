@@ -318,30 +318,49 @@ def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = Non
       _add(exp, sweep, name, axes, settings, algorithm)
 
 
+DIVERGED = "FloatingPointError: "  # how a diverged run's failure is recorded (experiment.divergence)
+
+
+def _last_failure(workdir: str) -> str:
+  """The error line of the job's last "failed" event, "" if it has none."""
+  ev = [e for e in rundir.read_events(workdir) if e.get("event") == "failed"]
+  return ev[-1].get("error", "") if ev else ""
+
+
 def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, str]:
   """Seed 001 App. D.4's second phase: for each cell (method, C, lam, fold) of the search grid
   `g.select_from`, the trial whose mean validation score over the search's seeds is best
-  (rule `g.select_rule`, default the held-out domain; lowest trial on ties). Returns
-  (winners, "") when every search job has finished, else (None, why)."""
+  (rule `g.select_rule`, default the held-out domain; lowest trial on ties). A trial whose
+  run diverged (the runner's `FloatingPointError`, recorded in the job's failed event) has
+  finished and never wins, as one whose scores are not finite. Returns (winners, "") when
+  every search job has finished, else (None, why)."""
   from fedjax_dg.bench.runs import load_run, rule_scores
   src = g.select_from
   if src not in sweep.grids or sweep.grids[src].get("select_from", ""):
     raise SweepError(f"sweep.grids.{name}.select_from: {src!r} is not a search grid of this sweep")
   rule = g.get("select_rule", "heldout_domain")
   metric = sweep.get("report", {}).get("metric", "") or sweep.base.data.get("select_metric", "accuracy")
-  scores, missing, total = {}, 0, 0
+  scores, missing, failed, total = {}, 0, 0, 0
   for e in grid_entries(exp, src):
     total += 1
     run = load_run(exp.jobs[e.key].workdir)
+    s = None
     if run is None:
-      missing += 1
-      continue
-    s = rule_scores(run, rule, metric)
+      error = _last_failure(exp.jobs[e.key].workdir)
+      if not error.startswith(DIVERGED):
+        failed += bool(error)
+        missing += not error
+        continue
+    else:
+      s = rule_scores(run, rule, metric)
     val = s["val"] if s and s["val"] is not None else float("-inf")  # a diverged trial never wins
     lam = None if e.axes["lam"] is None else float(e.axes["lam"])
     cell = (e.axes["method"], e.axes["num_clients"], lam, tuple(e.axes["test_domains"]),
             tuple(e.axes["val_domains"]))
     scores.setdefault(cell, {}).setdefault(e.axes["trial"], []).append(val)
+  if failed:
+    return None, (f"sweep.grids.{name} runs seeds at the trials its search grid {src!r} selects, and {failed} of "
+                  f"{total} search jobs failed other than by diverging: see `bench status`, then run the sweep again")
   if missing:
     return None, (f"sweep.grids.{name} runs seeds at the trials its search grid {src!r} selects, and {missing} of "
                   f"{total} search jobs have not finished: run the sweep again once they have")
