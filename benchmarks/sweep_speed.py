@@ -1,7 +1,7 @@
 """A sweep run one job at a time versus in batches, on the same jobs, machine and invocation.
 
-The jobs: the first `--jobs` jobs (in the sweep's order) of the report's sweep
-(`configs/sweeps/report.py`, MLP on the embedded rotated digits) that one of `--grids`
+The jobs: the first `--jobs` jobs (in the sweep's order) of a report's sweep (`--sweep`,
+default `configs/sweeps/report.py`, MLP on the embedded rotated digits) that one of `--grids`
 names (default the table grid; the JSON counts them by method and C under `job_mix`). Each arm runs them from a fresh temporary sweep root
 (its own JAX compilation cache, as `bench run` sets up) in a child process:
 
@@ -27,6 +27,8 @@ total time over its training time.
 
     python benchmarks/sweep_speed.py --out benchmarks/results/sweep_speed_cpu.json
     python benchmarks/sweep_speed.py --jobs 6 --rounds 4      # a quick check that it works
+    python benchmarks/sweep_speed.py --sweep configs/sweeps/report_fmnist.py --grids search \
+        --out benchmarks/results/sweep_speed_fmnist_search_cpu.json   # the search phase: 8 trials a cell
 
 The JSON also holds the machine (CPU model, cores, GPU if `nvidia-smi` lists one), the
 versions, the load average before and after each arm, and the command.
@@ -56,8 +58,9 @@ TOLERANCE = 1e-5
 def _args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--jobs", type=int, default=100, help="jobs per arm (default 100)")
-  p.add_argument("--grids", default="table", help="comma list of the report sweep's grids to take jobs from")
-  p.add_argument("--rounds", type=int, default=0, help="override the sweep's num_rounds (0: the report's 40)")
+  p.add_argument("--sweep", default=SWEEP, help="the sweep config to take jobs from (default the digits report's)")
+  p.add_argument("--grids", default="table", help="comma list of the sweep's grids to take jobs from")
+  p.add_argument("--rounds", type=int, default=0, help="override the sweep's num_rounds (0: the sweep's own)")
   p.add_argument("--workers", type=int, default=1, help="worker processes, the same in both arms")
   p.add_argument("--batch-memory", default="", help="the batched arm's --batch-memory (default: the launcher's)")
   p.add_argument("--max-batch", type=int, default=0, help="the batched arm's --max-batch (0: the launcher's)")
@@ -71,6 +74,8 @@ def _args(argv=None):
     p.error(f"--jobs must be >= 1, got {args.jobs}")
   if args.workers < 1:
     p.error(f"--workers must be >= 1, got {args.workers}")
+  if not os.path.isfile(args.sweep.split(":")[0]):
+    p.error(f"--sweep: no sweep config at {args.sweep}")
   if args.rounds < 0:
     p.error(f"--rounds must be >= 0, got {args.rounds}")
   if args.max_batch < 0:
@@ -88,14 +93,14 @@ def selection(args, root: str):
   (in the sweep's order) that one of `--grids` names."""
   sys.path.insert(0, ROOT)
   from fedjax_dg.bench import sweep as sweep_lib
-  s = sweep_lib.load_config_file(SWEEP)
+  s = sweep_lib.load_config_file(args.sweep)
   s.root = root
   if args.rounds:
     s.base.num_rounds = args.rounds
   grids = args.grids.split(",")
   missing = [g for g in grids if g not in s.grids]
   if missing:
-    raise SystemExit(f"error: --grids: the report sweep has no grid {missing[0]!r}; it has {', '.join(s.grids)}")
+    raise SystemExit(f"error: --grids: the sweep {args.sweep} has no grid {missing[0]!r}; it has {', '.join(s.grids)}")
   exp = sweep_lib.expand(s)
   wanted = {e.key for e in exp.entries if e.grid in grids}
   keys = [k for k in exp.jobs if k in wanted][:args.jobs]
@@ -156,7 +161,7 @@ def _tree_rss(proc) -> int:
 def measure(args, arm: str, root: str) -> dict:
   """Runs one arm in a child process; wall time, peak memory, load and outcome counts."""
   cmd = [sys.executable, os.path.abspath(__file__), "--arm", arm, "--root", root, "--jobs", str(args.jobs),
-         "--grids", args.grids, "--rounds", str(args.rounds), "--workers", str(args.workers),
+         "--sweep", args.sweep, "--grids", args.grids, "--rounds", str(args.rounds), "--workers", str(args.workers),
          "--batch-memory", args.batch_memory, "--max-batch", str(args.max_batch)]
   env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
   try:
@@ -273,8 +278,9 @@ def main(argv=None):
     return run_arm(args)
   base = args.keep or tempfile.mkdtemp(prefix="sweep_speed_")
   os.makedirs(base, exist_ok=True)
-  result = {"command": [sys.executable, *sys.argv], "machine": machine(), "jobs": args.jobs, "grids": args.grids,
-            "rounds": args.rounds or "the report's", "workers": args.workers, "arms": {}}
+  result = {"command": [sys.executable, *sys.argv], "machine": machine(), "jobs": args.jobs,
+            "sweep": os.path.relpath(os.path.abspath(args.sweep), ROOT), "grids": args.grids,
+            "rounds": args.rounds or "the sweep's", "workers": args.workers, "arms": {}}
   rows = {}
   try:
     for arm in args.arms.split(","):

@@ -28,3 +28,10 @@ def test_batched_and_one_process_per_job_give_identical_scores(tmp_path):
   assert same["same_scores"] and same["max_abs_difference"] == 0.0, same  # CPU: map is the run alone, bit for bit
   assert out["speedup_process_over_batched"] == out["arms"]["process"]["wall_s"] / out["arms"]["batched"]["wall_s"]
   assert os.path.exists(tmp_path / "speed.json")
+
+
+def test_a_missing_sweep_config_is_one_line_before_anything_runs(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    _sweep_speed()._args(["--sweep", str(tmp_path / "nope.py")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].endswith(f"--sweep: no sweep config at {tmp_path / 'nope.py'}")
