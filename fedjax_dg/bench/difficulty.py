@@ -6,9 +6,10 @@
 S''_DG-test is a random `fraction` of each test domain moved into training and S'_DG-test
 the rest, which both R_DG runs are tested on (`data.test_domain_train_fraction`, with
 `data.test_domain_train_include` False for the numerator: that run trains exactly as the
-plain one). The report's sweep moves 20% in; seed 001's sentence ("S', S'' are
-20%, 80% partition respectively") can also be read the other way round, so the fraction is
-a field of the grid. S_IN-test is the in-domain test split (`in_test`). Every performance
+plain one). Seed 001's sentence ("S', S'' are 20%, 80% partition respectively") moves
+80% in and tests on the other 20%, as `configs/sweeps/report_fmnist.py` does; the fraction
+is a field of the grid (the digits sweeps move 20% in, keeping more test rows of their
+small test domain). S_IN-test is the in-domain test split (`in_test`). Every performance
 is the metric at the round the run's selection rule picks (held-out-domain validation by
 default), and a performance is the mean over trial seeds (and folds), so each ratio is
 a ratio of means; the spread reported is the standard deviation of the per-seed ratios.
