@@ -257,14 +257,25 @@ def test_welch_against_closed_forms():
 
 
 def test_verdict_words():
-  assert stats.verdict(["higher", "higher", "cannot tell"], "higher") == "holds"
-  assert stats.verdict(["no difference", "lower"], "higher") == "does not hold"
-  assert stats.verdict(["no difference", "no difference", "cannot tell"], "higher") == "no difference"
-  assert stats.verdict(["no difference"], "higher", "most") == "no difference"
-  assert stats.verdict(["higher", "no difference", "lower"], "higher") == "holds in 1 of 3 testable comparisons"
-  assert stats.verdict(["cannot tell"], "higher") == "cannot tell"
-  assert stats.verdict(["higher", "higher", "lower"], "higher", "most") == "holds"
-  assert stats.verdict(["higher", "no difference", "lower"], "higher", "most") == "does not hold"
+  """Each verdict carries its counts, so a claim resting on few testable comparisons says so."""
+  assert stats.verdict(["higher", "higher", "cannot tell"], "higher") == \
+      "holds (2 of 2 testable comparisons support it; 1 cannot tell)"
+  assert stats.verdict(["no difference", "lower"], "higher") == \
+      "does not hold (0 of 2 testable comparisons support it)"
+  assert stats.verdict(["no difference", "no difference", "cannot tell"], "higher") == \
+      "no difference (0 of 2 testable comparisons support it; 1 cannot tell)"
+  assert stats.verdict(["no difference"], "higher", "most") == "no difference (0 of 1 testable comparisons support it)"
+  assert stats.verdict(["higher", "no difference", "lower"], "higher") == \
+      "holds in part (1 of 3 testable comparisons support it)"
+  assert stats.verdict(["cannot tell"], "higher") == "cannot tell (1 comparisons, none testable)"
+  assert stats.verdict([], "higher") == "cannot tell"
+  assert stats.verdict(["higher", "higher", "lower"], "higher", "most") == \
+      "holds (2 of 3 testable comparisons support it)"
+  assert stats.verdict(["higher", "no difference", "lower"], "higher", "most") == \
+      "does not hold (1 of 3 testable comparisons support it)"
+  # One testable comparison of six: "holds", with the five it could not test in the words.
+  assert stats.verdict(["higher"] + ["cannot tell"] * 5, "higher") == \
+      "holds (1 of 1 testable comparisons support it; 5 cannot tell)"
 
 
 def test_bold_only_where_the_lead_is_significant(tmp_path):
@@ -295,14 +306,14 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   reading = md.split("## Reading", 1)[1]
   # 4.1: FedIIR is significantly above FedAvg at lambda = 1, IRM at lambda = 0: 2 of 4 columns against.
   assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column): " \
-         "holds in 2 of 4 testable comparisons.**" in reading
+         "holds in part (2 of 4 testable comparisons support it).**" in reading
   # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs (.40,.41,.42).
   p = stats.welch(TEST[("irm", 4, 1.0)], TEST[("irm", 4, 0.1)])["p"]
   assert p < 0.05
   assert f"IRM at C=4: λ=1 0.510 ± 0.006 (n=3) vs λ=0.1 0.410 ± 0.006 (n=3): degrades (p {'< 0.001' if p < 1e-3 else f'= {p:.3f}'})" in reading
-  assert "**Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons): holds.**" in reading
+  assert "**Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons): holds (1 of 1 testable comparisons support it).**" in reading
   # FedIIR's claim: above at lambda = 1, no difference at 0.1 and at 0 (identical values).
-  assert "**FedIIR (seed 003): FedIIR beats FedAvg-ERM: holds in 1 of 3 testable comparisons.**" in reading
+  assert "**FedIIR (seed 003): FedIIR beats FedAvg-ERM: holds in part (1 of 3 testable comparisons support it).**" in reading
   assert "C=4, λ=0: FedIIR 0.420 ± 0.012 (n=3) vs FedAvg-ERM 0.420 ± 0.012 (n=3): no difference (p = 1.000)" in reading
   assert "selected rounds: 0 of 33 runs" in md
 
@@ -409,3 +420,77 @@ def test_full_report_sweep_expands_and_waits_for_its_search():
   f = sweep_lib.expand(sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py")))
   assert sum(e.grid == "search" for e in f.entries) == 127 * 8 and "table" in f.waiting
   assert len(f.jobs) == 1476
+
+
+@pytest.mark.parametrize("folder", ["report_quick", "report"])
+def test_a_committed_report_is_what_its_results_file_gives_with_this_code(tmp_path, folder):
+  """Every text file of a committed report folder equals, byte for byte, what the current
+  reader code writes from the folder's results file (a change to the tables or the reading
+  that is not regenerated into the committed reports fails here); each PNG is written again.
+  PNG bytes are left out: they depend on the installed matplotlib and fonts."""
+  src = os.path.join(ROOT, "experiments", folder)
+  data = results_lib.read(os.path.join(src, collect.RESULTS_FILE))
+  report.write_report(data.sweep, str(tmp_path), data=data, allow_stale=True)
+  committed = {os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs}
+  written = {os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs}
+  assert written == committed - {collect.RESULTS_FILE}
+  for rel in sorted(written):
+    if not rel.endswith(".png"):
+      assert open(os.path.join(tmp_path, rel), "rb").read() == open(os.path.join(src, rel), "rb").read(), rel
+
+
+def _point(R, values):
+  return {"num_clients": 20, "lam": 1.0, "method": "fedavg", "num_rounds": R, "local_epochs": 60 // R,
+          "mean": statistics.mean(values), "se": statistics.stdev(values) / math.sqrt(len(values)), "n": len(values),
+          "_values": tuple(values)}
+
+
+def test_remark_4_8_tests_the_picked_interior_schedule_at_a_bonferroni_level():
+  """The interior schedule is the best of three by its mean, so it must beat both ends at
+  0.05 / 3: here Welch's p against R = 60 is 0.021 (significant at 0.05, not at 0.0167)."""
+  ends = (0.40, 0.41, 0.42), (0.39, 0.40, 0.41)
+  mid = (0.43, 0.44, 0.45)
+  assert 0.05 / 3 < stats.welch(mid, ends[0])["p"] < 0.05 and stats.welch(mid, ends[1])["p"] < 0.05 / 3
+  rows = [_point(60, ends[0]), _point(30, (0.40, 0.41, 0.42)), _point(15, mid), _point(6, (0.41, 0.42, 0.43)),
+          _point(3, ends[1])]
+  v, lines = report.remark_4_8(rows, {"fedavg": "FedAvg-ERM"})
+  assert v == "no difference (0 of 1 testable comparisons support it)"
+  assert "best interior R=15 (of 3, Bonferroni p < 0.0167)" in lines[0]
+  assert "R=15 0.440 ± 0.006 (n=3)" in lines[0]
+
+
+def test_remark_4_1_cannot_tell_a_column_where_an_untestable_method_is_above_the_baseline(tmp_path):
+  """A method with one finished seed and a higher mean than FedAvg-ERM makes its column
+  "cannot tell" (named with its cell), not a column that supports the remark."""
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  test = dict(TEST)
+  test[("fediir", 4, 0.1)] = (0.95, 0.95, 0.95)
+  fill(exp, test)
+  for e in exp.entries:
+    a = e.axes
+    if (a["method"], a["num_clients"], a["lam"]) == ("fediir", 4, 0.1) and a["seed"] > 0:
+      shutil.rmtree(exp.jobs[e.key].workdir)
+  table = collect.tables(results_lib.from_runs(s, exp), "heldout_domain")
+  v, lines = report.remark_4_1(table, "fedavg", collect.display_names(s))
+  line = next(l for l in lines if l.startswith("C=4, λ=0.1"))
+  assert "untestable: FedIIR 0.950 (n=1/3)" in line
+  assert "1 cannot tell" in v
+
+
+def test_late_selection_is_counted_per_column():
+  line = report.late_selection_line({(20, 0.1): (0, 9), (1, None): (1, 6), (20, 1.0): (3, 9), (20, 0.0): (9, 9)})
+  assert line.startswith("selected rounds: 13 of 33 runs behind the table's cells (39%) selected a round in the last")
+  assert line.endswith("per column: C=1 (centralised) 1/6, C=20, λ=1 3/9, C=20, λ=0.1 0/9, C=20, λ=0 9/9")
+
+
+def test_table_6_counts_training_domains():
+  """Seed 001's Table 6 counts the training domains (PACS: D = 2 of its 4)."""
+  from fedjax_dg.bench import difficulty
+  run = {"summary": {"client_sizes": [5, 5], "domains": {"names": list("abcdef"), "train": [1, 2, 3, 4],
+                                                         "val": [0], "test": [5]}},
+         "records": [{"splits": {"test": {"n": 3}}}]}
+
+  class E:
+    key, axes = "k", {"role": "fl_erm", "num_clients": 1}
+  assert difficulty._dataset_stats([E], {"k": run})["D"] == 4

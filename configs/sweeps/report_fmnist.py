@@ -122,6 +122,7 @@ def get_config(variant: str = "full"):
   s.figures.clients_grid, s.figures.clients_steps_grid = "clients", "clients_steps"
   s.figures.rounds_grid, s.figures.curves_grid = "rounds", "table"
   s.figures.per_run_grid, s.figures.per_run_methods, s.figures.per_run_seeds = "table", ("fedavg",), (0,)
+  s.report.dataset = "rotated Fashion-MNIST"
   s.report.out = "experiments/report_fmnist"
   s.report.sweep_file = "configs/sweeps/report_fmnist.py"
   s.launch.workers = 2

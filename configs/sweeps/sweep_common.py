@@ -65,7 +65,7 @@ def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
                                          "per_run_grid": "", "per_run_methods": (), "per_run_seeds": ()})
   s.report = ml_collections.ConfigDict({"metric": "", "std_ddof": 1, "digits": 3, "out": "", "title": name,
                                         "sweep_file": "", "baseline": "fedavg", "dg_group": "DG adapted",
-                                        "reading": ""})
+                                        "reading": "", "dataset": ""})
   # JAX's persistent compilation cache (jobs of one shape compile once); "" = <root>/.jax_cache.
   # Jobs of one static configuration run as batches (`vectorize`) within `batch_memory` (bytes
   # such as "4G", or a share of the device's memory such as "50%"; "" = the default share) and

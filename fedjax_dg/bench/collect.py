@@ -36,7 +36,8 @@ from fedjax_dg.rundir import RunDirError
 RULES = ("heldout_domain", "in_domain", "oracle")
 RULE_TITLES = {"heldout_domain": "held-out-domain validation (seed 001's protocol)",
                "in_domain": "in-domain validation (seed 001 App. F)",
-               "oracle": "oracle: test-domain selection, an UPPER BOUND only, not a result"}
+               "oracle": "oracle: the round (and the trial, among the grid's own trials) chosen on the test "
+                         "domain, an UPPER BOUND only, not a result"}
 
 
 # ---------------------------------------------------------------------------- runs
@@ -398,8 +399,11 @@ RESULTS_FILE = "results.jsonl.gz"
 
 
 def _dataset_name(sweep) -> str:
+  """`sweep.report.dataset` where the sweep names its data (the loader's name can be shared:
+  rotated Fashion-MNIST loads through `rotated_mnist`), else the loader's name."""
+  label = sweep.get("report", {}).get("dataset", "")
   d = sweep.base.data
-  return d.name + (f"/{d.dataset}" if d.get("dataset", "") else "")
+  return label or d.name + (f"/{d.dataset}" if d.get("dataset", "") else "")
 
 
 def _write(path: str, text: str) -> None:

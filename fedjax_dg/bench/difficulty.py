@@ -49,7 +49,8 @@ def ratio(num: dict, den: dict, ddof: int) -> dict:
 
 
 def _dataset_stats(entries, results) -> dict:
-  """n (examples in every split of a centralised ERM run), D (domains), C (FedAvg's clients)."""
+  """n (examples in every split of a centralised ERM run), D (training domains, as seed 001's
+  Table 6 counts them: PACS D = 2), C (FedAvg's clients)."""
   out = {"n": None, "D": None, "C": None}
   for e in entries:
     run = results.get(e.key)
@@ -60,7 +61,7 @@ def _dataset_stats(entries, results) -> dict:
     if e.axes["role"] == "fl_erm" and out["n"] is None and run["records"]:
       sm = run["summary"]
       out["n"] = int(sum(sm["client_sizes"]) + sum(s["n"] for s in run["records"][0]["splits"].values()))
-      out["D"] = len(sm["domains"]["names"])
+      out["D"] = len(sm["domains"].get("train", sm["domains"]["names"]))
   return out
 
 

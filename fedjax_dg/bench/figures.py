@@ -393,8 +393,16 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
           made.append(path)
   for key, axes in _per_run(sweep, exp, results):
     made.append(os.path.join(out_dir, "runs", run_name(axes, key) + ".png"))
-    plot_run(results[key]["records"], made[-1], metric, sweep_lib.describe(axes))
+    plot_run(results[key]["records"], made[-1], metric, run_title(axes, names))
   return made
+
+
+def run_title(axes: dict, names: dict) -> str:
+  """A per-run figure's title in display names: "FedAvg-ERM, C = 20, λ = 1, seed 0, trial 3"."""
+  parts = [names.get(axes["method"], axes["method"]), f"C = {axes['num_clients']}"]
+  parts += [] if axes.get("lam") is None else [f"λ = {float(axes['lam']):g}"]
+  parts += [f"seed {axes['seed']}"] + ([f"trial {axes['trial']}"] if axes.get("trial") else [])
+  return ", ".join(parts)
 
 
 def _per_run(sweep, exp, results) -> list[tuple]:

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 
 from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
 
 def _fmt(v, digits=3):
   return "X" if v is None else f"{v:.{digits}f}"
+
+
+def _point(r: dict) -> str:
+  """A figure point as the tables print a cell: mean ± standard error (n=seeds)."""
+  se = "" if r.get("se") is None else f" ± {r['se']:.3f}"
+  return f"{_fmt(r['mean'])}{se} (n={r['n']})"
 
 
 def _duration(seconds: float) -> str:
@@ -64,28 +71,30 @@ def _bullets(lines):
 
 def remark_4_1(table: collect.Table, baseline: str, names: dict) -> tuple[str, list[str]]:
   """FedAvg-ERM is a strong baseline: in each column, does any method beat it significantly?
-  A column supports the remark when none does."""
+  A column supports the remark when none does, and no method it cannot test (fewer than two
+  seeds, or the baseline has fewer) has a higher mean; such a column is "cannot tell"."""
   lines, outcomes = [], []
   for col in table.columns:
     base = table.cells.get((baseline, col))
     if base is None or base.mean is None:
       continue
-    above, below, same, untested = [], [], [], []
+    above, below, same, untested, untested_above = [], [], [], [], False
     for _, m, _ in table.rows:
       c = table.cells.get((m, col))
       if m == baseline or c is None or c.mean is None:
         continue
       o, w = stats.compare(c.values, base.values)
+      untested_above |= o == "cannot tell" and c.mean > base.mean
       {"higher": above, "lower": below, "no difference": same, "cannot tell": untested}[o].append(
-          f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_p(w)})" if o in ("higher", "lower")
-          else names.get(m, m))
+          f"{names.get(m, m)} {collect.format_cell(c, 3)}" + (f" ({stats.fmt_p(w)})" if w else ""))
     testable = bool(above or below or same)
-    outcomes.append("cannot tell" if not testable else "lower" if above else "higher")
+    outcomes.append("lower" if above else "cannot tell" if untested_above or not testable else "higher")
     where = collect.column_label(col)
     text = f"{where}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
     text += (f"significantly above it: {', '.join(above)}" if above else "no method significantly above it")
     text += (f"; significantly below it: {', '.join(below)}" if below else "")
-    text += (f"; no difference: {len(same)}" if same else "") + (f"; untestable: {len(untested)}" if untested else "")
+    text += (f"; no difference: {len(same)}" if same else "")
+    text += (f"; untestable: {', '.join(untested)}" if untested else "")
     lines.append(text)
   return stats.verdict(outcomes, "higher", "all"), lines
 
@@ -146,7 +155,7 @@ def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
     o, w = stats.compare(pts[0]["_values"], pts[-1]["_values"])
     outcomes.append(o)
     word = {"higher": "falls", "lower": "rises", "no difference": "no difference", "cannot tell": "cannot tell"}[o]
-    lines.append(f"λ={lam:g} {names.get(m, m)}: " + ", ".join(f"C={r['num_clients']} {_fmt(r['mean'])}" for r in pts)
+    lines.append(f"λ={lam:g} {names.get(m, m)}: " + ", ".join(f"C={r['num_clients']} {_point(r)}" for r in pts)
                  + f"; C={pts[0]['num_clients']} vs C={pts[-1]['num_clients']}: {word} ({stats.fmt_p(w)})")
   return stats.verdict(outcomes, "higher", "most"), lines
 
@@ -154,7 +163,9 @@ def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
 def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
   """Accuracy is not monotone in communication rounds at fixed computation: per (C, lambda,
   method), the best interior schedule against both ends. Supports where it is significantly
-  above both; against where an end is significantly above it."""
+  above both; against where an end is significantly above it. The interior schedule is
+  picked by its mean first, so its two tests use a Bonferroni level, alpha divided by the
+  number of interior schedules it was picked from."""
   lines, outcomes = [], []
   for C, lam, m in dict.fromkeys((r["num_clients"], r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if (r["num_clients"], r["lam"], r["method"]) == (C, lam, m)),
@@ -162,14 +173,16 @@ def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
     if len(pts) < 3:
       continue
     mid = max(pts[1:-1], key=lambda r: r["mean"])
-    res = [stats.compare(mid["_values"], end["_values"]) for end in (pts[0], pts[-1])]
+    alpha = stats.ALPHA / (len(pts) - 2)
+    res = [stats.compare(mid["_values"], end["_values"], alpha) for end in (pts[0], pts[-1])]
     os_ = [o for o, _ in res]
     o = ("cannot tell" if "cannot tell" in os_ else "higher" if all(x == "higher" for x in os_)
          else "lower" if "lower" in os_ else "no difference")
     outcomes.append(o)
-    lines.append(f"C={C} λ={lam:g} {names.get(m, m)}: " + ", ".join(f"R={r['num_rounds']} {_fmt(r['mean'])}" for r in pts)
-                 + f"; best interior R={mid['num_rounds']} vs R={pts[0]['num_rounds']}: {_cmp_text(*res[0])}, "
-                 f"vs R={pts[-1]['num_rounds']}: {_cmp_text(*res[1])}")
+    where = f"C={C}" + ("" if lam is None else f" λ={lam:g}")
+    lines.append(f"{where} {names.get(m, m)}: " + ", ".join(f"R={r['num_rounds']} {_point(r)}" for r in pts)
+                 + f"; best interior R={mid['num_rounds']} (of {len(pts) - 2}, Bonferroni p < {alpha:.3g}) vs "
+                 f"R={pts[0]['num_rounds']}: {_cmp_text(*res[0])}, vs R={pts[-1]['num_rounds']}: {_cmp_text(*res[1])}")
   return stats.verdict(outcomes, "higher", "all"), lines
 
 
@@ -202,21 +215,31 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict) -> list[
 
 # ---------------------------------------------------------------------------- setup facts
 
-def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -> tuple[int, int]:
-  """(k, n): of the n runs the table's cells rest on (each seed's selected trial), k selected
-  a round in the last `last` fraction of their rounds (the model still improving)."""
+def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -> dict:
+  """{column (C, lam): (k, n)}: of the n runs a column's cells rest on (each seed's selected
+  trial), k selected a round in the last `last` fraction of their rounds (the model still
+  improving when training stopped)."""
   entries = sweep_lib.grid_entries(data.exp, grid)
   cells = {}
   for e in entries:
     cells.setdefault((e.axes["method"], e.axes["num_clients"], e.axes["lam"]), []).append(e)
-  k = n = 0
-  for es in cells.values():
+  out = {}
+  for (_, C, lam), es in cells.items():
+    col = (C, None if lam is None else float(lam))
     for e in collect.chosen_entries(es, data.results, rule, metric).values():
       s = collect.rule_scores(data.results[e.key], rule, metric)
       rounds = int(data.exp.jobs[e.key].config.num_rounds)
-      n += 1
-      k += s["round"] > (1.0 - last) * rounds
-  return k, n
+      k, n = out.get(col, (0, 0))
+      out[col] = (k + (s["round"] > (1.0 - last) * rounds), n + 1)
+  return out
+
+
+def late_selection_line(per_column: dict) -> str:
+  k, n = sum(v[0] for v in per_column.values()), sum(v[1] for v in per_column.values())
+  cols = sorted(per_column, key=lambda c: (c[0], -(c[1] if c[1] is not None else 2.0)))
+  return (f"selected rounds: {k} of {n} runs behind the table's cells ({(k / n if n else 0):.0%}) selected a round "
+          "in the last 10% of training (still improving when it stopped); per column: "
+          + ", ".join(f"{collect.column_label(c)} {per_column[c][0]}/{per_column[c][1]}" for c in cols))
 
 
 def provenance_lines(data) -> list[str]:
@@ -236,7 +259,9 @@ def provenance_lines(data) -> list[str]:
 def setup_lines(data, st) -> list[str]:
   sweep, b = data.sweep, data.sweep.base
   c = b.client
-  lines = [f"data: `{b.data.name}`" + (f" from `{b.data.get('fallback_path', '') or b.data.get('path', '')}`"
+  label = sweep.get("report", {}).get("dataset", "")
+  lines = [f"data: " + (f"{label} (`{b.data.name}`)" if label else f"`{b.data.name}`")
+           + (f" from `{b.data.get('fallback_path', '') or b.data.get('path', '')}`"
                                         if b.data.get("path", "") else "")
            + (f", at most {b.data.max_per_domain} images per domain" if b.data.get("max_per_domain", 0) else "")
            + f"; test domains {tuple(b.data.test_domains)}, held-out validation domains {tuple(b.data.val_domains)}",
@@ -262,6 +287,31 @@ def setup_lines(data, st) -> list[str]:
       flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
       lines.append(f"{m}: " + ", ".join(f"`{k}={v}`" for k, v in sorted(flat.items())))
   return lines
+
+
+def _at_defaults(sweep, grid: str) -> str:
+  g = sweep.grids.get(grid, {})
+  searched = int(g.get("num_trials", 0)) > 1 or g.get("select_from", "")
+  return "" if searched else " Each method at its default hyperparameters (no search)."
+
+
+def figure_caption(name: str, sweep, metric: str) -> str:
+  """What a report figure shows, what its bands are and which runs it rests on."""
+  f = sweep.get("figures", {})
+  band = "mean ± 1 standard deviation over seeds (bands)"
+  if name.startswith("fig2_clients"):
+    return (f"Fig. 2: test {metric} at the held-out-selected round against the number of clients C, {band}; top "
+            "row one local epoch per round, bottom row (where drawn) a fixed number of local steps per round."
+            + _at_defaults(sweep, f.get("clients_grid", "")))
+  if name.startswith("fig3_rounds"):
+    return (f"Fig. 3: test {metric} at the held-out-selected round against the number of rounds R at a fixed total "
+            f"of local epochs (R x E; E annotated), {band}." + _at_defaults(sweep, f.get("rounds_grid", "")))
+  m = re.match(r"fig4_(curves|heldout_val)_C(\d+)", name)
+  if m:
+    split = "test-domain" if m.group(1) == "curves" else "held-out validation domain"
+    return (f"Fig. 4: {split} {metric} against rounds at C = {m.group(2)}, {band} of each seed's selected trial; "
+            "one method group per row, the baseline dashed in every row.")
+  return name
 
 
 # ---------------------------------------------------------------------------- the report
@@ -304,9 +354,7 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   md += [f"- {l}" for l in provenance_lines(data)]
   table = collect.tables(data, "heldout_domain") if st["table_grid"] in sweep.grids else None
   if table is not None:
-    k, n = late_selection(data, st["table_grid"], "heldout_domain", st["metric"])
-    md.append(f"- selected rounds: {k} of {n} runs behind the table's cells "
-              f"({(k / n if n else 0):.0%}) selected a round in the last 10% of training")
+    md.append("- " + late_selection_line(late_selection(data, st["table_grid"], "heldout_domain", st["metric"])))
   md.append("")
   for rule in collect.RULES:
     if f"table_{rule}" in texts:
@@ -314,8 +362,11 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   if "difficulty" in texts:
     md += ["## Dataset difficulty (seed 001 Table 6)", "", texts["difficulty"], ""]
   if pngs:
-    md += ["## Figures", ""] + [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})" for p in pngs
-                                if os.sep + "runs" + os.sep not in p] + [""]
+    md += ["## Figures", ""]
+    for p in pngs:
+      if os.sep + "runs" + os.sep not in p:
+        md += [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})", "",
+               f"*{figure_caption(os.path.basename(p), sweep, st['metric'])}*", ""]
   failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
   if failed:
     label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
@@ -337,8 +388,9 @@ def reading(data, table, st, names: dict, baseline: str) -> list[str]:
   dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
   md = ["## Reading", "",
         f"Each verdict is generated from the held-out-domain table and figures above by Welch's t-test over seeds "
-        f"(two-sided, p < {stats.ALPHA}, no correction for the number of comparisons): a comparison is 'no difference' "
-        "where p >= 0.05 and 'cannot tell' where a cell has fewer than two seeds. Cells: mean ± standard error (n).", ""]
+        f"(two-sided, p < {stats.ALPHA}, no correction for the number of comparisons except where a line says so): a "
+        "comparison is 'no difference' where p >= 0.05 and 'cannot tell' where a cell has fewer than two seeds; each "
+        "verdict counts the testable comparisons that support it. Cells: mean ± standard error (n).", ""]
 
   def section(title, res):
     v, lines = res
@@ -362,8 +414,9 @@ def reading(data, table, st, names: dict, baseline: str) -> list[str]:
                     remark_4_7(rows, names))
   if f.get("rounds_grid", "") in sweep.grids and sweep_lib.grid_entries(exp, f.rounds_grid):
     rows = figures.rounds_rows(exp, results, f.rounds_grid, rule, metric, ddof, data.stale)
-    md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; an interior "
-                  "schedule significantly above both ends)", remark_4_8(rows, names))
+    md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; the best interior "
+                  "schedule significantly above both ends, Bonferroni over the interior schedules)",
+                  remark_4_8(rows, names))
   if table is not None:
     for claim, v, lines in seed_paper_claims(table, baseline, names):
       md += [_headline(claim, v), "", _bullets(lines), ""]

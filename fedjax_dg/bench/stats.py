@@ -52,20 +52,22 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   holds when every testable comparison supports it; `"most"`: when more than half do.
   "no difference" when every testable comparison is "no difference", "does not hold" when
   no testable comparison supports it otherwise (or, for "most", half or fewer do), "holds in
-  k of n testable comparisons" in between for "all", "cannot tell" when none is testable."""
+  part" in between for "all", "cannot tell" when none is testable. Every verdict but the
+  last carries its counts, "(k of n testable comparisons support it; m cannot tell)", so a
+  claim resting on one testable comparison out of six says so."""
   testable = [o for o in outcomes if o != "cannot tell"]
-  k = sum(o == supports for o in testable)
+  k, untestable = sum(o == supports for o in testable), len(outcomes) - len(testable)
   if not testable:
-    return "cannot tell"
+    return "cannot tell" + (f" ({untestable} comparisons, none testable)" if untestable else "")
+  counts = f" ({k} of {len(testable)} testable comparisons support it" + (
+      f"; {untestable} cannot tell)" if untestable else ")")
   if all(o == "no difference" for o in testable):
-    return "no difference"
-  if need == "most":
-    return "holds" if 2 * k > len(testable) else "does not hold"
-  if k == len(testable):
-    return "holds"
-  if k == 0:
-    return "does not hold"
-  return f"holds in {k} of {len(testable)} testable comparisons"
+    word = "no difference"
+  elif need == "most":
+    word = "holds" if 2 * k > len(testable) else "does not hold"
+  else:
+    word = "holds" if k == len(testable) else "does not hold" if k == 0 else "holds in part"
+  return word + counts
 
 
 def fmt_p(w: dict | None) -> str:
