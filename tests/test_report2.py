@@ -494,3 +494,18 @@ def test_table_6_counts_training_domains():
   class E:
     key, axes = "k", {"role": "fl_erm", "num_clients": 1}
   assert difficulty._dataset_stats([E], {"k": run})["D"] == 4
+
+
+def test_run_time_counts_a_batch_once():
+  """Each run of a batch records its batch's wall time; the report's run time counts each
+  run's 1 / batch size share of it (a batch of 4 that took 100 s costs 100 s, not 400 s)."""
+  class E:
+    def __init__(self, key, grid):
+      self.key, self.grid = key, grid
+
+  exp = type("Exp", (), {"entries": [E(f"b{i}", "search") for i in range(4)] + [E("solo", "table")]})()
+  results = {f"b{i}": {"summary": {"wall_time_s": 100.0, "batch": {"size": 4, "index": i}, "backend": "cpu",
+                                   "devices": 1}} for i in range(4)}
+  results["solo"] = {"summary": {"wall_time_s": 30.0, "backend": "cpu", "devices": 1}}
+  t = report.timing(exp, results)
+  assert t["per_grid"] == {"search": 100.0, "table": 30.0} and t["total"] == 130.0

@@ -32,13 +32,15 @@ def _duration(seconds: float) -> str:
 
 def timing(exp, results) -> dict:
   """Summed wall time (s) of the finished runs per grid (a job shared by grids counts in
-  the first) and in total; the backend they ran on."""
+  the first) and in total; the backend they ran on. A run of a batch records its batch's
+  wall time and counts `1 / batch size` of it, so a batch is counted once, not once per run."""
   per, seen, backends = collections.Counter(), set(), set()
   for e in exp.entries:
     if e.key in results and e.key not in seen:
       seen.add(e.key)
       sm = results[e.key]["summary"]
-      per[e.grid] += sm.get("wall_time_s", 0.0)
+      share = 1.0 / max(1, int((sm.get("batch") or {}).get("size", 1)))
+      per[e.grid] += share * sm.get("wall_time_s", 0.0)
       backends.add(f"{sm.get('backend', '?')} x{sm.get('devices', '?')}")
   return {"per_grid": dict(per), "total": sum(per.values()), "backends": sorted(backends)}
 
@@ -349,7 +351,7 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
         "## Setup", ""]
   md += [f"- {l}" for l in setup_lines(data, st)]
   md += [f"- jobs: {len(exp.jobs)} ({', '.join(f'{counts[s]} {s}' for s in sorted(counts))})",
-         f"- run time (sum of the runs' wall times): {_duration(tm['total'])} on {', '.join(tm['backends']) or '-'}; "
+         f"- run time (sum of the runs' wall times, a batch's shared by its runs): {_duration(tm['total'])} on {', '.join(tm['backends']) or '-'}; "
          "per grid: " + ", ".join(f"{g} {_duration(t)}" for g, t in tm["per_grid"].items())]
   md += [f"- {l}" for l in provenance_lines(data)]
   table = collect.tables(data, "heldout_domain") if st["table_grid"] in sweep.grids else None
