@@ -284,7 +284,8 @@ CSV_AXES = ("method", "algorithm", "num_clients", "lam", "seed", "test_domains",
 def job_rows(data, metric: str) -> list[dict]:
   """One row per job: its axes (the first grid entry's; every grid and method naming it),
   state, whether it is stale, the selected rounds and scores under each rule, the final
-  round's test score, wall time, bytes communicated and the git commit it ran from."""
+  round's test score, wall time (a batched run's is its batch's: `batch_size` runs shared
+  it), bytes communicated and the git commit it ran from."""
   exp = data.exp
   by_key = {}
   for e in exp.entries:
@@ -313,12 +314,14 @@ def job_rows(data, metric: str) -> list[dict]:
       comm = sm.get("communication", {})
       ft = _metric(final.get("splits", {}).get("test"), metric)
       row.update(final_round=final.get("round", 0) or 0, final_test="" if ft is None else repr(ft),
-                 wall_time_s=f"{sm.get('wall_time_s', 0.0):.2f}", bytes_per_round=comm.get("bytes_per_round", ""),
+                 wall_time_s=f"{sm.get('wall_time_s', 0.0):.2f}",
+                 batch_size=int((sm.get("batch") or {}).get("size", 1)), bytes_per_round=comm.get("bytes_per_round", ""),
                  bytes_total=(comm.get("bytes_per_round", 0) * int(job.config.num_rounds) + (comm.get("setup_bytes") or 0))
                  if comm else "")
       row["git_commit"] = ((sm.get("provenance") or {}).get("git") or {}).get("commit") or ""
     else:
-      row.update(final_round="", final_test="", wall_time_s="", bytes_per_round="", bytes_total="", git_commit="")
+      row.update(final_round="", final_test="", wall_time_s="", batch_size="", bytes_per_round="", bytes_total="",
+                 git_commit="")
     row["error"] = data.errors.get(key, "")
     rows.append(row)
   return rows
