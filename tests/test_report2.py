@@ -509,3 +509,22 @@ def test_run_time_counts_a_batch_once():
   results["solo"] = {"summary": {"wall_time_s": 30.0, "backend": "cpu", "devices": 1}}
   t = report.timing(exp, results)
   assert t["per_grid"] == {"search": 100.0, "table": 30.0} and t["total"] == 130.0
+
+
+def test_the_report_lists_each_cells_selected_trial_and_its_values(tmp_path):
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2),
+                   "select_from": "table"}
+  s.table.grid = "seeds"
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": (0.5, 0.7, 0.6)[e.axes["trial"]], "in_val": 0.3,
+                                            "in_test": 0.9, "test": 0.4}})
+  exp2 = sweep_lib.expand(s)
+  fill(exp2, {("fedavg", 4, 1.0): (0.5, 0.6, 0.7)})
+  hp = report.selected_hyperparameters(results_lib.from_runs(s, exp2), "seeds", collect.display_names(s))
+  lr = sweep_lib.trial_overrides(s, "fedavg", 1)["client.lr"]
+  assert hp.splitlines()[2] == f"| FedAvg-ERM | C=4, λ=1 | 1 | `client.lr` {lr:.3g} |"
+  assert report.selected_hyperparameters(results_lib.from_runs(s, exp2), "table", {}) == ""  # no search behind it

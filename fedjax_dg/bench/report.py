@@ -291,6 +291,31 @@ def setup_lines(data, st) -> list[str]:
   return lines
 
 
+def _value(v) -> str:
+  return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def selected_hyperparameters(data, grid: str, names: dict) -> str:
+  """Seed 001 Table 7's counterpart: for each cell of a `select_from` grid, the search trial
+  its seeds ran at and that trial's values (the method's defaults for trial 0); "" when the
+  grid has no search behind it."""
+  sweep, exp = data.sweep, data.exp
+  if not sweep.grids.get(grid, {}).get("select_from", ""):
+    return ""
+  cells = {}
+  for e in sweep_lib.grid_entries(exp, grid):
+    a = e.axes
+    lam = None if a["lam"] is None else float(a["lam"])
+    cells.setdefault((a["method"], a["num_clients"], lam), (a["trial"], a["overrides"]))
+  order = {m: i for i, m in enumerate(dict.fromkeys(k[0] for k in cells))}
+  rows = ["| method | column | trial | values |", "|---|---|---:|---|"]
+  for (m, C, lam), (trial, over) in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1],
+                                                                          -(kv[0][2] if kv[0][2] is not None else 2))):
+    vals = ", ".join(f"`{k}` {_value(v)}" for k, v in sorted(over.items())) or "the defaults"
+    rows.append(f"| {names.get(m, m)} | {collect.column_label((C, lam))} | {trial} | {vals} |")
+  return "\n".join(rows)
+
+
 def _at_defaults(sweep, grid: str) -> str:
   g = sweep.grids.get(grid, {})
   searched = int(g.get("num_trials", 0)) > 1 or g.get("select_from", "")
@@ -363,6 +388,14 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
   if "difficulty" in texts:
     md += ["## Dataset difficulty (seed 001 Table 6)", "", texts["difficulty"], ""]
+  hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
+  if hp:
+    with open(os.path.join(out_dir, "hyperparameters.md"), "w") as fh:
+      fh.write(hp + "\n")
+    md += ["## Selected hyperparameters (seed 001 Table 7)", "",
+           f"Each cell's seeds ran at the search trial with the best held-out validation score; its values are in "
+           f"[hyperparameters.md](hyperparameters.md) ({hp.count(chr(10)) - 1} cells; trial 0 is the method's "
+           f"defaults).", ""]
   if pngs:
     md += ["## Figures", ""]
     for p in pngs:
