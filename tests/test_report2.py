@@ -420,6 +420,13 @@ def test_full_report_sweep_expands_and_waits_for_its_search():
   f = sweep_lib.expand(sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py")))
   assert sum(e.grid == "search" for e in f.entries) == 127 * 8 and "table" in f.waiting
   assert len(f.jobs) == 1476
+  # Seed 001's appendix: Fig. 3 and Table 6 at C = 100, R_DG with 80% of the test domain moved in;
+  # the table's seeds are fresh, never the search's own seed.
+  assert {e.axes["num_clients"] for e in f.entries if e.grid == "rounds"} == {100}
+  assert {e.axes["num_clients"] for e in f.entries if e.grid == "difficulty" and e.axes["role"] == "fl_fedavg"} == {100}
+  assert {e.axes["fraction"] for e in f.entries if e.grid == "difficulty"} == {0.8}
+  s = sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py"))
+  assert 0 not in s.grids.table.seeds and set(s.grids.search.seeds) == {0}
 
 
 @pytest.mark.parametrize("folder", ["report_quick", "report"])
