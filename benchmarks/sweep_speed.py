@@ -74,8 +74,9 @@ def _args(argv=None):
     p.error(f"--jobs must be >= 1, got {args.jobs}")
   if args.workers < 1:
     p.error(f"--workers must be >= 1, got {args.workers}")
-  if not os.path.isfile(args.sweep.split(":")[0]):
+  if not os.path.isfile(args.sweep):
     p.error(f"--sweep: no sweep config at {args.sweep}")
+  args.sweep = os.path.abspath(args.sweep)  # the arms' child processes run from the repository root
   if args.rounds < 0:
     p.error(f"--rounds must be >= 0, got {args.rounds}")
   if args.max_batch < 0:

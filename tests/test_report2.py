@@ -267,7 +267,8 @@ def test_verdict_words():
   assert stats.verdict(["no difference"], "higher", "most") == "no difference (0 of 1 testable comparisons support it)"
   assert stats.verdict(["higher", "no difference", "lower"], "higher") == \
       "holds in part (1 of 3 testable comparisons support it)"
-  assert stats.verdict(["cannot tell"], "higher") == "cannot tell (1 comparisons, none testable)"
+  assert stats.verdict(["cannot tell"], "higher") == "cannot tell (1 comparison, none testable)"
+  assert stats.verdict(["cannot tell"] * 2, "higher") == "cannot tell (2 comparisons, none testable)"
   assert stats.verdict([], "higher") == "cannot tell"
   assert stats.verdict(["higher", "higher", "lower"], "higher", "most") == \
       "holds (2 of 3 testable comparisons support it)"
@@ -420,13 +421,7 @@ def test_full_report_sweep_expands_and_waits_for_its_search():
   f = sweep_lib.expand(sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py")))
   assert sum(e.grid == "search" for e in f.entries) == 127 * 8 and "table" in f.waiting
   assert len(f.jobs) == 1476
-  # Seed 001's appendix: Fig. 3 and Table 6 at C = 100, R_DG with 80% of the test domain moved in;
-  # the table's seeds are fresh, never the search's own seed.
-  assert {e.axes["num_clients"] for e in f.entries if e.grid == "rounds"} == {100}
-  assert {e.axes["num_clients"] for e in f.entries if e.grid == "difficulty" and e.axes["role"] == "fl_fedavg"} == {100}
-  assert {e.axes["fraction"] for e in f.entries if e.grid == "difficulty"} == {0.8}
-  s = sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py"))
-  assert 0 not in s.grids.table.seeds and set(s.grids.search.seeds) == {0}
+
 
 
 @pytest.mark.parametrize("folder", ["report_quick", "report"])
@@ -503,19 +498,33 @@ def test_table_6_counts_training_domains():
   assert difficulty._dataset_stats([E], {"k": run})["D"] == 4
 
 
-def test_run_time_counts_a_batch_once():
-  """Each run of a batch records its batch's wall time; the report's run time counts each
-  run's 1 / batch size share of it (a batch of 4 that took 100 s costs 100 s, not 400 s)."""
+def test_run_time_counts_a_batch_program_once():
+  """Each run of a compiled batch program records the program's wall time; the report counts
+  each run's share (a program of 3 runs that took 90 s costs 90 s, not 270 s). A batch of 5
+  split into two programs (3 + 2 runs, two timing records) counts each program once; runs
+  looped one after another inside a batch (`vectorized: false`) record their own times."""
   class E:
     def __init__(self, key, grid):
       self.key, self.grid = key, grid
 
-  exp = type("Exp", (), {"entries": [E(f"b{i}", "search") for i in range(4)] + [E("solo", "table")]})()
-  results = {f"b{i}": {"summary": {"wall_time_s": 100.0, "batch": {"size": 4, "index": i}, "backend": "cpu",
-                                   "devices": 1}} for i in range(4)}
-  results["solo"] = {"summary": {"wall_time_s": 30.0, "backend": "cpu", "devices": 1}}
+  def run(wall, size=1, timing=None, vectorized=True, index=0):
+    sm = {"wall_time_s": wall, "backend": "cpu", "devices": 1}
+    if size > 1:
+      sm["batch"] = {"size": size, "index": index, **({} if vectorized else {"vectorized": False})}
+    if timing is not None:
+      sm["timing"] = timing
+    return {"summary": sm}
+
+  t1, t2 = {"compile_s": 1.0, "total_s": 90.0}, {"compile_s": 2.0, "total_s": 40.0}
+  results = {**{f"a{i}": run(90.0, 5, t1, index=i) for i in range(3)},        # program 1 of batch a
+             **{f"b{i}": run(40.0, 5, t2, index=3 + i) for i in range(2)},    # program 2 of batch a
+             **{f"l{i}": run(10.0 + i, 2, {"total_s": 10.0 + i}, vectorized=False, index=i) for i in range(2)},
+             "solo": run(30.0)}
+  shares = collect.wall_shares(results)
+  assert shares["a0"] == 30.0 and shares["b1"] == 20.0 and shares["l1"] == 11.0 and shares["solo"] == 30.0
+  exp = type("Exp", (), {"entries": [E(k, "search" if k[0] in "ab" else "table") for k in results]})()
   t = report.timing(exp, results)
-  assert t["per_grid"] == {"search": 100.0, "table": 30.0} and t["total"] == 130.0
+  assert t["per_grid"] == {"search": 130.0, "table": 51.0} and t["total"] == 181.0
 
 
 def test_the_report_lists_each_cells_selected_trial_and_its_values(tmp_path):
@@ -535,3 +544,21 @@ def test_the_report_lists_each_cells_selected_trial_and_its_values(tmp_path):
   lr = sweep_lib.trial_overrides(s, "fedavg", 1)["client.lr"]
   assert hp.splitlines()[2] == f"| FedAvg-ERM | C=4, λ=1 | 1 | `client.lr` {lr:.3g} |"
   assert report.selected_hyperparameters(results_lib.from_runs(s, exp2), "table", {}) == ""  # no search behind it
+
+
+def test_the_fashion_mnist_sweep_follows_seed_001s_appendix():
+  """Fig. 3 and Table 6 at C = 100, R_DG with 80% of the test domain moved in; the table's
+  seeds are fresh (never the search's own seed 0), also in the slice; the per-run figures
+  draw a seed the table runs."""
+  path = os.path.join(ROOT, "configs", "sweeps", "report_fmnist.py")
+  s = sweep_lib.load_config_file(path)
+  g = s.grids
+  assert tuple(g.rounds.client_counts) == (100,) and g.difficulty.num_clients == 100 and g.difficulty.fraction == 0.8
+  assert tuple(g.search.seeds) == (0,) and 0 not in g.table.seeds
+  assert set(s.figures.per_run_seeds) <= set(g.table.seeds)
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("report_fmnist_cfg", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  sl = mod.get_config("slice")
+  assert 0 not in sl.grids.table.seeds and tuple(sl.grids.search.seeds) == (0,)

@@ -19,6 +19,7 @@ code than the current one (a stale job, used only with --allow-stale).
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import json
@@ -281,12 +282,31 @@ CSV_AXES = ("method", "algorithm", "num_clients", "lam", "seed", "test_domains",
             "local_epochs", "trial", "role")
 
 
+def wall_shares(results: dict) -> dict:
+  """key -> the run's share of the wall time it recorded. The runs of one compiled batch
+  program record that program's time (`summary.timing` and `wall_time_s`, the same for all
+  of them): each counts 1 / (its program's runs), so the program's time is counted once.
+  A program's runs are those of equal batch size and equal timing record; a run looped
+  alone inside a batch (`"vectorized": false`) or run alone records its own time."""
+  program = {}
+  for key, run in results.items():
+    sm = run["summary"]
+    b = sm.get("batch") or {}
+    if int(b.get("size", 1)) > 1 and b.get("vectorized", True) and sm.get("timing"):
+      program[key] = (int(b["size"]), json.dumps(sm["timing"], sort_keys=True))
+  runs = collections.Counter(program.values())
+  return {key: run["summary"].get("wall_time_s", 0.0) / (runs[program[key]] if key in program else 1)
+          for key, run in results.items()}
+
+
 def job_rows(data, metric: str) -> list[dict]:
   """One row per job: its axes (the first grid entry's; every grid and method naming it),
   state, whether it is stale, the selected rounds and scores under each rule, the final
-  round's test score, wall time (a batched run's is its batch's: `batch_size` runs shared
-  it), bytes communicated and the git commit it ran from."""
+  round's test score, wall time (as recorded: a batched run records its batch program's;
+  `wall_time_share_s`, its share of that, `wall_shares`), bytes communicated and the git
+  commit it ran from."""
   exp = data.exp
+  shares = wall_shares(data.results)
   by_key = {}
   for e in exp.entries:
     by_key.setdefault(e.key, []).append(e)
@@ -315,13 +335,13 @@ def job_rows(data, metric: str) -> list[dict]:
       ft = _metric(final.get("splits", {}).get("test"), metric)
       row.update(final_round=final.get("round", 0) or 0, final_test="" if ft is None else repr(ft),
                  wall_time_s=f"{sm.get('wall_time_s', 0.0):.2f}",
-                 batch_size=int((sm.get("batch") or {}).get("size", 1)), bytes_per_round=comm.get("bytes_per_round", ""),
+                 wall_time_share_s=f"{shares[key]:.2f}", bytes_per_round=comm.get("bytes_per_round", ""),
                  bytes_total=(comm.get("bytes_per_round", 0) * int(job.config.num_rounds) + (comm.get("setup_bytes") or 0))
                  if comm else "")
       row["git_commit"] = ((sm.get("provenance") or {}).get("git") or {}).get("commit") or ""
     else:
-      row.update(final_round="", final_test="", wall_time_s="", batch_size="", bytes_per_round="", bytes_total="",
-                 git_commit="")
+      row.update(final_round="", final_test="", wall_time_s="", wall_time_share_s="", bytes_per_round="",
+                 bytes_total="", git_commit="")
     row["error"] = data.errors.get(key, "")
     rows.append(row)
   return rows

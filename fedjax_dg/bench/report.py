@@ -32,15 +32,15 @@ def _duration(seconds: float) -> str:
 
 def timing(exp, results) -> dict:
   """Summed wall time (s) of the finished runs per grid (a job shared by grids counts in
-  the first) and in total; the backend they ran on. A run of a batch records its batch's
-  wall time and counts `1 / batch size` of it, so a batch is counted once, not once per run."""
+  the first) and in total; the backend they ran on. A run of a batch program counts its
+  share of the program's time (`collect.wall_shares`), so a program is counted once."""
   per, seen, backends = collections.Counter(), set(), set()
+  shares = collect.wall_shares(results)
   for e in exp.entries:
     if e.key in results and e.key not in seen:
       seen.add(e.key)
       sm = results[e.key]["summary"]
-      share = 1.0 / max(1, int((sm.get("batch") or {}).get("size", 1)))
-      per[e.grid] += share * sm.get("wall_time_s", 0.0)
+      per[e.grid] += shares[e.key]
       backends.add(f"{sm.get('backend', '?')} x{sm.get('devices', '?')}")
   return {"per_grid": dict(per), "total": sum(per.values()), "backends": sorted(backends)}
 
@@ -303,16 +303,19 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
   if not sweep.grids.get(grid, {}).get("select_from", ""):
     return ""
   cells = {}
-  for e in sweep_lib.grid_entries(exp, grid):
+  for e in sweep_lib.grid_entries(exp, grid):  # winners are chosen per fold
     a = e.axes
     lam = None if a["lam"] is None else float(a["lam"])
-    cells.setdefault((a["method"], a["num_clients"], lam), (a["trial"], a["overrides"]))
+    cells.setdefault((a["method"], a["num_clients"], lam, tuple(a["test_domains"])), (a["trial"], a["overrides"]))
+  folds = len({k[3] for k in cells}) > 1
   order = {m: i for i, m in enumerate(dict.fromkeys(k[0] for k in cells))}
-  rows = ["| method | column | trial | values |", "|---|---|---:|---|"]
-  for (m, C, lam), (trial, over) in sorted(cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1],
-                                                                          -(kv[0][2] if kv[0][2] is not None else 2))):
+  rows = ["| method | column |" + (" test domains |" if folds else "") + " trial | values |",
+          "|---|---|" + ("---|" if folds else "") + "---:|---|"]
+  for (m, C, lam, test), (trial, over) in sorted(
+      cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], -(kv[0][2] if kv[0][2] is not None else 2), kv[0][3])):
     vals = ", ".join(f"`{k}` {_value(v)}" for k, v in sorted(over.items())) or "the defaults"
-    rows.append(f"| {names.get(m, m)} | {collect.column_label((C, lam))} | {trial} | {vals} |")
+    rows.append(f"| {names.get(m, m)} | {collect.column_label((C, lam))} |"
+                + (f" {','.join(map(str, test))} |" if folds else "") + f" {trial} | {vals} |")
   return "\n".join(rows)
 
 
@@ -337,7 +340,7 @@ def figure_caption(name: str, sweep, metric: str) -> str:
   if m:
     split = "test-domain" if m.group(1) == "curves" else "held-out validation domain"
     return (f"Fig. 4: {split} {metric} against rounds at C = {m.group(2)}, {band} of each seed's selected trial; "
-            "one method group per row, the baseline dashed in every row.")
+            "one method group per row, the baseline grey and dashed in every row.")
   return name
 
 

@@ -52,13 +52,13 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   holds when every testable comparison supports it; `"most"`: when more than half do.
   "no difference" when every testable comparison is "no difference", "does not hold" when
   no testable comparison supports it otherwise (or, for "most", half or fewer do), "holds in
-  part" in between for "all", "cannot tell" when none is testable. Every verdict but the
-  last carries its counts, "(k of n testable comparisons support it; m cannot tell)", so a
-  claim resting on one testable comparison out of six says so."""
+  part" in between for "all", "cannot tell" when none is testable. Every verdict carries its
+  counts, "(k of n testable comparisons support it; m cannot tell)" or "(m comparisons, none
+  testable)", so a claim resting on one testable comparison out of six says so."""
   testable = [o for o in outcomes if o != "cannot tell"]
   k, untestable = sum(o == supports for o in testable), len(outcomes) - len(testable)
   if not testable:
-    return "cannot tell" + (f" ({untestable} comparisons, none testable)" if untestable else "")
+    return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
   counts = f" ({k} of {len(testable)} testable comparisons support it" + (
       f"; {untestable} cannot tell)" if untestable else ")")
   if all(o == "no difference" for o in testable):
