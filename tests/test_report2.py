@@ -544,6 +544,8 @@ def test_the_report_lists_each_cells_selected_trial_and_its_values(tmp_path):
   lr = sweep_lib.trial_overrides(s, "fedavg", 1)["client.lr"]
   assert hp.splitlines()[2] == f"| FedAvg-ERM | C=4, λ=1 | 1 | `client.lr` {lr:.3g} |"
   assert report.selected_hyperparameters(results_lib.from_runs(s, exp2), "table", {}) == ""  # no search behind it
+  lines = report.setup_lines(results_lib.from_runs(s, exp2), collect.report_settings(s))
+  assert any(l.startswith("grid `seeds`: 2 fresh seeds (1, 2) at the trial that grid `table` selects") for l in lines)
 
 
 def test_the_fashion_mnist_sweep_follows_seed_001s_appendix():

@@ -282,8 +282,11 @@ def setup_lines(data, st) -> list[str]:
                  + ("; " + ", ".join(f"`{k}` {tuple(v)}" for k, v in sorted(dist.items())) if dist else ""))
   for n, g in sweep.grids.items():
     if g.get("select_from", ""):
-      lines.append(f"grid `{n}`: {len(g.seeds)} seeds at the trial that grid `{g.select_from}` selects per cell "
-                   f"({g.get('select_rule', 'heldout_domain')} validation, mean over the search's seeds)")
+      src_seeds = set(sweep.grids[g.select_from].get("seeds", ()))
+      fresh = "fresh seeds" if not src_seeds & set(g.seeds) else "seeds, the search's own run among them"
+      lines.append(f"grid `{n}`: {len(g.seeds)} {fresh} ({', '.join(map(str, g.seeds))}) at the trial that grid "
+                   f"`{g.select_from}` selects per cell ({g.get('select_rule', 'heldout_domain')} validation, mean "
+                   "over the search's seeds)")
   for m, over in sorted(sweep.get("method_overrides", {}).items()):
     if any(m in g.get("methods", ()) or m in sweep.get("centralized", {}).values() for g in sweep.grids.values()):
       flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
