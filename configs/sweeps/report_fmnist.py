@@ -35,8 +35,8 @@ selected rounds in the last 10%). At C = 100 a client holds about 64 training ro
 batch: one local step per round, 60 in all, against 6,000 at C = 1 - the step budget the
 fixed-steps variant of Fig. 2 separates from the number of clients. Fig. 2 (four methods at
 their defaults, C = 1 .. 100: ERM, FedDG, FedSR and IRM in place of seed 001's FedADG, whose
-cost is below) at a
-fixed local epoch per round and at a fixed 8 local steps per round; Fig. 3 (FedAvg at
+cost is below) at a fixed local epoch per round and at a fixed 8 local steps per round;
+Fig. 3 (FedAvg at
 C = 100 as App. E ii, 60 local epochs in total); Table 6 (C = 100 as seed 001's Table 6;
 R_DG moves 80% of the test domain into training and tests on the other 20%: "S', S'' are
 20%, 80% partition respectively"). Trial seeds vary the training seed and the partition;

@@ -236,9 +236,14 @@ def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -
   return out
 
 
+def _column_key(col) -> tuple:
+  """The tables' column order: C ascending, then lambda 1, 0.1, 0 (C = 1 has no lambda)."""
+  return col[0], -(col[1] if col[1] is not None else 2.0)
+
+
 def late_selection_line(per_column: dict) -> str:
   k, n = sum(v[0] for v in per_column.values()), sum(v[1] for v in per_column.values())
-  cols = sorted(per_column, key=lambda c: (c[0], -(c[1] if c[1] is not None else 2.0)))
+  cols = sorted(per_column, key=_column_key)
   return (f"selected rounds: {k} of {n} runs behind the table's cells ({(k / n if n else 0):.0%}) selected a round "
           "in the last 10% of training (still improving when it stopped); per column: "
           + ", ".join(f"{collect.column_label(c)} {per_column[c][0]}/{per_column[c][1]}" for c in cols))
@@ -315,7 +320,7 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
   rows = ["| method | column |" + (" test domains |" if folds else "") + " trial | values |",
           "|---|---|" + ("---|" if folds else "") + "---:|---|"]
   for (m, C, lam, test), (trial, over) in sorted(
-      cells.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], -(kv[0][2] if kv[0][2] is not None else 2), kv[0][3])):
+      cells.items(), key=lambda kv: (order[kv[0][0]], *_column_key(kv[0][1:3]), kv[0][3])):
     vals = ", ".join(f"`{k}` {_value(v)}" for k, v in sorted(over.items())) or "the defaults"
     rows.append(f"| {names.get(m, m)} | {collect.column_label((C, lam))} |"
                 + (f" {','.join(map(str, test))} |" if folds else "") + f" {trial} | {vals} |")
