@@ -6,8 +6,9 @@ A comparison of two cells (each a tuple of per-seed scores) is one of
   "lower"          below, with p < alpha
   "no difference"  p >= alpha
   "cannot tell"    a cell has fewer than two seeds (no variance to test with)
-No correction for multiple comparisons is applied: the reading makes dozens of comparisons
-at alpha = 0.05, so expect about one in twenty "higher" / "lower" among truly equal cells.
+A comparison is uncorrected for multiple comparisons unless its caller adjusts the p-values
+of a family of tests (`holm`): the reading makes dozens of comparisons at alpha = 0.05, so
+expect about one in twenty uncorrected "higher" / "lower" among truly equal cells.
 """
 from __future__ import annotations
 
@@ -46,6 +47,35 @@ def compare(a, b, alpha: float = ALPHA) -> tuple[str, dict | None]:
   return ("higher" if w["diff"] > 0 else "lower"), w
 
 
+def holm(p_values) -> list[float]:
+  """Holm's step-down adjusted p-values (Holm 1979), in the order given: the i-th smallest
+  of m p-values becomes max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where the
+  adjusted p is below alpha controls the family-wise error rate at alpha."""
+  order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+  adjusted, running = [0.0] * len(p_values), 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+    adjusted[i] = running
+  return adjusted
+
+
+def compare_family(pairs, alpha: float = ALPHA) -> list[tuple[str, dict | None, float | None]]:
+  """`compare` over a family of (a, b) pairs at a family-wise level: (outcome, the test, its
+  Holm-adjusted p) for each pair, the adjustment over the pairs that are testable."""
+  tests = [welch(a, b) for a, b in pairs]
+  testable = [i for i, w in enumerate(tests) if w is not None]
+  adjusted = dict(zip(testable, holm([tests[i]["p"] for i in testable])))
+  out = []
+  for i, w in enumerate(tests):
+    if w is None:
+      out.append(("cannot tell", None, None))
+    elif adjusted[i] >= alpha:
+      out.append(("no difference", w, adjusted[i]))
+    else:
+      out.append(("higher" if w["diff"] > 0 else "lower", w, adjusted[i]))
+  return out
+
+
 def verdict(outcomes, supports: str, need: str = "all") -> str:
   """Verdict on a claim from comparisons, each "higher" / "lower" / "no difference" /
   "cannot tell"; `supports` names the outcome the claim predicts. `need="all"`: the claim
@@ -70,7 +100,11 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   return word + counts
 
 
-def fmt_p(w: dict | None) -> str:
+def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
+  """"p = 0.012", or with a family's Holm-adjusted p beside it, "p = 0.012, Holm p = 0.210"."""
   if w is None:
     return "untestable"
-  return "p < 0.001" if w["p"] < 0.001 else f"p = {w['p']:.3f}"
+  text = "p < 0.001" if w["p"] < 0.001 else f"p = {w['p']:.3f}"
+  if holm_p is not None:
+    text += ", Holm p < 0.001" if holm_p < 0.001 else f", Holm p = {holm_p:.3f}"
+  return text
