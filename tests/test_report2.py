@@ -425,7 +425,15 @@ def test_full_report_sweep_expands_and_waits_for_its_search():
 
 
 
-@pytest.mark.parametrize("folder", ["report_quick", "report"])
+COMMITTED_REPORTS = sorted(d for d in os.listdir(os.path.join(ROOT, "experiments"))
+                           if os.path.exists(os.path.join(ROOT, "experiments", d, collect.RESULTS_FILE)))
+
+
+def test_the_committed_reports_are_found():
+  assert {"report_quick", "report"} <= set(COMMITTED_REPORTS)
+
+
+@pytest.mark.parametrize("folder", COMMITTED_REPORTS)
 def test_a_committed_report_is_what_its_results_file_gives_with_this_code(tmp_path, folder):
   """Every text file of a committed report folder equals, byte for byte, what the current
   reader code writes from the folder's results file (a change to the tables or the reading
