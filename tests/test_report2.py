@@ -615,3 +615,33 @@ def test_remark_4_1_holds_a_column_to_a_family_wise_level(tmp_path):
   assert "significantly above it: FedIIR 0.710 ± 0.006 (n=3) (p < 0.001, Holm p < 0.001)" in line
   # Columns: C=1 supports (IRM below), lambda=1 does not (FedIIR above), lambda=0.1 and 0 support.
   assert v == "holds in part (3 of 4 testable comparisons support it)"
+
+
+def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_path):
+  """`bench status --search`: per search cell, finished / all trials, failed ones, and the
+  trial with the best held-out validation score so far (the one the seeds phase would pick),
+  never a test score."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(4,), lams=(1.0, 0.1), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg", "irm"), "client_counts": (4,), "lams": (1.0, 0.1), "seeds": (0, 1),
+                   "select_from": "table"}
+  exp = sweep_lib.expand(s)
+  val = {("fedavg", 1.0): {0: 0.5, 1: 0.7, 2: 0.6}, ("fedavg", 0.1): {0: 0.4, 2: 0.45}, ("irm", 1.0): {}}
+  for e in sweep_lib.grid_entries(exp, "table"):
+    v = val.get((e.axes["method"], float(e.axes["lam"])), {}).get(e.axes["trial"])
+    if v is not None:
+      write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": v, "in_val": 0.3, "in_test": 0.9, "test": 0.123},
+                                          2: {"heldout_val": v - 0.1, "in_val": 0.6, "in_test": 0.8, "test": 0.987}})
+    elif (e.axes["method"], e.axes["trial"]) == ("irm", 1) and e.axes["lam"] == 1.0:
+      os.makedirs(exp.jobs[e.key].workdir, exist_ok=True)
+      launch._record_failure(exp.jobs[e.key].workdir, RuntimeError("worker process died"))
+  lines = collect.search_progress(s, exp).splitlines()
+  assert lines[0].startswith("search grid 'table' for grid 'seeds' (heldout_domain validation accuracy")
+  assert lines[1:] == ["  fedavg C=4 lam=1: 3/3 trials; best trial 1 (0.700)",
+                       "  fedavg C=4 lam=0.1: 2/3 trials; best so far trial 2 (0.450)",
+                       "  irm C=4 lam=1: 0/3 trials, 1 failed",
+                       "  irm C=4 lam=0.1: 0/3 trials"]
+  assert "0.123" not in "\n".join(lines) and "0.987" not in "\n".join(lines)
+  assert collect.search_progress(sweep_config(tmp_path / "other"), exp) == \
+      "no grid of this sweep runs seeds at a search's winners"

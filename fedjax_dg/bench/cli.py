@@ -13,7 +13,8 @@ Commands:
            --launcher=submitit --tasks_per_job=N runs each job as N submitit tasks, the
            processes of one jax.distributed run (default sweep.launch.tasks_per_job, 1)
   status   done / running / failed / interrupted / pending counts and the unfinished jobs
-           (--verbose: every job, and the batch that ran it)
+           (--verbose: every job, and the batch that ran it; --search: per cell of a search
+           grid, trials finished and the best validation score so far)
   collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
            and oracle selection), difficulty.md (Table 6), jobs.csv and results.jsonl.gz
            (every job's metrics at every evaluation, config and provenance) into --out
@@ -41,6 +42,8 @@ _CLUSTER = flags.DEFINE_string("cluster", None, "run --launcher=submitit: submit
 _WAIT = flags.DEFINE_bool("wait", False, "run --launcher=submitit: wait for the jobs to finish.")
 _OUT = flags.DEFINE_string("out", None, "collect / figures / report: output folder.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "status: list every job.")
+_SEARCH = flags.DEFINE_bool("search", False, "status: per cell of each search grid, trials finished and the best "
+                            "validation score so far (what the seeds phase will select).")
 _IGNORE_LOCKS = flags.DEFINE_bool("ignore_locks", False, "run: run jobs even if a lock says they are running.")
 _VECTORIZE = flags.DEFINE_bool("vectorize", None, "run: batch the jobs that share a static configuration "
                                "(default sweep.launch.vectorize, True); --no-vectorize runs one job at a time.")
@@ -155,6 +158,8 @@ def main(argv) -> int:
         print(f"{e.key}  {e.grid:12s} {sweep_lib.describe(e.axes)}  {exp.jobs[e.key].workdir}")
     elif cmd == "status":
       print(launch.status_text(launch.status(exp), verbose=_VERBOSE.value))
+      if _SEARCH.value:
+        print(collect.search_progress(sweep, exp))
     elif cmd == "run":
       cache = ""
       if lc.get("compilation_cache", False):

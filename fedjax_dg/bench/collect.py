@@ -418,6 +418,50 @@ def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None, data=No
   return texts
 
 
+def search_progress(sweep, exp: sweep_lib.Expansion) -> str:
+  """While a seeds phase waits for its search (`bench status --search`): per cell of each
+  search grid, how many trials have finished, how many failed, and the trial with the best
+  mean validation score so far under the seeds phase's rule. Test scores are not shown:
+  watching a search should not steer it."""
+  from fedjax_dg import rundir
+  metric = report_settings(sweep)["metric"]
+  lines = []
+  for name, g in sweep.grids.items():
+    src = g.get("select_from", "")
+    if not src or src not in sweep.grids:
+      continue
+    rule = g.get("select_rule", "heldout_domain")
+    cells = {}
+    for e in sweep_lib.grid_entries(exp, src):
+      a = e.axes
+      key = (a["method"], a["num_clients"], a["lam"], tuple(a["test_domains"]), tuple(a["val_domains"]))
+      c = cells.setdefault(key, {"trials": set(), "scores": {}, "failed": 0})
+      c["trials"].add(a["trial"])
+      run = load_run(exp.jobs[e.key].workdir)
+      s = rule_scores(run, rule, metric) if run is not None else None
+      if s is not None and s["val"] is not None:
+        c["scores"].setdefault(a["trial"], []).append(s["val"])
+      elif run is None:
+        events = [ev.get("event") for ev in rundir.read_events(exp.jobs[e.key].workdir)
+                  if ev.get("event") in ("start", "done", "failed")]
+        c["failed"] += bool(events) and events[-1] == "failed"
+    lines.append(f"search grid {src!r} for grid {name!r} ({rule} validation {metric}, mean over the search's seeds; "
+                 "test scores not shown):")
+    folds = len({(k[3], k[4]) for k in cells}) > 1
+    for (m, C, lam, test, val), c in cells.items():
+      done = len(c["scores"])
+      text = f"  {m} C={C}" + (f" lam={float(lam):g}" if lam is not None else "")
+      if folds:
+        text += f" test={','.join(map(str, test))} val={','.join(map(str, val))}"
+      text += f": {done}/{len(c['trials'])} trials" + (f", {c['failed']} failed" if c["failed"] else "")
+      if done:
+        best = max(sorted(c["scores"]), key=lambda t: float(np.mean(c["scores"][t])))
+        text += f"; best{' so far' if done < len(c['trials']) else ''} trial {best} " \
+                f"({float(np.mean(c['scores'][best])):.3f})"
+      lines.append(text)
+  return "\n".join(lines) if lines else "no grid of this sweep runs seeds at a search's winners"
+
+
 RESULTS_FILE = "results.jsonl.gz"
 
 
