@@ -1,7 +1,8 @@
-"""The committed reports' tables recomputed from their results files with gzip, json, the
+"""The committed reports recomputed from their results files with gzip, json, the
 statistics module and SciPy only (none of fedjax_dg's reading code): every held-out-domain and
-in-domain cell, which cells are bold, and, where the table ran seeds at a search's winners,
-that each cell's trial is the search trial with the best held-out validation score."""
+in-domain cell, which cells are bold, where the table ran seeds at a search's winners that
+each cell's trial is the search trial with the best held-out validation score, and the
+reading's p-values and verdicts for remark 4.1 and the seed papers' claims."""
 import gzip
 import json
 import math
@@ -149,3 +150,104 @@ def test_the_parser_reads_what_it_is_given():
   assert parse_table(text, "model selection: held-out-domain validation") == {
       ("FedAvg-ERM", "C=1 (centralised)"): "**0.500 ± 0.010 (n=3)**", ("FedAvg-ERM", "C=4, λ=1"): "-"}
   assert re.fullmatch(r"C=4, λ=0\.1", column_of({"num_clients": 4, "lam": 0.1}))
+
+
+# ---------------------------------------------------------------------------- the reading
+
+CELL = r"\d\.\d{3}(?: ± \d\.\d{3})? \(n=[\d/]+\)†?"
+P = r"p = \d\.\d{3}|p < 0\.001"
+
+
+def welch_p(a, b):
+  """Welch's two-sided p (SciPy); two constant cells: 1 if their means are equal, else 0."""
+  if statistics.variance(a) == 0 and statistics.variance(b) == 0:
+    return 1.0 if statistics.mean(a) == statistics.mean(b) else 0.0
+  return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def p_text(p):
+  return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def holm_by_hand(ps: dict) -> dict:
+  """Holm (1979): the k-th smallest of m p-values times (m - k + 1), then a running maximum."""
+  out, running = {}, 0.0
+  for k, key in enumerate(sorted(ps, key=ps.get)):
+    running = max(running, min(1.0, (len(ps) - k) * ps[key]))
+    out[key] = running
+  return out
+
+
+def reading_sections(folder):
+  text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
+  reading = text.split("## Reading", 1)[1]
+  return re.findall(r"^\*\*(.+): (.+?)\.\*\*\n\n((?:- .*\n?)+)", reading, flags=re.M)
+
+
+def verdict_words(outcomes):
+  """The verdict of an "every testable comparison" claim, from seed 001's wording as the
+  report states it: holds / does not hold / holds in part / no difference / cannot tell."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  k = sum(o == "higher" for o in testable)
+  if not testable:
+    return "cannot tell"
+  if all(o == "no difference" for o in testable):
+    return "no difference"
+  return "holds" if k == len(testable) else "does not hold" if k == 0 else "holds in part"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
+  """Remark 4.1 (each listed method's Welch p and its Holm-adjusted p over the column's
+  testable methods, which methods are significantly above or below, how many show no
+  difference) and each seed paper's claim against FedAvg-ERM (each column's p and word, the
+  verdict), recomputed from the results file with SciPy and Holm by hand."""
+  sweep, docs = read_docs(folder)
+  scores, _ = expected_cells(sweep, docs, "heldout_domain")
+  values = {k: [s for _, s in sorted(v.items())] for k, v in scores.items()}
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  sections = reading_sections(folder)
+  checked, claims = 0, 0
+  for title, verdict, body in sections:
+    if title.startswith("Remark 4.1"):
+      for line in body.splitlines():
+        col = line[2:].split(": ", 1)[0]
+        base = values[(baseline, col)]
+        others = {lab: v for (lab, c), v in values.items() if c == col and lab != baseline}
+        testable = {lab: welch_p(v, base) for lab, v in others.items() if len(v) > 1 and len(base) > 1}
+        adj = holm_by_hand(testable)
+        sig = {lab for lab in testable if adj[lab] < 0.05}
+        above = {lab for lab in sig if statistics.mean(others[lab]) > statistics.mean(base)}
+        listed = {m.group(1): (m.group(2), m.group(3)) for m in
+                  re.finditer(rf"([\w+\-]+) {CELL} \(({P}), Holm ({P})\)", line)}
+        assert set(listed) == sig, (folder, line)
+        for lab, (p, h) in listed.items():
+          assert (p, h) == (p_text(testable[lab]), p_text(adj[lab])), (folder, lab, col)
+        assert ("significantly above it: " in line) == bool(above)
+        same = len(testable) - len(sig)
+        assert (f"no difference: {same}" in line) == bool(same), (folder, line)
+        checked += 1
+    elif " beats " in title:
+      method = title.split(" (", 1)[0]
+      outcomes = []
+      for line in body.splitlines():
+        if line == "- (no finished runs for this)":  # e.g. a method whose cells are all X
+          assert not any(values.get((method, c)) for _, c in values), (folder, title)
+          continue
+        m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+) \(({P}|untestable)\)", line)
+        assert m and m.group(2) == method and m.group(3) == baseline, (folder, line)
+        a, b = values[(method, m.group(1))], values[(baseline, m.group(1))]
+        if len(a) < 2 or len(b) < 2:
+          o, text = "cannot tell", "untestable"
+        else:
+          p = welch_p(a, b)
+          o = "no difference" if p >= 0.05 else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
+          text = p_text(p)
+        assert (m.group(4), m.group(5)) == ({"higher": "holds", "lower": "does not hold (below the baseline)",
+                                             "no difference": "no difference", "cannot tell": "cannot tell"}[o],
+                                            text), (folder, line)
+        outcomes.append(o)
+        checked += 1
+      assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, title, verdict)
+      claims += 1
+  assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
