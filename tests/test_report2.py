@@ -645,3 +645,59 @@ def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_pa
   assert "0.123" not in "\n".join(lines) and "0.987" not in "\n".join(lines)
   assert collect.search_progress(sweep_config(tmp_path / "other"), exp) == \
       "no grid of this sweep runs seeds at a search's winners"
+
+
+def test_status_estimates_the_time_left_from_the_finished_jobs_time_per_round(tmp_path):
+  """`bench status`'s time estimate, by hand: a job to run costs its rounds times the mean
+  per-round wall time of the finished jobs with its algorithm and number of clients (a batch
+  program's time split over its runs), a running job only its rounds after its last
+  evaluation, a waiting seeds phase its seeds in every search cell; a method with no
+  finished job is named, not guessed."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm", "fediir"), client_counts=(4,), lams=(1.0, 0.1),
+                   seeds=(0,), num_trials=2)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg", "irm", "fediir"), "client_counts": (4,), "lams": (1.0, 0.1),
+                   "seeds": (5, 6), "select_from": "table"}
+  exp = sweep_lib.expand(s)
+  assert "seeds" in exp.waiting
+  job = {(e.axes["method"], e.axes["lam"], e.axes["trial"]): exp.jobs[e.key].workdir
+         for e in sweep_lib.grid_entries(exp, "table")}
+  rounds = {1: {"heldout_val": 0.5, "in_val": 0.3, "in_test": 0.9, "test": 0.5}}
+
+  def finished(workdir, wall, batch=None):
+    write_run(workdir, {**rounds, 2: rounds[1]})
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    summary["wall_time_s"] = wall
+    if batch:
+      summary["batch"], summary["timing"] = {"size": batch, "vectorized": True}, {"total_s": wall}
+    json.dump(summary, open(os.path.join(workdir, "summary.json"), "w"))
+
+  finished(job[("fedavg", 1.0, 0)], 600.0)
+  finished(job[("fedavg", 1.0, 1)], 1200.0)
+  finished(job[("fedavg", 0.1, 0)], 2400.0, batch=2)  # one program of two runs: 1200 s each
+  finished(job[("fedavg", 0.1, 1)], 2400.0, batch=2)
+  finished(job[("irm", 1.0, 0)], 480.0)
+  running = job[("irm", 1.0, 1)]  # evaluated round 1 of 2, locked by a process on another host
+  write_run(running, rounds)
+  os.remove(os.path.join(running, "summary.json"))
+  json.dump({"pid": 1, "host": "another-host"}, open(os.path.join(running, "RUNNING"), "w"))
+  assert launch.job_state(running) == "running"
+
+  text = collect.time_left(s, exp, workers=2)
+  # fedavg: (600 + 1200 + 1200 + 1200) / 4 = 1050 s a job (525 s a round); irm 480 s a job.
+  run_s = 2 * 480.0                           # irm at lambda = 0.1, trials 0 and 1
+  running_s = 0.5 * 480.0                     # irm at lambda = 1, trial 1: one round of two left
+  seeds_s = 2 * 2 * 1050.0 + 2 * 2 * 480.0    # 2 seeds x 2 lambdas, fedavg and irm
+  total = run_s + running_s + seeds_s
+  assert text.startswith(f"time left (estimate): {total / 3600:.1f} h of run time, {total / 2 / 3600:.1f} h of wall "
+                         f"time at 2 worker(s): 1 running {running_s / 60:.0f} min, 6 to run {run_s / 60:.0f} min, "
+                         f"12 grid 'seeds' after its search {seeds_s / 3600:.1f} h."), text
+  assert (total / 3600, total / 2 / 3600) == (7320 / 3600, 3660 / 3600)
+  assert text.endswith("Not counted, no finished job like them yet: 8 jobs (fediir C=4: 8).")
+  for workdir in job.values():
+    if launch.job_state(workdir) != "done":
+      if os.path.exists(os.path.join(workdir, "RUNNING")):
+        os.remove(os.path.join(workdir, "RUNNING"))
+      finished(workdir, 10.0)
+  s.grids = ml_collections.ConfigDict({"table": s.grids.table.to_dict()})
+  assert collect.time_left(s, sweep_lib.expand(s), workers=2) == "time left: none (every job has finished)"

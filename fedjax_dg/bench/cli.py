@@ -14,7 +14,9 @@ Commands:
            processes of one jax.distributed run (default sweep.launch.tasks_per_job, 1)
   status   done / running / failed / interrupted / pending counts and the unfinished jobs
            (--verbose: every job, and the batch that ran it; --search: per cell of a search
-           grid, trials finished and the best validation score so far)
+           grid, trials finished and the best validation score so far), and an estimate of
+           the run time left from the finished jobs' measured time per round (--workers:
+           the worker processes it assumes, default sweep.launch.workers)
   collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
            and oracle selection), difficulty.md (Table 6), jobs.csv and results.jsonl.gz
            (every job's metrics at every evaluation, config and provenance) into --out
@@ -36,7 +38,8 @@ from ml_collections import config_flags
 COMMANDS = ("run", "status", "collect", "figures", "report", "jobs")
 
 _SWEEP = config_flags.DEFINE_config_file("sweep", None, "Path to a sweep config (configs/sweeps/*.py).")
-_WORKERS = flags.DEFINE_integer("workers", None, "run: local worker processes (default sweep.launch.workers).")
+_WORKERS = flags.DEFINE_integer("workers", None, "run: local worker processes; status: the workers its time estimate assumes "
+                                "(default sweep.launch.workers).")
 _LAUNCHER = flags.DEFINE_enum("launcher", "local", ["local", "submitit"], "run: the local pool or submitit.")
 _CLUSTER = flags.DEFINE_string("cluster", None, "run --launcher=submitit: submitit cluster (None: auto, 'local').")
 _WAIT = flags.DEFINE_bool("wait", False, "run --launcher=submitit: wait for the jobs to finish.")
@@ -160,6 +163,8 @@ def main(argv) -> int:
       print(launch.status_text(launch.status(exp), verbose=_VERBOSE.value))
       if _SEARCH.value:
         print(collect.search_progress(sweep, exp))
+      workers = _WORKERS.value if _WORKERS.value is not None else int(sweep.get("launch", {}).get("workers", 1))
+      print(collect.time_left(sweep, exp, workers))
     elif cmd == "run":
       cache = ""
       if lc.get("compilation_cache", False):

@@ -462,6 +462,87 @@ def search_progress(sweep, exp: sweep_lib.Expansion) -> str:
   return "\n".join(lines) if lines else "no grid of this sweep runs seeds at a search's winners"
 
 
+def _work_key(config) -> tuple:
+  """What a round costs depends on: the algorithm, the number of clients and the local work
+  per round (epochs, or steps where set)."""
+  return (config.algorithm.name, int(config.num_clients), int(config.client.local_epochs),
+          int(config.client.local_steps))
+
+
+def _rounds_done(workdir: str) -> int:
+  records = [r for r in read_records(workdir) if "round" in r] if os.path.exists(
+      os.path.join(workdir, "metrics.jsonl")) else []
+  return max((int(r["round"]) for r in records), default=0)
+
+
+def time_left(sweep, exp: sweep_lib.Expansion, workers: int) -> str:
+  """`bench status`: an estimate of the run time the sweep still needs. A finished job's cost
+  is its share of its program's wall time (`wall_shares`: a batch program's time split over
+  its runs) per round; a job still to run costs its rounds left (all of them unless it is
+  running, then those after its last evaluated round) times the mean per-round cost of the
+  finished jobs with its algorithm, number of clients and local work per round. A seeds phase
+  waiting for its search (`select_from`) counts its seeds in every cell of the search, each at
+  the cost of the cell's own config. Jobs with no finished counterpart are named, not
+  guessed. Wall time assumes `workers` equally busy workers."""
+  from fedjax_dg import rundir
+  from fedjax_dg.bench import launch
+  done, left = {}, []  # left: (what, job config, fraction of its rounds left)
+  counts = collections.Counter()
+  for key, job in exp.jobs.items():
+    state = launch.job_state(job.workdir)
+    if state == "done":
+      done[key] = {"summary": rundir.read_summary(job.workdir)}
+      continue
+    if state == "broken":
+      continue
+    what = "running" if state == "running" else "to run"
+    frac = 1.0 - _rounds_done(job.workdir) / max(int(job.config.num_rounds), 1) if state == "running" else 1.0
+    left.append((what, job.config, max(frac, 0.0)))
+    counts[what] += 1
+  for name, g in sweep.grids.items():
+    src = g.get("select_from", "")
+    if name not in exp.waiting or src not in sweep.grids:
+      continue
+    cells = {}
+    for e in sweep_lib.grid_entries(exp, src):
+      a = e.axes
+      cells.setdefault((a["method"], a["num_clients"], a["lam"], tuple(a["test_domains"]), tuple(a["val_domains"])),
+                       exp.jobs[e.key].config)
+    what = f"grid {name!r} after its search"
+    for config in cells.values():
+      left += [(what, config, 1.0)] * len(g.get("seeds", (0,)))
+    counts[what] += len(cells) * len(g.get("seeds", (0,)))
+  if not left:
+    return "time left: none (every job has finished)"
+  per_round = collections.defaultdict(list)
+  for key, share in wall_shares(done).items():
+    if share > 0:
+      config = exp.jobs[key].config
+      per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
+  seconds, missing = collections.Counter(), collections.Counter()
+  for what, config, frac in left:
+    costs = per_round.get(_work_key(config))
+    if costs:
+      seconds[what] += frac * int(config.num_rounds) * float(np.mean(costs))
+    else:
+      missing[f"{config.algorithm.name} C={int(config.num_clients)}"] += 1
+  total = sum(seconds.values())
+  order = ["running", "to run"] + sorted(w for w in counts if w not in ("running", "to run"))
+  parts = [f"{counts[w]} {w} {_hours(seconds[w])}" for w in order if counts[w]]
+  text = (f"time left (estimate): {_hours(total)} of run time, {_hours(total / max(workers, 1))} of wall time at "
+          f"{workers} worker(s): " + ", ".join(parts) + ". From the measured time per round of the finished jobs "
+          "with the same algorithm, number of clients and local work per round (a batch program's time shared by "
+          "its runs); a running job counts the rounds after its last evaluation.")
+  if missing:
+    text += (f" Not counted, no finished job like them yet: {sum(missing.values())} jobs ("
+             + ", ".join(f"{k}: {v}" for k, v in sorted(missing.items())) + ").")
+  return text
+
+
+def _hours(seconds: float) -> str:
+  return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
 RESULTS_FILE = "results.jsonl.gz"
 
 
