@@ -701,3 +701,34 @@ def test_status_estimates_the_time_left_from_the_finished_jobs_time_per_round(tm
       finished(workdir, 10.0)
   s.grids = ml_collections.ConfigDict({"table": s.grids.table.to_dict()})
   assert collect.time_left(s, sweep_lib.expand(s), workers=2) == "time left: none (every job has finished)"
+
+
+def test_round_times_table_is_the_mean_per_run_median_round_over_the_tables_jobs(tmp_path):
+  """Seed 001 Table 13's counterpart, by hand: a job's median round (`timing.median_round_s`)
+  counts whole when it ran alone and split over the runs of its compiled program when it ran
+  in a batch; a cell is the mean over the method's jobs at that C, all lambdas."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(1, 4), lams=(1.0, 0.1), seeds=(0, 1))
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  keys = {}
+  for e in sweep_lib.grid_entries(exp, "table"):
+    a = e.axes
+    keys[(a["method"], a["num_clients"], a["lam"], a["seed"])] = e.key
+  timing = {("fedavg", 1, None, 0): (0.2, None), ("fedavg", 1, None, 1): (0.4, None),
+            ("fedavg", 4, 1.0, 0): (0.9, 3), ("fedavg", 4, 1.0, 1): (0.9, 3), ("fedavg", 4, 0.1, 0): (0.9, 3),
+            ("fedavg", 4, 0.1, 1): (0.5, None),
+            ("irm", 4, 1.0, 0): (1.0, None), ("irm", 4, 1.0, 1): (2.0, None)}
+  for k, (median, batch) in timing.items():
+    path = os.path.join(exp.jobs[keys[k]].workdir, "summary.json")
+    summary = json.load(open(path))
+    summary["timing"] = {"total_s": 9.0, "median_round_s": median}
+    if batch:
+      summary["batch"] = {"size": batch, "vectorized": True}
+    json.dump(summary, open(path, "w"))
+  data = results_lib.from_runs(s, exp)
+  lines = report.round_times(data, "table").splitlines()
+  assert lines[:2] == ["| group | method | C=1 | C=4 |", "|---|---|---:|---:|"]
+  fedavg_4 = (0.3 + 0.3 + 0.3 + 0.5) / 4  # three runs of one program at 0.9 s a round, one alone
+  assert lines[2] == f"| B | FedAvg-ERM | 0.300 (2) | {fedavg_4:.3f} (4) |"
+  assert lines[3] == "| DG adapted | IRM | - | 1.500 (2) |"  # IRM at C = 1 recorded no round times
+  assert f"{(0.9 * 3 + 0.5) / 4:.3f}" != f"{fedavg_4:.3f}"  # what the cell would read without the split

@@ -288,6 +288,13 @@ def wall_shares(results: dict) -> dict:
   of them): each counts 1 / (its program's runs), so the program's time is counted once.
   A program's runs are those of equal batch size and equal timing record; a run looped
   alone inside a batch (`"vectorized": false`) or run alone records its own time."""
+  runs = program_runs(results)
+  return {key: run["summary"].get("wall_time_s", 0.0) / runs[key] for key, run in results.items()}
+
+
+def program_runs(results: dict) -> dict:
+  """key -> how many runs shared the compiled program that recorded the run's timing (1 for
+  a run alone or looped alone inside a batch): those of equal batch size and equal timing."""
   program = {}
   for key, run in results.items():
     sm = run["summary"]
@@ -295,8 +302,7 @@ def wall_shares(results: dict) -> dict:
     if int(b.get("size", 1)) > 1 and b.get("vectorized", True) and sm.get("timing"):
       program[key] = (int(b["size"]), json.dumps(sm["timing"], sort_keys=True))
   runs = collections.Counter(program.values())
-  return {key: run["summary"].get("wall_time_s", 0.0) / (runs[program[key]] if key in program else 1)
-          for key, run in results.items()}
+  return {key: runs[program[key]] if key in program else 1 for key in results}
 
 
 def job_rows(data, metric: str) -> list[dict]:

@@ -329,6 +329,39 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
   return "\n".join(rows)
 
 
+def round_times(data, grid: str) -> str:
+  """Seed 001 Table 13's counterpart: seconds of training per communication round, per
+  method and number of clients, from the jobs behind the table (the grid and the search it
+  selects from): each job's median non-compiling round (`timing.median_round_s`) divided
+  by the runs that shared its compiled program, then the mean over jobs and lambdas.
+  Evaluation, checkpoints and compilation are left out, as in seed 001. "" when no job
+  recorded its round times."""
+  sweep, exp, results = data.sweep, data.exp, data.results
+  g = sweep.grids.get(grid, {})
+  grids = {grid, g.get("select_from", "")} - {""}
+  runs = collect.program_runs(results)
+  per, seen = collections.defaultdict(list), set()
+  for e in exp.entries:
+    if e.grid not in grids or e.key not in results or e.key in seen:
+      continue
+    seen.add(e.key)
+    t = (results[e.key]["summary"].get("timing") or {}).get("median_round_s")
+    if t is not None:
+      per[(e.axes["method"], int(e.axes["num_clients"]))].append(t / runs[e.key])
+  if not per:
+    return ""
+  counts = sorted({int(C) for C in g.client_counts})
+  rows = ["| group | method | " + " | ".join(f"C={C}" for C in counts) + " |",
+          "|---|---|" + "---:|" * len(counts)]
+  last = None
+  for group, m, name in collect.table_rows(sweep, g):
+    cells = [f"{sum(per[(m, C)]) / len(per[(m, C)]):.3f} ({len(per[(m, C)])})" if per.get((m, C)) else "-"
+             for C in counts]
+    rows.append(f"| {group if group != last else ''} | {name} | " + " | ".join(cells) + " |")
+    last = group
+  return "\n".join(rows)
+
+
 def _at_defaults(sweep, grid: str) -> str:
   g = sweep.grids.get(grid, {})
   searched = int(g.get("num_trials", 0)) > 1 or g.get("select_from", "")
@@ -409,6 +442,14 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            f"Each cell's seeds ran at the search trial with the best held-out validation score; its values are in "
            f"[hyperparameters.md](hyperparameters.md) ({hp.count(chr(10)) - 1} cells; trial 0 is the method's "
            f"defaults).", ""]
+  rt = round_times(data, st["table_grid"]) if st["table_grid"] in sweep.grids else ""
+  if rt:
+    backends = ", ".join(tm["backends"]) or "-"
+    md += ["## Training time per round (seed 001 Table 13)", "", rt, "",
+           f"Seconds per communication round of one run on {backends} (mean over the table's jobs, all lambdas; "
+           "the number of jobs in brackets): each job's median round without compilation, evaluation or "
+           "checkpoints, divided by the runs that shared its compiled program. The machine's load is not "
+           "controlled: compare methods within one report, not across machines.", ""]
   if pngs:
     md += ["## Figures", ""]
     for p in pngs:
