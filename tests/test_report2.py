@@ -372,11 +372,23 @@ def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tm
   assert not exp2.waiting
   seeds = sweep_lib.grid_entries(exp2, "seeds")
   assert [e.axes["trial"] for e in seeds] == [1, 1]
-  # The same trial failing for another reason (its worker died) holds the phase, saying so.
-  os.remove(os.path.join(by_trial[2].workdir, "events.jsonl"))
-  launch._record_failure(by_trial[2].workdir, RuntimeError("worker process died"))
-  exp3 = sweep_lib.expand(s)
-  assert "1 of 3 search jobs failed other than by diverging" in exp3.waiting["seeds"]
+  # The same trial failing for another reason (its worker died) holds the phase, saying so;
+  # so does a FloatingPointError that is not the runner's divergence (JAX_DEBUG_NANS, batch-wide).
+  events = os.path.join(by_trial[2].workdir, "events.jsonl")
+  for error in (RuntimeError("worker process died"), FloatingPointError("invalid value (nan) encountered in mul")):
+    os.remove(events)
+    launch._record_failure(by_trial[2].workdir, error)
+    assert "1 of 3 search jobs failed other than by diverging" in sweep_lib.expand(s).waiting["seeds"]
+  # A diverged trial that runs again (its lock held), or whose rerun started and was
+  # interrupted, has not finished: the seeds phase waits for it.
+  os.remove(events)
+  launch._record_failure(by_trial[2].workdir, FloatingPointError(diverged))
+  assert launch._acquire(by_trial[2].workdir, False)
+  assert "1 of 3 search jobs have not finished" in sweep_lib.expand(s).waiting["seeds"]
+  os.remove(os.path.join(by_trial[2].workdir, "RUNNING"))
+  assert not sweep_lib.expand(s).waiting
+  launch._event(by_trial[2].workdir, "start", resumed=False)
+  assert "1 of 3 search jobs have not finished" in sweep_lib.expand(s).waiting["seeds"]
 
 
 def test_fixed_steps_grid_sets_local_steps(tmp_path):

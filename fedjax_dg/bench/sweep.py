@@ -47,6 +47,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import zlib
 
 import ml_collections
@@ -318,13 +319,19 @@ def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = Non
       _add(exp, sweep, name, axes, settings, algorithm)
 
 
-DIVERGED = "FloatingPointError: "  # how a diverged run's failure is recorded (experiment.divergence)
+# How the launcher records a diverged run's failure: the runner's own message
+# (experiment.divergence), not any FloatingPointError (JAX_DEBUG_NANS raises one for a whole batch).
+DIVERGED = re.compile(r"FloatingPointError: .+ at round \d+; lower client\.lr \(now ")
 
 
 def _last_failure(workdir: str) -> str:
-  """The error line of the job's last "failed" event, "" if it has none."""
-  ev = [e for e in rundir.read_events(workdir) if e.get("event") == "failed"]
-  return ev[-1].get("error", "") if ev else ""
+  """The error line of the job's "failed" event when that is its last start / done / failed
+  event and no live process holds the job's RUNNING lock; "" otherwise (it never failed, it
+  is running again, or a rerun started after the failure and was interrupted)."""
+  if rundir.lock_is_live(rundir.read_lock(os.path.join(workdir, "RUNNING"))):
+    return ""
+  ev = [e for e in rundir.read_events(workdir) if e.get("event") in ("start", "done", "failed")]
+  return ev[-1].get("error", "") if ev and ev[-1]["event"] == "failed" else ""
 
 
 def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, str]:
@@ -347,7 +354,7 @@ def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, st
     s = None
     if run is None:
       error = _last_failure(exp.jobs[e.key].workdir)
-      if not error.startswith(DIVERGED):
+      if not DIVERGED.match(error):
         failed += bool(error)
         missing += not error
         continue
