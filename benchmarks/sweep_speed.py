@@ -136,7 +136,7 @@ def one_process_per_job(exp, cache: str) -> dict:
   """Every job not done in its own fresh Python process (`launch.execute`), one at a time,
   with JAX's persistent compilation cache in `cache` (the launcher's environment variables)."""
   from fedjax_dg.bench import launch
-  counts = {s: 0 for s in ("done", "failed", "skipped", "busy")}
+  counts = {s: 0 for s in ("done", "failed", "skipped", "busy", "stopped")}
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   for job in launch.prepare(exp):
     out = subprocess.run([sys.executable, "-c", JOB_PROCESS, job.workdir], env=env, capture_output=True, text=True,

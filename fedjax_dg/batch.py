@@ -68,6 +68,7 @@ from fedjax_dg import checks
 from fedjax_dg import config as config_lib
 from fedjax_dg import experiment
 from fedjax_dg import rundir
+from fedjax_dg import stopping
 from fedjax_dg.algorithms.base import tree_where
 from fedjax_dg.algorithms.spec import continuous, hparam_fields
 from fedjax_dg.errors import ConfigError
@@ -501,12 +502,15 @@ def _run_program(group: list, size: int) -> list:
       except (ConfigError, ValueError) as e:  # this run's directory cannot be resumed; the others go on
         out[r] = e
     live = [r for r in range(R) if out[r] is None]
-    if live:
-      _train(group, books, live, starts, states, store, None if shared else 0, timing)
+    stopped = _train(group, books, live, starts, states, store, None if shared else 0, timing) if live else None
   except BaseException:
     for r in opened:
       books[r].close(failed=True)
     raise
+  if stopped:  # every run's checkpoint of the stop round written, nothing summarised
+    for r in opened:
+      books[r].close()
+    raise stopping.Stopped(*stopped, saved=all(bool(g.config.checkpoint_every) for g in group))
   summary_timing = timing.summary()
   for r in range(R):
     if out[r] is None and books[r].failed is None:
@@ -518,7 +522,8 @@ def _run_program(group: list, size: int) -> list:
 
 
 def _train(group, books, live, starts, states, store, store_axis, timing):
-  """The rounds of the batch, from the smallest start round of its live runs."""
+  """The rounds of the batch, from the smallest start round of its live runs; returns
+  (signal, round) when a signal stopped them (`fedjax_dg.stopping`), else None."""
   R = len(books)
   b0 = books[0]
   stages, total = b0.stages, b0.total
@@ -556,7 +561,7 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
     if again:
       evaluate(t, b0.stage_of(t), again, None)
 
-  with bar:
+  with bar, stopping.StopRequest() as stop:
     for t in range(t0, total):
       join(t)
       k = b0.stage_of(t + 1)
@@ -576,6 +581,9 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
         for r in running:
           books[r].reporters.append(int(rep[r]))
       due = {r: books[r].checks_due(done) for r in running}
+      signame = stop.requested() if done < total else None
+      if signame:  # stop after this round: every running run saves it (its own checkpoint cadence aside)
+        due = {r: (due[r][0], bool(books[r].config.checkpoint_every)) for r in running}
       checked = [r for r in running if any(due[r])]
       if checked:  # never evaluate or save a diverged state (experiment._check_state's order)
         pf, sf = map(np.asarray, _finite_flags(jax.vmap(st.algorithm.params_of)(state.server), state))
@@ -595,7 +603,10 @@ def _train(group, books, live, starts, states, store, store_axis, timing):
           books[r].ckpts.save(done, _pick(state, r))
         timing.add("checkpoint_s", since)
       bar.update(1)
+      if signame:
+        return signame, done
   join(total)  # a run already finished: its lost last evaluation
+  return None
 
 
 # ----------------------------------------------------------------------------- run lists

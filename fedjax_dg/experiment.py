@@ -38,6 +38,7 @@ from fedjax_dg import distributed
 from fedjax_dg.algorithms import make_schedule
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg import rundir
+from fedjax_dg import stopping
 from fedjax_dg.provenance import provenance
 from fedjax_dg.data import datasets, partition, splits, store as store_lib
 from fedjax_dg.engine import init_round_state, make_round
@@ -520,36 +521,43 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
              dynamic_ncols=True)
   phase = lambda what: bar.set_description(f"round ({what})")
   compiled = set()
+  stopped = None  # (signal, round) once a stop was asked for (fedjax_dg.stopping)
   try:
     if book.again:  # the checkpoint's own evaluation was lost (a torn metrics.jsonl): evaluated again
       phase("evaluating")
       evaluate(start, book.stage_of(start), state, None)
-    for t in range(start, total):
-      k = book.stage_of(t + 1)
-      st = stages[k]
-      if k > 0 and t == st.first:
-        state = book.next_stage_state(k, state)
-      phase("training" if k in compiled else "compiling")
-      since = time.time()
-      state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(book.k_rounds, t))
-      train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
-      timing.add("train_s" if k in compiled else "compile_s", since)
-      compiled.add(k)
-      done = t + 1
-      if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
-        book.reporters.append(int(metrics["reporters"]))
-      do_eval, do_ckpt = book.checks_due(done)
-      if do_eval or do_ckpt:  # never evaluate or save a diverged state
-        _check_state(st.algorithm, state, done, train_loss, config)
-      if do_eval:
-        phase("evaluating")
-        evaluate(done, k, state, train_loss)
-      if do_ckpt:
-        phase("saving")
+    with stopping.StopRequest() as stop:  # SIGTERM / SIGUSR1: stop after the round, with its checkpoint
+      for t in range(start, total):
+        k = book.stage_of(t + 1)
+        st = stages[k]
+        if k > 0 and t == st.first:
+          state = book.next_stage_state(k, state)
+        phase("training" if k in compiled else "compiling")
         since = time.time()
-        book.ckpts.save(done, state)
-        timing.add("checkpoint_s", since)
-      bar.update(1)
+        state, metrics = st.round_fn(state, placed[k], jax.random.fold_in(book.k_rounds, t))
+        train_loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
+        timing.add("train_s" if k in compiled else "compile_s", since)
+        compiled.add(k)
+        done = t + 1
+        if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
+          book.reporters.append(int(metrics["reporters"]))
+        do_eval, do_ckpt = book.checks_due(done)
+        signame = stop.requested() if done < total else None
+        if signame:  # stop after this round, with its checkpoint
+          stopped, do_ckpt = (signame, done), bool(config.checkpoint_every)
+        if do_eval or do_ckpt:  # never evaluate or save a diverged state
+          _check_state(st.algorithm, state, done, train_loss, config)
+        if do_eval:
+          phase("evaluating")
+          evaluate(done, k, state, train_loss)
+        if do_ckpt:
+          phase("saving")
+          since = time.time()
+          book.ckpts.save(done, state)
+          timing.add("checkpoint_s", since)
+        bar.update(1)
+        if stopped:
+          break
   except BaseException:  # finish or remove the background save, never hide the error
     bar.close()
     book.close(failed=True)
@@ -558,6 +566,8 @@ def _run_fold(config, fold: splits.Fold, workdir: str, run: str) -> dict:
   since = time.time()
   book.close()
   timing.add("checkpoint_s", since)
+  if stopped:
+    raise stopping.Stopped(*stopped, saved=bool(config.checkpoint_every))
   return book.summary(comm, params, timing.summary())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 import warnings
 
@@ -67,7 +68,7 @@ def main(argv):
   if not_a_config(config):
     print(f"error: {not_a_config(config)}", file=sys.stderr)
     return 2
-  from fedjax_dg import distributed
+  from fedjax_dg import distributed, stopping
   try:
     distributed.initialize(config)  # config.distributed: before anything uses JAX (a watchdog bounds it)
   except ConfigError as e:
@@ -78,6 +79,10 @@ def main(argv):
     workdir = config.workdir  # every process must name the same folder: no start time appended
   try:
     summary = train_and_evaluate(config, workdir)
+  except stopping.Stopped as e:  # SIGTERM / SIGUSR1: the round finished and saved
+    if distributed.is_writer():
+      print(f"stopped: {e}; resume with --workdir={workdir} --config.resume=True", file=sys.stderr)
+    return 128 + int(getattr(signal, e.signame))
   except (ConfigError, FloatingPointError, OSError, ValueError) as e:  # OSError: a full disk, a file-size limit
     if distributed.process_count() > 1:
       distributed.fail(e)  # one line for the whole job, then exits

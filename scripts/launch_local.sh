@@ -6,7 +6,9 @@
 # Process 0 writes the run directory and the progress bar. Exits 0 when every process
 # does; when one fails (an error, a kill), the others are stopped at once (SIGKILL), a
 # process killed by a signal gets one line saying so (one that failed with an error has
-# printed its own), and the exit status is the failed one's.
+# printed its own), and the exit status is the failed one's. SIGTERM and SIGUSR1 to this
+# script are passed on: every process finishes its round, saves it and exits with 128 + the
+# signal (fedjax_dg.stopping), and so does this script; SIGINT stops every process at once.
 #
 # Environment: FEDJAX_DG, the command to run (default: `fedjax-dg` if it is on PATH, else
 # `python -m fedjax_dg`); PYTHON (default python3), used to find a free port;
@@ -32,11 +34,17 @@ port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 
 pids=()
-stop_all() {  # SIGKILL: JAX takes SIGTERM as a preemption notice and goes on; a kill tears no file
+stop_all() {  # SIGKILL: a kill tears no file
   local p
   for p in "${pids[@]}"; do kill -KILL "$p" 2> /dev/null; done
 }
-trap 'stop_all; exit 130' INT TERM
+forward() {  # SIGTERM / SIGUSR1: every process finishes its round, saves it and exits (fedjax_dg.stopping)
+  local p
+  for p in "${pids[@]}"; do kill -"$1" "$p" 2> /dev/null; done
+}
+trap 'stop_all; exit 130' INT
+trap 'forward TERM' TERM
+trap 'forward USR1' USR1
 
 for ((i = 0; i < n; i++)); do
   "${cmd[@]}" "$@" --config.distributed.initialize=local \
@@ -48,13 +56,20 @@ done
 status=0
 left=$n
 while [ $left -gt 0 ]; do
+  done_pid=
   wait -n -p done_pid 2> /dev/null  # bash's own "Killed" notices: the line below says it once
   rc=$?
-  [ -z "${done_pid:-}" ] && break
+  if [ -z "${done_pid:-}" ]; then
+    [ $rc -eq 127 ] && break  # no process left
+    continue                  # a trapped signal interrupted the wait
+  fi
   left=$((left - 1))
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
     status=$rc
     for ((i = 0; i < n; i++)); do [ "${pids[$i]}" = "$done_pid" ] && who=$i; done
+    if [ $rc -eq 143 ] || [ $rc -eq 138 ]; then  # stopped on SIGTERM / SIGUSR1 after a saved round: the
+      continue                                   # others stop at the same round (they agree on it)
+    fi
     if [ $rc -gt 128 ]; then  # killed by a signal: the process could not say so itself
       echo "launch_local.sh: process $who was killed (signal $((rc - 128))); stopping the others" >&2
     fi

@@ -182,7 +182,7 @@ def test_batched_sweep_gives_the_scores_of_one_job_at_a_time(arms):
       if x:
         assert math.isclose(float(x), float(y), rel_tol=0, abs_tol=1e-5), (key, col, x, y)
   done = sum(r["state"] == "done" for r in a.values())
-  assert done == 6 and arms["batched"]["counts"] == {"done": 6, "failed": 2, "skipped": 0, "busy": 0}
+  assert done == 6 and arms["batched"]["counts"] == {"done": 6, "failed": 2, "skipped": 0, "busy": 0, "stopped": 0}
 
 
 def test_each_job_records_its_batch_and_the_budget_splits_groups(arms):

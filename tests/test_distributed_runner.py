@@ -191,3 +191,41 @@ def test_bad_input_is_one_line_for_the_job(bad, line, tmp_path):
   _, err = p.communicate(timeout=600)
   assert p.returncode == 2
   assert [x for x in err.splitlines() if x.startswith(("error:", "launch_local.sh:"))] == [line], err[-2000:]
+
+
+STOP_WRAPPER = r"""
+import os, signal, sys
+from fedjax_dg import experiment, main
+pid = int(next(a.split("=")[1] for a in sys.argv if a.startswith("--config.distributed.process_id=")))
+checks_due = experiment.RunBook.checks_due
+
+def signalling(self, done):
+  if pid == 1 and done == 3:  # process 1 alone gets the signal, during round 3
+    os.kill(os.getpid(), signal.SIGTERM)
+  return checks_due(self, done)
+
+experiment.RunBook.checks_due = signalling
+main.run()
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_both_at_the_same_saved_round_and_the_resume_equals_one(tmp_path):
+  """fedjax_dg.stopping under jax.distributed: the processes agree on the stop round, save it
+  together (off the checkpoint schedule) and exit with 128 + SIGTERM; two processes resumed
+  end with the metrics of one process never stopped."""
+  rounds = "--config.num_rounds=6"
+  want = one_process(tmp_path / "one", rounds)
+  wrapper = tmp_path / "wrapper.py"
+  wrapper.write_text(STOP_WRAPPER)
+  workdir = tmp_path / "two"
+  p = launch(2, workdir, rounds, "--config.checkpoint_every=5",
+             env=_env(FEDJAX_DG=f"{sys.executable} {wrapper}"))
+  out, err = p.communicate(timeout=900)
+  assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+  assert "stopped: stopped by SIGTERM after round 3; its checkpoint of round 3 is saved" in err, err[-3000:]
+  assert "was killed" not in err and "done:" not in out
+  kept, steps = assert_whole(workdir)
+  assert steps == [3] and max(kept) == 3
+  got, _, _ = two_processes(workdir, rounds, "--config.resume=True")
+  assert_same_results(got, want)

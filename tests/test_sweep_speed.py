@@ -22,7 +22,7 @@ def test_batched_and_one_process_per_job_give_identical_scores(tmp_path):
                              "--out", str(tmp_path / "speed.json")])
   for arm in ("batched", "process"):
     rec = out["arms"][arm]
-    assert rec["counts"] == {"done": 3, "failed": 0, "skipped": 0, "busy": 0}, (arm, rec["counts"])
+    assert rec["counts"] == {"done": 3, "failed": 0, "skipped": 0, "busy": 0, "stopped": 0}, (arm, rec["counts"])
     assert len(rec["load_average_before"]) == 3 and rec["wall_s"] > 0
   same = out["scores_process"]
   assert same["same_scores"] and same["max_abs_difference"] == 0.0, same  # CPU: map is the run alone, bit for bit

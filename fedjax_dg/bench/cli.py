@@ -30,6 +30,7 @@ Commands:
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from absl import app, flags
@@ -117,6 +118,7 @@ def _out(sweep, sub: str) -> str:
 
 
 def main(argv) -> int:
+  from fedjax_dg import stopping
   from fedjax_dg.bench import batches, collect, figures, launch, report, sweep as sweep_lib
   args = argv[1:]
   if len(args) != 1 or args[0] not in COMMANDS:
@@ -178,6 +180,9 @@ def main(argv) -> int:
           counts = launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))
+        if stopping.stop_signal():  # the jobs in flight saved their round: `bench run` again resumes them
+          print(f"stopped by {stopping.stop_signal()}: run the same command again to resume", file=sys.stderr)
+          return 128 + int(getattr(signal, stopping.stop_signal()))
       else:
         params = dict(lc.get("submitit", {}))
         folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")

@@ -27,12 +27,15 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import signal
+import threading
 import time
 import traceback
 import warnings
 
 from fedjax_dg import config as config_lib
 from fedjax_dg import rundir
+from fedjax_dg import stopping
 from fedjax_dg.bench import batches as batches_lib
 from fedjax_dg.bench import sweep as sweep_lib
 
@@ -165,14 +168,18 @@ def quiet_logging() -> None:
 
 def execute(workdir: str, ignore_locks: bool = False) -> str:
   """Runs the job in `workdir` (its job.json) in this process unless it is done or another
-  process holds it. Returns "skipped", "busy", "done" or "failed"; never raises for a
+  process holds it. Returns "skipped", "busy", "done", "failed" or "stopped" (a stop signal:
+  the job saved its round and is interrupted; `fedjax_dg.stopping`); never raises for a
   failing job: its traceback goes to error.txt."""
+  if stopping.stop_signal():
+    return "stopped"
   decision = decide(workdir, ignore_locks)
   if decision != "run":
     return decision
   try:
     _, config = load_job(workdir)
-    return "done" if run_held(workdir, config) is None else "failed"
+    error = run_held(workdir, config)
+    return "done" if error is None else "stopped" if isinstance(error, stopping.Stopped) else "failed"
   finally:
     release(workdir)
 
@@ -202,6 +209,9 @@ def run_held(workdir: str, config, run=None) -> Exception | None:
     with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
         contextlib.redirect_stderr(log):
       (run or run_config)(config, workdir)
+  except stopping.Stopped as e:  # interrupted, not failed: a rerun resumes it
+    _event(workdir, "stopped", reason=str(e), seconds=time.time() - t0)
+    return e
   except Exception as e:  # the sweep goes on; the job records why it stopped
     _record_failure(workdir, e, t0)
     return e
@@ -244,7 +254,10 @@ def _run_batch(workdirs: list[str], keys: list[str], configs: list, outcome: dic
     except Exception as e:  # pylint: disable=broad-except  # the batch as a whole failed: each job says why
       results = [e] * len(workdirs)
   for w, r in zip(workdirs, results):
-    if isinstance(r, BaseException):
+    if isinstance(r, stopping.Stopped):  # interrupted, not failed: a rerun resumes it
+      _event(w, "stopped", reason=str(r), seconds=time.time() - t0)
+      outcome[w] = ("stopped", bid)
+    elif isinstance(r, BaseException):
       _record_failure(w, r, t0)
       outcome[w] = ("failed", bid)
     else:
@@ -276,7 +289,10 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
   `memory` (a budget, or a share of this device's memory divided among `workers`) and hold
   at most `max_runs` jobs. A job done is skipped, one another live process holds is busy,
   an interrupted one resumes from its checkpoints. Returns `(workdir, outcome, batch id)`
-  per job, outcome "skipped", "busy", "done" or "failed"; never raises for a failing job."""
+  per job, outcome "skipped", "busy", "done", "failed" or "stopped" (a stop signal: saved
+  and interrupted, or not started); never raises for a failing job."""
+  if stopping.stop_signal():
+    return [(w, "stopped", "") for w in workdirs]
   outcome, held = {}, []
   for w in workdirs:
     if job_state(w) == "done":
@@ -304,6 +320,9 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
     else:
       parts = [ready] if ready else []
     for part in parts:
+      if stopping.stop_signal():  # a stop signal: the rest of the unit is not started
+        outcome.update({w: ("stopped", "") for w in part})
+        continue
       _run_batch(part, [keys[w] for w in part], [configs[w] for w in part], outcome)
   finally:
     for w in held:
@@ -328,6 +347,7 @@ def prepare(exp: sweep_lib.Expansion) -> list[sweep_lib.Job]:
 
 
 def _worker_init(cache_dir: str) -> None:
+  stopping.record_signals()  # between runs a stop signal is recorded; the worker then starts nothing
   if cache_dir:
     import jax
     jax.config.update("jax_compilation_cache_dir", cache_dir)
@@ -340,6 +360,28 @@ def _mark_dead(job: sweep_lib.Job) -> None:
     f.write(f"the worker process running this job died {MAX_CRASHES} times (killed by a signal or out of "
             "memory); see log.txt\n")
   _event(job.workdir, "failed", error="worker process died")
+
+
+@contextlib.contextmanager
+def forwarding_signals():
+  """While a local pool runs: SIGTERM and SIGUSR1 to the launcher are recorded
+  (`stopping.stop_signal`) and passed on to its worker processes, which finish their round,
+  save it and start nothing new; the launcher then returns. A signal sent to the whole
+  process group reaches the workers twice, which changes nothing."""
+  def forward(signum, frame):
+    stopping.record_signal(signum, frame)
+    for child in multiprocessing.active_children():
+      with contextlib.suppress(OSError):
+        os.kill(child.pid, signum)
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {sig: signal.signal(sig, forward) for sig in stopping.signals()}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
 
 
 def _print(msg: str, quiet: bool) -> None:
@@ -355,14 +397,16 @@ def run_local(exp: sweep_lib.Expansion, workers: int = 1, cache_dir: str = "", q
   a fresh pool, and a job whose worker died `MAX_CRASHES` times is recorded failed."""
   if workers < 1:
     raise sweep_lib.SweepError(f"workers must be >= 1, got {workers}")
+  os.environ.pop(stopping.ENV, None)  # a new launch: an earlier stop is not this one
   todo = prepare(exp)
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
-  counts = {s: 0 for s in ("done", "failed", "skipped", "busy")}
+  counts = {s: 0 for s in ("done", "failed", "skipped", "busy", "stopped")}
   total, n = len(todo), 0
   _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - total} already done, {total} to run on {workers} worker(s)", quiet)
   ctx = multiprocessing.get_context("spawn")
-  while todo:
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(cache_dir,)) as pool:
+  while todo and not stopping.stop_signal():
+    with forwarding_signals(), \
+        cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(cache_dir,)) as pool:
       futures = {pool.submit(execute, j.workdir, ignore_locks): j for j in todo}
       todo, broken = [], False
       for f in cf.as_completed(futures):
@@ -376,7 +420,7 @@ def run_local(exp: sweep_lib.Expansion, workers: int = 1, cache_dir: str = "", q
         n += 1
         counts[outcome] += 1
         _print(f"[{n}/{total}] {outcome:7s} {label[job.key]}  {job.workdir}", quiet)
-    if broken:  # a worker died; the pool took the other workers' jobs down with it
+    if broken and not stopping.stop_signal():  # a worker died; the pool took the other workers' jobs with it
       for j in [j for j in todo if read_lock(j.workdir) and not lock_is_live(read_lock(j.workdir))]:
         _event(j.workdir, "crashed")
         with contextlib.suppress(FileNotFoundError):
@@ -436,9 +480,10 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
     raise sweep_lib.SweepError(f"workers must be >= 1, got {workers}")
   batches_lib.check_max_runs(max_runs)
   memory = memory or batches_lib.Memory()
+  os.environ.pop(stopping.ENV, None)  # a new launch: an earlier stop is not this one
   todo = prepare(exp)
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
-  counts = {s: 0 for s in ("done", "failed", "skipped", "busy")}
+  counts = {s: 0 for s in ("done", "failed", "skipped", "busy", "stopped")}
   total, n = len(todo), [0]
 
   def progress(job, text: str) -> None:
@@ -462,8 +507,9 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
       progress(job, "busy   ")
   ctx = multiprocessing.get_context("spawn")
   by_dir = {j.workdir: j for j in todo}
-  while units:
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(cache_dir,)) as pool:
+  while units and not stopping.stop_signal():
+    with forwarding_signals(), \
+        cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(cache_dir,)) as pool:
       futures = {pool.submit(execute_batch, [j.workdir for j in unit], ignore_locks, memory, workers, max_runs): unit
                  for unit in units}
       left, broken = [], False
@@ -479,7 +525,7 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
           why = _last_error(w) if outcome == "failed" else ""
           progress(by_dir[w], f"{outcome:7s}" + (f" (batch {bid})" if bid else "") + (f" ({why})" if why else ""))
     units = []
-    if broken:  # a worker died; the pool took the other workers' units down with it
+    if broken and not stopping.stop_signal():  # a worker died; the pool took the other workers' units with it
       units, _ = plan(_crashed(left, counts, progress), max_runs, workers)
   return counts
 
