@@ -702,8 +702,9 @@ def test_status_estimates_the_time_left_from_the_finished_jobs_time_per_round(tm
   seeds_s = 2 * 2 * 1050.0 + 2 * 2 * 480.0    # 2 seeds x 2 lambdas, fedavg and irm
   total = run_s + running_s + seeds_s
   assert text.startswith(f"time left (estimate): {total / 3600:.1f} h of run time, {total / 2 / 3600:.1f} h of wall "
-                         f"time at 2 worker(s): 1 running {running_s / 60:.0f} min, 6 to run {run_s / 60:.0f} min, "
-                         f"12 grid 'seeds' after its search {seeds_s / 3600:.1f} h."), text
+                         f"time at 2 worker(s): 1 running {running_s / 60:.0f} min, 6 to run {run_s / 60:.0f} min "
+                         f"(4 of them not estimated), 12 grid 'seeds' after its search {seeds_s / 3600:.1f} h (4 of "
+                         "them not estimated)."), text
   assert (total / 3600, total / 2 / 3600) == (7320 / 3600, 3660 / 3600)
   assert text.endswith("Not counted, no finished job like them yet: 8 jobs (fediir C=4: 8).")
   for workdir in job.values():

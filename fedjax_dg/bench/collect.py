@@ -525,16 +525,18 @@ def time_left(sweep, exp: sweep_lib.Expansion, workers: int) -> str:
     if share > 0:
       config = exp.jobs[key].config
       per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
-  seconds, missing = collections.Counter(), collections.Counter()
+  seconds, missing, unknown = collections.Counter(), collections.Counter(), collections.Counter()
   for what, config, frac in left:
     costs = per_round.get(_work_key(config))
     if costs:
       seconds[what] += frac * int(config.num_rounds) * float(np.mean(costs))
     else:
       missing[f"{config.algorithm.name} C={int(config.num_clients)}"] += 1
+      unknown[what] += 1
   total = sum(seconds.values())
   order = ["running", "to run"] + sorted(w for w in counts if w not in ("running", "to run"))
-  parts = [f"{counts[w]} {w} {_hours(seconds[w])}" for w in order if counts[w]]
+  parts = [f"{counts[w]} {w} {_hours(seconds[w])}" + (f" ({unknown[w]} of them not estimated)" if unknown[w] else "")
+           for w in order if counts[w]]
   text = (f"time left (estimate): {_hours(total)} of run time, {_hours(total / max(workers, 1))} of wall time at "
           f"{workers} worker(s): " + ", ".join(parts) + ". From the measured time per round of the finished jobs "
           "with the same algorithm, number of clients and local work per round (a batch program's time shared by "
