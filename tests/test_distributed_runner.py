@@ -229,3 +229,27 @@ def test_a_signal_to_one_process_stops_both_at_the_same_saved_round_and_the_resu
   assert steps == [3] and max(kept) == 3
   got, _, _ = two_processes(workdir, rounds, "--config.resume=True")
   assert_same_results(got, want)
+
+
+@pytest.mark.slow
+def test_sigterm_to_launch_local_reaches_every_process_which_stop_at_one_saved_round(tmp_path):
+  """scripts/launch_local.sh passes SIGTERM on (it used to SIGKILL its processes): both stop
+  after the same round with its checkpoint, the script exits 128 + SIGTERM, and two processes
+  resumed end with the metrics of one process never stopped."""
+  rounds = "--config.num_rounds=400"
+  want = one_process(tmp_path / "one", rounds, "--config.eval_every=50", "--config.checkpoint_every=1000")
+  workdir = tmp_path / "two"
+  p = launch(2, workdir, rounds, "--config.eval_every=50", "--config.checkpoint_every=1000")
+  deadline = time.time() + 600
+  while not os.path.exists(workdir / "metrics.jsonl") and p.poll() is None and time.time() < deadline:
+    time.sleep(0.2)
+  assert p.poll() is None, "the run ended before the signal"
+  p.send_signal(signal.SIGTERM)  # to the script alone
+  out, err = p.communicate(timeout=600)
+  assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+  assert "stopped: stopped by SIGTERM after round" in err and "was killed" not in err, err[-3000:]
+  kept, steps = assert_whole(workdir)
+  assert len(steps) == 1 and 50 <= steps[0] < 400  # the stop round, off the schedule (every 1000)
+  got, _, _ = two_processes(workdir, rounds, "--config.eval_every=50", "--config.checkpoint_every=1000",
+                            "--config.resume=True")
+  assert_same_results(got, want)
