@@ -180,9 +180,10 @@ def main(argv) -> int:
           counts = launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))
-        if stopping.stop_signal():  # the jobs in flight saved their round: `bench run` again resumes them
-          print(f"stopped by {stopping.stop_signal()}: run the same command again to resume", file=sys.stderr)
-          return 128 + int(getattr(signal, stopping.stop_signal()))
+        sig = stopping.stop_signal()
+        if sig or counts.get("stopped"):  # the jobs in flight saved their round: `bench run` again resumes them
+          print(f"stopped by {sig or 'a signal to a worker'}: run the same command again to resume", file=sys.stderr)
+          return 128 + int(getattr(signal, sig)) if sig else 1
       else:
         params = dict(lc.get("submitit", {}))
         folder = params.pop("folder", "") or os.path.join(sweep.root, "submitit")
