@@ -1,15 +1,11 @@
 """The earlier benchmark report: seed 001's Tables 3 and 6 and Figs. 2-4 on the embedded rotated
 digits, each method at its paper defaults (no search) under mixed optimizers. Superseded by
 configs/sweeps/report_fmnist.py (seed 001's protocol) and configs/sweeps/quick.py (the quick
-report); kept so that its committed results stay regenerable:
+report); its committed results are gone (docs/benchmark_report.md says why). It still runs
+under the current code:
 
-  python -m fedjax_dg.bench report --results experiments/report/results.jsonl.gz --allow_stale
-
-Its runs predate the runs' source fingerprints, so every one of them is stale (†): they
-were made by code that has changed since. To run it again under the current code:
-
-  python -m fedjax_dg.bench run    --sweep configs/sweeps/report.py --sweep.root=runs/sweeps/report
-  python -m fedjax_dg.bench report --sweep configs/sweeps/report.py --sweep.root=runs/sweeps/report
+  python -m fedjax_dg.bench run    --sweep configs/sweeps/report.py
+  python -m fedjax_dg.bench report --sweep configs/sweeps/report.py
 
 `--sweep configs/sweeps/report.py:fashion` runs the same on rotated Fashion-MNIST (Debian's
 dataset-fashion-mnist files, 300 images per domain) into experiments/report_fashion/.
