@@ -263,3 +263,152 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
       assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, title, verdict)
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
+
+
+def verdict_most(outcomes):
+  """A "most comparisons" claim (remarks 4.2 and 4.7): holds when more than half of the
+  testable comparisons support it; "no difference" when every testable one is."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  if not testable:
+    return "cannot tell"
+  if all(o == "no difference" for o in testable):
+    return "no difference"
+  return "holds" if 2 * sum(o == "higher" for o in testable) > len(testable) else "does not hold"
+
+
+def outcome(a, b, alpha=0.05):
+  if len(a) < 2 or len(b) < 2:
+    return "cannot tell", "untestable"
+  p = welch_p(a, b)
+  o = "no difference" if p >= alpha else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
+  return o, p_text(p)
+
+
+def grid_points(sweep, docs, grid, fields):
+  """{tuple of the entry's `fields`: [score by seed]} of one grid's finished runs at the
+  held-out selection; a centralised entry (lam None) stands in every lambda of its grid."""
+  lams = sweep["grids"][grid].get("lams", [None])
+  pts = {}
+  for d in docs:
+    for e in d["entries"]:
+      if e["grid"] != grid or d["state"] != "done":
+        continue
+      for lam in (lams if e["axes"]["lam"] is None else [e["axes"]["lam"]]):
+        ax = {**e["axes"], "lam": lam}
+        pts.setdefault(tuple(ax[f] for f in fields), {})[ax["seed"]] = score_at(d, "heldout_domain")
+  return {k: [s for _, s in sorted(v.items())] for k, v in pts.items()}
+
+
+def point_text(v):
+  se = f" ± {statistics.stdev(v) / math.sqrt(len(v)):.3f}" if len(v) > 1 else ""
+  return f"{statistics.mean(v):.3f}{se} (n={len(v)})"
+
+
+def section_of(folder, prefix):
+  found = [(v, body) for t, v, body in reading_sections(folder) if t.startswith(prefix)]
+  assert len(found) <= 1, (folder, prefix)
+  return found[0] if found else (None, "")
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
+  """Remark 4.2 (each DG method's centralised cell against every federated column, and
+  lambda = 1 against 0.1 per C), remark 4.7 (per Fig. 2 panel and method, the smallest C
+  against the largest, at fixed epochs and at fixed steps) and remark 4.8 (per Fig. 3 panel,
+  the interior schedule with the best mean against both ends at alpha / interior schedules):
+  every cited cell, word, p-value and verdict recomputed from the results file with SciPy."""
+  sweep, docs = read_docs(folder)
+  names = sweep["table"]["display"]
+  name = lambda m: names.get(m, m)  # noqa: E731
+  scores, _ = expected_cells(sweep, docs, "heldout_domain")
+  values = {k: [s for _, s in sorted(v.items())] for k, v in scores.items()}
+  dg = [name(m) for g, ms in sweep["table"]["groups"] if g == "DG adapted" for m in ms]
+  dg = [m for m in dg if any(lab == m for lab, _ in values)]
+  checked = 0
+
+  verdict, body = section_of(folder, "Remark 4.2, DG methods degrade in FL")
+  if verdict is not None:
+    outcomes = []
+    for line in body.splitlines():
+      who, rest = line[2:].split(": C=1 ", 1)
+      m = who.removesuffix(" (the baseline, for comparison)")
+      cen, *parts = rest.split("; ")
+      assert cen == point_text(values[(m, "C=1 (centralised)")]), (folder, line)
+      for part in parts:
+        g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (\w[\w ]*) \(({P}|untestable)\)", part)
+        assert g and g.group(2) == point_text(values[(m, g.group(1))]), (folder, part)
+        o, p = outcome(values[(m, "C=1 (centralised)")], values[(m, g.group(1))])
+        word = {"higher": "degrades", "lower": "improves"}.get(o, o)
+        assert (g.group(3), g.group(4)) == (word, p), (folder, m, part)
+        if m != who:
+          continue
+        outcomes.append(o)
+        checked += 1
+    assert {line[2:].split(":", 1)[0] for line in body.splitlines()} >= set(dg)
+    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+
+  verdict, body = section_of(folder, "Remark 4.2, DG methods degrade from")
+  if verdict is not None:
+    outcomes = []
+    for line in body.splitlines():
+      g = re.fullmatch(rf"- (.+) at C=(\d+): λ=1 ({CELL}) vs λ=0\.1 ({CELL}): (\w[\w ]*) \(({P}|untestable)\)", line)
+      assert g, (folder, line)
+      a, b = values[(g.group(1), f"C={g.group(2)}, λ=1")], values[(g.group(1), f"C={g.group(2)}, λ=0.1")]
+      o, p = outcome(a, b)
+      assert (g.group(3), g.group(4), g.group(5), g.group(6)) == (
+          point_text(a), point_text(b), {"higher": "degrades", "lower": "improves"}.get(o, o), p), (folder, line)
+      outcomes.append(o)
+      checked += 1
+    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+
+  for key, what in (("clients_grid", "at a fixed number of local epochs"), ("clients_steps_grid", "at a fixed number of local steps")):
+    grid = sweep["figures"].get(key, "")
+    verdict, body = section_of(folder, f"Remark 4.7, accuracy falls with the number of clients, {what}")
+    if not grid or grid not in sweep["grids"]:
+      assert verdict is None, (folder, key)
+      continue
+    pts = grid_points(sweep, docs, grid, ("lam", "method", "num_clients"))
+    panels = {(lam, m) for lam, m, _ in pts}
+    lines = body.splitlines()
+    assert len(lines) == sum(len({c for l2, m2, c in pts if (l2, m2) == pm}) > 1 for pm in panels), (folder, key)
+    outcomes = []
+    for line in lines:
+      g = re.fullmatch(rf"- λ=([\d.]+) (.+?): (.+); C=(\d+) vs C=(\d+): (\w[\w ]*) \(({P}|untestable)\)", line)
+      assert g, (folder, line)
+      m = next(m for lam, m in panels if name(m) == g.group(2) and lam == float(g.group(1)))
+      cs = sorted(c for lam, m2, c in pts if lam == float(g.group(1)) and m2 == m)
+      run = lambda c: pts[(float(g.group(1)), m, c)]  # noqa: E731
+      assert g.group(3) == ", ".join(f"C={c} {point_text(run(c))}" for c in cs), (folder, line)
+      assert (int(g.group(4)), int(g.group(5))) == (cs[0], cs[-1])
+      o, p = outcome(run(cs[0]), run(cs[-1]))
+      assert (g.group(6), g.group(7)) == ({"higher": "falls", "lower": "rises"}.get(o, o), p), (folder, line)
+      outcomes.append(o)
+      checked += 1
+    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+
+  grid = sweep["figures"].get("rounds_grid", "")
+  verdict, body = section_of(folder, "Remark 4.8")
+  if grid and grid in sweep["grids"]:
+    pts = grid_points(sweep, docs, grid, ("num_clients", "lam", "method", "num_rounds"))
+    outcomes = []
+    for line in body.splitlines():
+      g = re.fullmatch(rf"- C=(\d+) λ=([\d.]+) (.+?): (.+); best interior R=(\d+) \(of (\d+), Bonferroni p < ([\d.]+)\) "
+                       rf"vs R=(\d+): ([\w ]+?), Welch ({P}|untestable), vs R=(\d+): ([\w ]+?), Welch ({P}|untestable)", line)
+      assert g, (folder, line)
+      C, lam = int(g.group(1)), float(g.group(2))
+      m = next(m for c, l2, m, _ in pts if (c, l2) == (C, lam) and name(m) == g.group(3))
+      rs = sorted(r for c, l2, m2, r in pts if (c, l2, m2) == (C, lam, m))
+      run = lambda r: pts[(C, lam, m, r)]  # noqa: E731
+      assert g.group(4) == ", ".join(f"R={r} {point_text(run(r))}" for r in rs), (folder, line)
+      mid = max(rs[1:-1], key=lambda r: statistics.mean(run(r)))
+      alpha = 0.05 / (len(rs) - 2)
+      assert (int(g.group(5)), int(g.group(6)), g.group(7)) == (mid, len(rs) - 2, f"{alpha:.3g}"), (folder, line)
+      ends = [outcome(run(mid), run(end), alpha) for end in (rs[0], rs[-1])]
+      assert (int(g.group(8)), g.group(9), g.group(10), int(g.group(11)), g.group(12), g.group(13)) == (
+          rs[0], ends[0][0], ends[0][1], rs[-1], ends[1][0], ends[1][1]), (folder, line)
+      os_ = [o for o, _ in ends]
+      outcomes.append("cannot tell" if "cannot tell" in os_ else "higher" if os_ == ["higher", "higher"]
+                      else "lower" if "lower" in os_ else "no difference")
+      checked += 1
+    assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, verdict)
+  assert checked

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 
 import warnings
 
@@ -116,7 +117,10 @@ def summarize(values, expected: int, ddof: int, stale: int = 0) -> Cell:
   if not values:
     return Cell(None, None, values, expected, stale)
   std = float(np.std(values, ddof=ddof)) if len(values) > ddof else None
-  return Cell(float(np.mean(values)), std, values, expected, stale)
+  # The correctly rounded mean (`statistics.mean` sums exactly): accuracies on a test split
+  # of n images are multiples of 1/n, so a mean of seeds often sits on a printed rounding
+  # boundary, where a floating-point sum's last bit would decide the third decimal.
+  return Cell(float(statistics.mean(values)), std, values, expected, stale)
 
 
 def cell(entries, results, rule: str, metric: str, ddof: int, stale=frozenset()) -> Cell:
