@@ -225,3 +225,26 @@ def test_report_generates_the_reading_from_the_numbers(tmp_path):
   assert 0.025 < p < 0.05
   assert "C=4, λ=0: FedAvg-ERM 0.420 ± 0.012 (n=3); no method significantly above it; no difference: 2" in reading
   assert "jobs: 24 (24 done)" in md  # 3 methods x (C=4 at two lambdas) x 3 seeds + 2 centralised x 3
+
+
+def test_rows_equal_seed_for_seed_are_named_under_the_table():
+  """IRM equals FedAvg-ERM at every seed in two columns (one domain per client: its penalty
+  is off) and FedProx equals nobody: the note names exactly that pair and those columns; a
+  cell of one seed or a mere equal mean is not called equal."""
+  cols = ((1, None), (4, 1.0), (4, 0.0), (8, 0.0))
+  rows = (("B", "fedavg", "FedAvg-ERM"), ("DG adapted", "irm", "IRM"), ("FL", "fedprox", "FedProx"))
+  cell = lambda v: collect.Cell(sum(v) / len(v), 0.0, tuple(v), 3)  # noqa: E731
+  cells = {("fedavg", (1, None)): cell([0.5, 0.6, 0.7]), ("irm", (1, None)): cell([0.7, 0.6, 0.5]),
+           ("fedprox", (1, None)): None,
+           ("fedavg", (4, 1.0)): cell([0.4]), ("irm", (4, 1.0)): cell([0.4]), ("fedprox", (4, 1.0)): cell([0.3]),
+           ("fedavg", (4, 0.0)): cell([0.3, 0.35]), ("irm", (4, 0.0)): cell([0.3, 0.35]),
+           ("fedprox", (4, 0.0)): cell([0.3, 0.36]),
+           ("fedavg", (8, 0.0)): cell([0.2, 0.25, 0.3]), ("irm", (8, 0.0)): cell([0.2, 0.25, 0.3]),
+           ("fedprox", (8, 0.0)): cell([0.25, 0.25, 0.25])}
+  t = collect.Table(rows, cols, cells, "heldout_domain", "accuracy")
+  assert collect.identical_cells(t) == [(("FedAvg-ERM", "IRM"), [(4, 0.0), (8, 0.0)])]
+  assert collect.to_markdown(t).splitlines()[-1].endswith(": FedAvg-ERM = IRM in (C=4, λ=0), (C=8, λ=0).")
+  del cells[("irm", (8, 0.0))], cells[("irm", (4, 0.0))]
+  cells[("irm", (4, 0.0))] = cell([0.35, 0.3])
+  cells[("irm", (8, 0.0))] = None
+  assert collect.identical_cells(collect.Table(rows, cols, cells, "heldout_domain", "accuracy")) == []

@@ -240,7 +240,31 @@ def table_notes(table: Table) -> list[str]:
   if any(c is not None and c.stale for c in table.cells.values()):
     notes.append("†: at least one of the cell's runs ran under other code than the current fedjax_dg (a stale job, "
                  "included with --allow-stale); rerun before citing it.")
+  same = identical_cells(table)
+  if same:
+    notes.append("Equal seed for seed (the same score at every seed: the methods computed the same thing there, so "
+                 "neither a tie nor a lead between them says anything): "
+                 + "; ".join(" = ".join(labels) + " in " + ", ".join(f"({column_label(c)})" for c in cols)
+                             for labels, cols in same) + ".")
   return notes
+
+
+def identical_cells(table: Table) -> list[tuple[tuple, list]]:
+  """[(row labels, columns)]: rows whose cells hold the same per-seed scores (two or more
+  seeds), grouped by the set of rows, in table order; e.g. IRM and FedAvg-ERM where every
+  client holds one domain and IRM's penalty is off."""
+  label = {m: lab for _, m, lab in table.rows}
+  groups = {}
+  for col in table.columns:
+    by_values = {}
+    for _, m, _ in table.rows:
+      c = table.cells.get((m, col))
+      if c is not None and c.mean is not None and len(c.values) > 1:
+        by_values.setdefault(tuple(c.values), []).append(label[m])
+    for labels in by_values.values():
+      if len(labels) > 1:
+        groups.setdefault(tuple(labels), []).append(col)
+  return list(groups.items())
 
 
 def to_markdown(table: Table, digits: int = 3) -> str:
