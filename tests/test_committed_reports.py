@@ -38,10 +38,12 @@ VAL_SPLIT = {"heldout_domain": "heldout_val", "in_domain": "in_val"}
 def score_at(doc, rule):
   """Test accuracy at the evaluation round with the highest validation accuracy under `rule`
   (the first such round on a tie), recomputed from the run's records; the round must be the
-  one the run's own summary names."""
+  one the run's own summary names. A method of several stages (FedLOE) is selected among its
+  final stage's rounds (`summary["stages"]`): the method is the whole procedure."""
+  first, last = (doc["summary"].get("stages") or [{"rounds": [0, math.inf]}])[-1]["rounds"]
   best = None
   for rec in doc["records"]:
-    if "splits" not in rec:
+    if "splits" not in rec or not first <= rec["round"] <= last:
       continue
     v = rec["splits"][VAL_SPLIT[rule]]["accuracy"]
     if best is None or v > best[0]:

@@ -442,7 +442,7 @@ COMMITTED_REPORTS = sorted(d for d in os.listdir(os.path.join(ROOT, "experiments
 
 
 def test_the_committed_reports_are_found():
-  assert {"report_quick"} <= set(COMMITTED_REPORTS)
+  assert {"report_quick", "report_fmnist"} <= set(COMMITTED_REPORTS)
 
 
 @pytest.mark.parametrize("folder", COMMITTED_REPORTS)
