@@ -198,6 +198,14 @@ def reading_sections(folder):
   return re.findall(r"^\*\*(.+): (.+?)\.\*\*\n\n((?:- .*\n?)+)", reading, flags=re.M)
 
 
+def outcome(a, b, alpha=0.05):
+  if len(a) < 2 or len(b) < 2:
+    return "cannot tell", "untestable"
+  p = welch_p(a, b)
+  o = "no difference" if p >= alpha else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
+  return o, p_text(p)
+
+
 def verdict_words(outcomes):
   """The verdict of an "every testable comparison" claim, from seed 001's wording as the
   report states it: holds / does not hold / holds in part / no difference / cannot tell."""
@@ -250,13 +258,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           continue
         m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+) \(({P}|untestable)\)", line)
         assert m and m.group(2) == method and m.group(3) == baseline, (folder, line)
-        a, b = values[(method, m.group(1))], values[(baseline, m.group(1))]
-        if len(a) < 2 or len(b) < 2:
-          o, text = "cannot tell", "untestable"
-        else:
-          p = welch_p(a, b)
-          o = "no difference" if p >= 0.05 else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
-          text = p_text(p)
+        o, text = outcome(values[(method, m.group(1))], values[(baseline, m.group(1))])
         assert (m.group(4), m.group(5)) == ({"higher": "holds", "lower": "does not hold (below the baseline)",
                                              "no difference": "no difference", "cannot tell": "cannot tell"}[o],
                                             text), (folder, line)
@@ -276,14 +278,6 @@ def verdict_most(outcomes):
   if all(o == "no difference" for o in testable):
     return "no difference"
   return "holds" if 2 * sum(o == "higher" for o in testable) > len(testable) else "does not hold"
-
-
-def outcome(a, b, alpha=0.05):
-  if len(a) < 2 or len(b) < 2:
-    return "cannot tell", "untestable"
-  p = welch_p(a, b)
-  o = "no difference" if p >= alpha else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
-  return o, p_text(p)
 
 
 def grid_points(sweep, docs, grid, fields):
