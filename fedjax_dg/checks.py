@@ -288,10 +288,22 @@ def round_memory(config, model, input_shape, parallel: int, num_steps: int) -> d
           "indices": parallel * num_steps * B * 5}  # int32 indices and a bool mask per step and row
 
 
-def check_memory(config, model, input_shape, cohort: int, strategy: str, num_steps: int,
+def check_memory(config, model, input_shape, parallel: int, strategy: str, num_steps: int,
                  available: int | None = None) -> None:
-  """Refuses a round whose estimated memory exceeds the device's, naming the fields."""
-  parallel = {"vmap": cohort, "chunked": min(cohort, int(config.engine.chunk_size))}.get(strategy, 1)
+  """Refuses a round whose estimated memory exceeds the device's, naming the fields.
+
+  Args:
+    config: the run's config.
+    model: the model the method trains.
+    input_shape: one example's shape.
+    parallel: clients trained at the same time (`plan.parallel_clients` of the strategy).
+    strategy: the resolved execution strategy (for the advice in the message).
+    num_steps: local steps per round.
+    available: the memory to compare with; None: the device's.
+
+  Raises:
+    ConfigError: one line naming the fields that dominate the estimate.
+  """
   try:
     m = round_memory(config, model, input_shape, parallel, num_steps)
   except Exception:  # pylint: disable=broad-except  # a model the estimate cannot trace: no estimate

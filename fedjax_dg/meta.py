@@ -160,27 +160,26 @@ def problem(builder, store, num_clients: int, cohort_size: int, strategy: str = 
 
 def from_config(config, fold=None):
   """`(problem, state, round_key)` for the run `config` describes, built as the runner
-  builds it (`experiment.setup`; round `t` uses `fold_in(round_key, t)`); the objective may
+  builds it (`plan.prepare`; round `t` uses `fold_in(round_key, t)`); the objective may
   read the fold's held-out validation domain and in-domain validation split."""
-  from fedjax_dg import experiment
-  from fedjax_dg.data import datasets, splits as splits_lib
+  from fedjax_dg import folds as folds_lib, plan as plan_lib
   from fedjax_dg.engine import init_round_state
   if config.engine.strategy != "auto":
     check_strategy(config.engine.strategy)
   if config.engine.get("host_store", False):
     raise ValueError("engine.host_store: inputs in host memory cannot be differentiated; set it False")
   if fold is None:
-    fold = splits_lib.fold_from_config(datasets.load_dataset(config.data), config.data)
-  s = experiment.setup(config, fold)
-  check_strategy(s["strategy"], "engine.strategy (auto)")
-  stage = s["stages"][0]
+    fold = folds_lib.load_fold(config)
+  s = plan_lib.prepare(config, fold)
+  check_strategy(s.plan.strategy, "engine.strategy (auto)")
+  stage = s.stages[0]
   e = config.engine
   val = {"heldout_val": (fold.heldout_val.x, fold.heldout_val.y), "in_val": (fold.in_val.x, fold.in_val.y)}
-  p = problem(stage.builder, s["packed"], s["num_clients"], s["cohort"], s["strategy"], chunk_size=e.chunk_size,
-              splits={k: v for k, v in val.items() if len(v[1])}, num_domains=len(fold.domain_names), model=s["model"],
+  p = problem(stage.builder, s.packed, s.plan.num_clients, s.plan.cohort, s.plan.strategy, chunk_size=e.chunk_size,
+              splits={k: v for k, v in val.items() if len(v[1])}, num_domains=len(fold.domain_names), model=s.model,
               dropout=e.get("dropout", 0.0), straggler_fraction=e.get("straggler_fraction", 0.0))
   k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
+  state = init_round_state(stage.builder, k_server, s.model.init(k_init), s.plan.num_clients)
   return p, state, k_rounds
 
 

@@ -141,16 +141,16 @@ def pythonpath(root: str) -> str:
 
 def run_config(config, rounds: int):
   """`rounds` rounds of the run `config` describes, built as the runner builds it
-  (`experiment.setup`), with the runner's keys; returns the final round state."""
-  from fedjax_dg import experiment
+  (`plan.prepare`), with the runner's keys; returns the final round state."""
+  from fedjax_dg import plan as plan_lib
   from fedjax_dg.data import datasets, splits
   from fedjax_dg.engine import init_round_state
   fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
-  s = experiment.setup(config, fold)
-  stage = s["stages"][0]
+  s = plan_lib.prepare(config, fold)
+  stage = s.stages[0]
   k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
-  store = jax.tree.map(jnp.asarray, s["packed"])
+  state = init_round_state(stage.builder, k_server, s.model.init(k_init), s.num_clients)
+  store = jax.tree.map(jnp.asarray, s.packed)
   for t in range(rounds):
     state, _ = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
   return state
@@ -178,7 +178,7 @@ def method(overrides: dict, model, sched, num_clients: int = 1, cohort_size: int
            num_domains: int = 1, train_domains=None, store=None, tune_store=None, heldout_val=None,
            builder: bool = False):
   """The method the config `config_with(overrides)` names, built as the runner builds it
-  (`experiment.setup`: the config validated, `algorithms.context`, `algorithms.Builder`):
+  (`plan.prepare`: the config validated, `algorithms.context`, `algorithms.Builder`):
   the `Algorithm` with the config's hyperparameters, or with `builder` the `Builder` itself
   (the engine then carries the hyperparameters in the round state). `model` and the local
   schedule `sched` are given (the runner derives them from `config.model` and `config.client`),
@@ -212,24 +212,24 @@ def adam_config(lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
 
 def learn_in_process(config) -> dict:
   """Stage 1 of the run `config` describes, in this process: built as the runner builds it
-  (`experiment.setup`), with the runner's keys, `config.num_rounds` rounds. Returns each
+  (`plan.prepare`), with the runner's keys, `config.num_rounds` rounds. Returns each
   round's `train_loss`, the final model's scores on the evaluation splits (the runner's
   `Evaluator` and metric) and the number of clients: what a whole run's metrics.jsonl and
   summary.json report of stage 1, without its files, checkpoints and periodic evaluations."""
-  from fedjax_dg import experiment
+  from fedjax_dg import plan as plan_lib
   from fedjax_dg.data import datasets, splits
   from fedjax_dg.engine import init_round_state
   from fedjax_dg.eval.evaluate import Evaluator
   fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
-  s = experiment.setup(config, fold)
-  stage = s["stages"][0]
+  s = plan_lib.prepare(config, fold)
+  stage = s.stages[0]
   k_init, k_server, k_rounds = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  state = init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"])
-  store = jax.tree.map(jnp.asarray, s["packed"])
+  state = init_round_state(stage.builder, k_server, s.model.init(k_init), s.num_clients)
+  store = jax.tree.map(jnp.asarray, s.packed)
   losses = []
   for t in range(int(config.num_rounds)):
     state, m = stage.round_fn(state, store, jax.random.fold_in(k_rounds, t))
     losses.append(float(m["train_loss"]))
-  evaluator = Evaluator(s["model"], fold.eval_splits(), fold.num_classes, config.eval_batch_size, metrics=fold.metrics)
+  evaluator = Evaluator(s.model, fold.eval_splits(), fold.num_classes, config.eval_batch_size, metrics=fold.metrics)
   return {"train_loss": losses, "splits": evaluator(stage.algorithm.params_of(state.server)),
-          "num_clients": s["num_clients"]}
+          "num_clients": s.num_clients}

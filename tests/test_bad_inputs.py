@@ -442,12 +442,12 @@ def _(tmp):
 @case(6, "NaN or inf in the evaluation data", "a fold of the default data set whose `test` split holds an inf",
       "data: the 'test' split's inputs hold NaN or inf (1 values)")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import plan
   from fedjax_dg.data import datasets, splits
   c = _p_config(tmp)
   fold = splits.fold_from_config(datasets.load_dataset(c.data), c.data)
   fold.test.x[(0,) * fold.test.x.ndim] = np.inf
-  return error_of(lambda: experiment._check_finite(fold))  # pylint: disable=protected-access
+  return error_of(lambda: plan.check_finite(fold))
 
 
 # ----------------------------------------------------------------------------- item 9: command line, metrics
@@ -603,9 +603,10 @@ def _pid_host_time(line: str) -> str:
   return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", line)
 
 
-def _stage(rounds):
-  from fedjax_dg.experiment import Stage
-  return [Stage("stage 1", None, None, 0, rounds)]
+def _schedule(rounds, every):
+  """The evaluation schedule of a one-stage run of `rounds` rounds, evaluated every `every`."""
+  from fedjax_dg.plan import StagePlan
+  return lambda t: t % every == 0 or t == StagePlan("stage 1", 0, rounds).last
 
 
 def _resume_files(tmp, rounds, run_of=None, torn=False):
@@ -655,30 +656,30 @@ def _(tmp):
       "resumed from checkpoint 4", "record 2 (round 4) carries run <digest>, this config is run <digest>",
       section="run directory")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import runbook
   w, run = _resume_files(tmp, (2, 4), run_of={4: "0" * 16})
-  return error_of(lambda: experiment._resumed_records(w, run, 4, experiment._on_schedule(_stage(6), 2)))  # pylint: disable=protected-access
+  return error_of(lambda: runbook.resumed_records(w, run, 4, _schedule(6, 2)))  # pylint: disable=protected-access
 
 
 @case(2, "metrics.jsonl deleted, checkpoints kept", "`W` of `P --config.eval_every=2` with checkpoint 4 and no "
       "metrics.jsonl, resumed", "metrics.jsonl lacks the evaluation(s) of round(s) [2, 4], which checkpoint 4 follows",
       section="run directory")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import runbook
   w, run = _resume_files(tmp, ())
   os.remove(tmp / "W" / "metrics.jsonl")
-  return error_of(lambda: experiment._resumed_records(w, run, 4, experiment._on_schedule(_stage(6), 2)))  # pylint: disable=protected-access
+  return error_of(lambda: runbook.resumed_records(w, run, 4, _schedule(6, 2)))  # pylint: disable=protected-access
 
 
 @case(2, "torn last evaluation at the checkpoint's round", "`W/metrics.jsonl` with round 4's line cut mid-write and "
       "checkpoint 4: the resume evaluates round 4 again from the checkpoint", "line 2 is torn", outcome="warning",
       section="run directory")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import runbook
   w, run = _resume_files(tmp, (2, 4), torn=True)
   out = []
-  line = warning_of(lambda: out.append(experiment._resumed_records(  # pylint: disable=protected-access
-      w, run, 4, experiment._on_schedule(_stage(6), 2))))  # pylint: disable=protected-access
+  line = warning_of(lambda: out.append(runbook.resumed_records(  # pylint: disable=protected-access
+      w, run, 4, _schedule(6, 2))))  # pylint: disable=protected-access
   before, _, again = out[0]
   assert [r["round"] for r in before] == [2] and again
   return line
@@ -688,11 +689,11 @@ def _(tmp):
       "resumed with `--config.num_rounds=6`: evaluated at 2, 4, 6", "dropping the evaluation(s) of round(s) [3], off "
       "this run's schedule", outcome="warning", section="run directory")
 def _(tmp):
-  from fedjax_dg import experiment
+  from fedjax_dg import runbook
   w, run = _resume_files(tmp, (2, 3))
   out = []
-  line = warning_of(lambda: out.append(experiment._resumed_records(  # pylint: disable=protected-access
-      w, run, 3, experiment._on_schedule(_stage(6), 2))))  # pylint: disable=protected-access
+  line = warning_of(lambda: out.append(runbook.resumed_records(  # pylint: disable=protected-access
+      w, run, 3, _schedule(6, 2))))  # pylint: disable=protected-access
   assert [r["round"] for r in out[0][0]] == [2] and not out[0][2]
   return line
 

@@ -48,14 +48,16 @@ def _solo(config, workdir):
 def _final_state(config, workdir):
   """The round state of the run's newest checkpoint (restored as a resume restores it)."""
   from fedjax_dg import checkpoint, experiment, rundir
+  from fedjax_dg import folds as folds_lib
+  from fedjax_dg import plan as plan_lib
   from fedjax_dg.data import datasets, splits
   if config.data.leave_one_domain_out:  # the fold the directory's name gives
-    folds = experiment.lodo_folds(datasets.load_dataset(config.data), config.data)
-    fold = next(f for f in folds if os.path.basename(experiment.fold_dir(str(workdir), f)) == os.path.basename(str(workdir)))
+    folds = folds_lib.lodo_folds(datasets.load_dataset(config.data), config.data)
+    fold = next(f for f in folds if os.path.basename(folds_lib.fold_dir(str(workdir), f)) == os.path.basename(str(workdir)))
   else:
     fold = splits.fold_from_config(datasets.load_dataset(config.data), config.data)
   book = experiment.RunBook(config, fold, str(workdir), rundir.read_run_config(str(workdir))["run"],
-                            experiment.setup(config, fold))
+                            plan_lib.prepare(config, fold))
   state = book.initial_state(book.initial_params())
 
   def target_of(step):

@@ -19,6 +19,8 @@ import helpers
 
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import experiment
+from fedjax_dg import plan as plan_lib
+from fedjax_dg import plan as plan_lib
 from fedjax_dg import rundir
 from fedjax_dg.config import ConfigError
 
@@ -65,7 +67,7 @@ def _tmp_dirs(workdir):
 
 def _wrap_rounds(monkeypatch, fn):
   """Every round function's output passes through `fn(round, state, metrics)`."""
-  real = experiment.make_round
+  real = plan_lib.make_round
 
   def make_round(*a, **k):
     rf = real(*a, **k)
@@ -75,7 +77,7 @@ def _wrap_rounds(monkeypatch, fn):
       n[0] += 1
       return fn(n[0], *rf(state, store, rng))
     return wrapped
-  monkeypatch.setattr(experiment, "make_round", make_round)
+  monkeypatch.setattr(plan_lib, "make_round", make_round)
 
 
 # ----------------------------------------------------------------------------- items 1-3
@@ -169,7 +171,7 @@ def test_nan_in_data_is_named(tiny_config):
   fold = splits.fold_from_config(ds, tiny_config.data)
   fold.test.x[3] = np.inf
   with pytest.raises(ConfigError, match="the 'test' split's inputs hold NaN or inf"):
-    experiment._check_finite(fold)
+    plan_lib.check_finite(fold)
 
 
 # ----------------------------------------------------------------------------- item 5

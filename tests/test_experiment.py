@@ -9,6 +9,8 @@ import pytest
 import helpers
 
 from fedjax_dg import experiment
+from fedjax_dg import plan as plan_lib
+from fedjax_dg import plan as plan_lib
 from fedjax_dg.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +40,7 @@ def test_bad_config_is_one_line_naming_the_field(tiny_config, tmp_path, field, v
 
 
 def _crash_after(n, monkeypatch):
-  real = experiment.make_round
+  real = plan_lib.make_round
 
   def make_round(*a, **k):
     rf = real(*a, **k)
@@ -50,7 +52,7 @@ def _crash_after(n, monkeypatch):
         raise RuntimeError("simulated crash")
       return rf(state, store, rng)
     return wrapped
-  monkeypatch.setattr(experiment, "make_round", make_round)
+  monkeypatch.setattr(plan_lib, "make_round", make_round)
 
 
 def test_summary_and_kill_resume_equality(tiny_config, tmp_path, monkeypatch):

@@ -23,17 +23,17 @@ def _config(tiny_config, name: str, strategy: str = "sequential"):
 
 
 def _setup(c):
-  from fedjax_dg import experiment
+  from fedjax_dg import plan as plan_lib
   from fedjax_dg.data import datasets, splits
   fold = splits.fold_from_config(datasets.load_dataset(c.data), c.data)
-  return experiment.setup(c, fold), fold
+  return plan_lib.prepare(c, fold), fold
 
 
 def _start(s, c, hparams=None):
   from fedjax_dg.engine import init_round_state
   k_init, k_server, _ = jax.random.split(jax.random.PRNGKey(c.seed), 3)
-  stage = s["stages"][0]
-  return init_round_state(stage.builder, k_server, s["model"].init(k_init), s["num_clients"], hparams=hparams)
+  stage = s.stages[0]
+  return init_round_state(stage.builder, k_server, s.model.init(k_init), s.num_clients, hparams=hparams)
 
 
 def _other(hparams, changes):
@@ -58,8 +58,8 @@ def test_vmap_over_hyperparameters_equals_separate_runs(tiny_config, strategy):
     c = _config(tiny_config.copy_and_resolve_references(), name, strategy)
     c.client.momentum = 0.0 if name == "scaffold" else 0.5
     s, _ = _setup(c)
-    round_fn = s["stages"][0].round_fn
-    store = jax.tree.map(jnp.asarray, s["packed"])
+    round_fn = s.stages[0].round_fn
+    store = jax.tree.map(jnp.asarray, s.packed)
     a = _start(s, c)
     b = a._replace(hparams=_other(a.hparams, {("client", "lr"): 0.03, **changes}))
     keys = [jax.random.PRNGKey(7 + t) for t in range(2)]
@@ -82,13 +82,13 @@ def _val_loss_after_rounds(tiny_config):
   c = _config(tiny_config, "fedprox", "sequential")
   c.client.momentum = 0.0
   s, fold = _setup(c)
-  round_fn = s["stages"][0].round_fn
+  round_fn = s.stages[0].round_fn
   f64 = lambda t: jax.tree.map(lambda a: a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a, t)
-  store = f64(jax.tree.map(jnp.asarray, s["packed"]))
+  store = f64(jax.tree.map(jnp.asarray, s.packed))
   state = f64(_start(s, c))
   val = fold.eval_splits()["heldout_val"]
   xv, yv = jnp.asarray(val.x[:64], jnp.float64), jnp.asarray(val.y[:64])
-  model = s["model"]
+  model = s.model
 
   def f(hparams):
     st = state._replace(hparams=hparams)

@@ -355,7 +355,7 @@ def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tm
   """A trial whose run diverged fails in the launcher (FloatingPointError with the runner's
   message); the seeds phase treats it as finished and never picks it. Any other failure
   keeps the seeds phase waiting, with a message that says the jobs failed."""
-  from fedjax_dg import experiment
+  from fedjax_dg import runbook
   s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,),
                    num_trials=3)
   s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
@@ -365,7 +365,7 @@ def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tm
   by_trial = {e.axes["trial"]: exp.jobs[e.key] for e in sweep_lib.grid_entries(exp, "table")}
   for t in (0, 1):
     write_run(by_trial[t].workdir, {1: {"heldout_val": 0.5 + 0.1 * t, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
-  diverged = experiment.divergence(float("nan"), True, True, 6, by_trial[2].config)
+  diverged = runbook.divergence(float("nan"), True, True, 6, by_trial[2].config)
   os.makedirs(by_trial[2].workdir, exist_ok=True)
   launch._record_failure(by_trial[2].workdir, FloatingPointError(diverged))
   exp2 = sweep_lib.expand(s)

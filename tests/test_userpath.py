@@ -43,13 +43,13 @@ def test_local_schedule_is_the_runners(tiny_config):
   """The library's schedule reads the batch size from the config once and equals the one
   the runner builds."""
   import fedjax_dg
-  from fedjax_dg import experiment
+  from fedjax_dg import plan as plan_lib
   tiny_config.client.batch_size = 7
   fold = fedjax_dg.load_fold(tiny_config)
-  s = experiment.setup(tiny_config, fold)
-  sched = fedjax_dg.local_schedule(tiny_config, s["packed"].counts, unroll=s["sched"].unroll)
-  assert sched == s["sched"]._replace(augment=None)
-  assert sched.batch_size == 7 and sched.num_steps == int(np.ceil(s["packed"].counts.max() / 7))
+  s = plan_lib.prepare(tiny_config, fold)
+  sched = fedjax_dg.local_schedule(tiny_config, s.packed.counts, unroll=s.sched.unroll)
+  assert sched == s.sched._replace(augment=None)
+  assert sched.batch_size == 7 and sched.num_steps == int(np.ceil(s.packed.counts.max() / 7))
 
 
 def test_register_dataset_refuses_lambdas_and_builtin_names():
@@ -61,13 +61,13 @@ def test_register_dataset_refuses_lambdas_and_builtin_names():
 
 
 def test_progress_bar_shows_validation_not_test(tiny_config, tmp_path, capsys):
-  from fedjax_dg import experiment
+  from fedjax_dg import experiment, runbook
   tiny_config.quiet, tiny_config.num_rounds = False, 2
   experiment.train_and_evaluate(tiny_config, str(tmp_path / "w"))
   err = capsys.readouterr().err
   assert "val=" in err and "test=" not in err
-  assert experiment.progress_val({"test": {"accuracy": 0.9}}) == "-"
-  assert experiment.progress_val({"in_val": {"accuracy": 0.25}, "test": {"accuracy": 0.9}}) == "0.250"
+  assert runbook.progress_val({"test": {"accuracy": 0.9}}) == "-"
+  assert runbook.progress_val({"in_val": {"accuracy": 0.25}, "test": {"accuracy": 0.9}}) == "0.250"
 
 
 def test_bytes_per_round_count_only_reporters(tiny_config, tmp_path):

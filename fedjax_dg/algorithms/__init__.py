@@ -14,8 +14,8 @@ from fedjax_dg.algorithms import (afl, dg, fedadg, fedavg, feddg, feddim, fedga,
 import jax.numpy as jnp
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule, optimizer_values
-from fedjax_dg.algorithms.spec import (Context, MethodSpec, RuleSpec, compose, defaults, hparam_fields, read,
-                                       run_time_values, sample, with_values)
+from fedjax_dg.algorithms.spec import (SEED_FIELDS, Context, MethodSpec, RuleSpec, StaticView, compose, continuous,
+                                       defaults, hparam_fields, read, run_time_values, sample, with_values)
 
 METHODS: dict[str, MethodSpec] = {}
 RULES: dict[str, RuleSpec] = {}
@@ -117,6 +117,42 @@ def context(config, model, sched, num_clients: int, cohort_size: int, num_domain
                  heldout_val)
 
 
+def run_time_fields(config) -> dict:
+  """`{dotted config path: group}` of every number a run reads when its round runs (the
+  round state's `hparams`: `hyperparameters(config)`), group one of "client", "server",
+  "method", "rule". Runs that differ only in these (and in seeds) share one program."""
+  spec, rule = resolve(config.algorithm.name)
+  out = {f"client.{f}": "client" for f in optimizer_values(config.client)}
+  out.update({f"server.{f}": "server" for f in optimizer_values(config.server) if f != "weight_decay"})
+  for owner, key, group in ((spec, spec.key, "method"), (rule, rule.name, "rule")):
+    out.update({f"algorithm.{key}.{f.name}": group for f in hparam_fields(owner.hparams) if continuous(f)})
+  return out
+
+
+def static_view(config) -> StaticView:
+  """`config` as a method's builder sees it: seeds and run-time numbers refused (`StaticView`)."""
+  where = {"client": "read it with ctx.client_value(name) (or use ctx.client_opt)",
+           "server": "read it with ctx.server_value(name)",
+           "method": "read it from the method's hyperparameter record `hp`",
+           "rule": "read it from the rule's hyperparameter record `hp`"}
+  why = lambda group: (f"it is a run-time value that differs between the runs of one compiled program: {where[group]}, "
+                       "never from ctx.config")
+  refused = {path: why(group) for path, group in run_time_fields(config).items()}
+  refused.update({path: ("each run of a batch has its own seeds: compute what depends on a seed in the method's "
+                         "`prepare(ctx, hp)`, which sees the run's own config")
+                  for path in SEED_FIELDS})
+  return StaticView(config, refused)
+
+
+def reads_data(config) -> bool:
+  """Whether the method (a stage of it, or its rule) computes constants from the run's data
+  or seeds before training (`prepare`): its compiled program then holds them, so a batch's
+  runs share it only when their data and seeds are equal."""
+  spec, rule = resolve(config.algorithm.name)
+  stages = spec.stages(hparams_of(config, spec)) if spec.stages else ()
+  return spec.prepare is not None or rule.prepare is not None or any(st.prepare is not None for st in stages)
+
+
 def hyperparameters(config) -> dict:
   """The run's continuous hyperparameters as the round state holds them (`RoundState.hparams`):
   `{"client": {lr, momentum, weight_decay, b1, b2, eps}, "server": {lr, momentum, b1, b2, eps},
@@ -133,25 +169,42 @@ def hyperparameters(config) -> dict:
 class Builder:
   """`builder(values) -> Algorithm`: the method `ctx.config` names, built with the run-time
   hyperparameters `values` (`hyperparameters(config)`'s tree, arrays or tracers; None: the
-  config's). The engine calls it inside the traced round with the round state's
-  `hparams`, so every number in that tree is read when the round runs. `hparams` holds the
-  config's values, `stage` a later stage (FedLOE's stage 2) instead of the first."""
+  config's). The engine calls it inside the traced round with the round state's `hparams`,
+  so every number in that tree is read when the round runs.
+
+  Construction runs the method's (its rule's, or the stage's) `prepare` once, outside any
+  trace, on the run's full context (data and config); every later build passes the method
+  a context without the data and with the config seen through `static_view`, so a builder
+  cannot bake a run's seed or its continuous hyperparameters into a program that a batch's
+  runs share.
+
+  Attributes:
+    hparams: the config's run-time values (`hyperparameters(config)`).
+    hp, rule_hp: the method's and rule's hyperparameter records.
+    stage: a later stage (FedLOE's stage 2) built instead of the first, or None.
+  """
 
   def __init__(self, ctx: Context, stage=None):
-    self.ctx, self.stage = ctx, stage
-    self.hparams = hyperparameters(ctx.config)
-    self.spec, self.rule = resolve(ctx.config.algorithm.name)
-    self.hp, self.rule_hp = hparams_of(ctx.config, self.spec), hparams_of(ctx.config, self.rule)
+    config = ctx.config
+    self.config, self.stage = config, stage
+    self.hparams = hyperparameters(config)
+    self.spec, self.rule = resolve(config.algorithm.name)
+    self.hp, self.rule_hp = hparams_of(config, self.spec), hparams_of(config, self.rule)
     self._setup_bytes = self.spec.setup_bytes(ctx, self.hp) if self.spec.setup_bytes else 0
+    owner = stage if stage is not None else self.spec
+    self._prepared = owner.prepare(ctx, self.hp) if owner.prepare else None  # once, outside any trace
+    self._rule_prepared = self.rule.prepare(ctx, self.rule_hp) if stage is None and self.rule.prepare else None
+    self.ctx = ctx._replace(config=static_view(config), store=None, tune_store=None, heldout_val=None)
 
   def __call__(self, values=None) -> Algorithm:
     values = self.hparams if values is None else values
-    ctx = self.ctx._replace(client_opt=make_optimizer(self.ctx.config.client, values=values["client"]), values=values)
+    ctx = self.ctx._replace(client_opt=make_optimizer(self.config.client, values=values["client"]), values=values)
     hp, rule_hp = with_values(self.hp, values["method"]), with_values(self.rule_hp, values["rule"])
     if self.stage is not None:
-      return self.stage.build(ctx, hp)
+      return self.stage.build(ctx._replace(prepared=self._prepared), hp)
     spec, rule = self.spec, self.rule
-    alg = compose(ctx.config.algorithm.name, spec.client(ctx, hp), rule.build(ctx, rule_hp))
+    alg = compose(self.config.algorithm.name, spec.client(ctx._replace(prepared=self._prepared), hp),
+                  rule.build(ctx._replace(prepared=self._rule_prepared), rule_hp))
     return alg._replace(sends=spec.sends + rule.sends, receives=spec.receives + rule.receives,
                         leaks_data=spec.leaks_data, setup_bytes=self._setup_bytes)
 

@@ -354,15 +354,16 @@ def local_train_from(params, opt_state, objective, optimizer, data: ClientData, 
   return params, opt_state, loss
 
 
-def optimizer_values(opt_config) -> dict:
+def optimizer_values(opt_config, given=()) -> dict:
   """The run-time numbers of an optimizer config (`{optimizer, lr, momentum, b1, b2, eps,
-  weight_decay}`): every float field, with the optimizers' defaults where one is absent."""
+  weight_decay}`): every float field, with the optimizers' defaults where one is absent.
+  Fields named in `given` are left out (and not read)."""
   name = opt_config.get("optimizer", "sgd")
-  eps = 1e-3 if name == "yogi" else 1e-8
-  b2 = 0.999
-  return {"lr": float(opt_config.lr), "momentum": float(opt_config.get("momentum", 0.0)),
-          "weight_decay": float(opt_config.get("weight_decay", 0.0)), "b1": float(opt_config.get("b1", 0.9)),
-          "b2": float(opt_config.get("b2", b2)), "eps": float(opt_config.get("eps", eps))}
+  fields = {"lr": lambda: float(opt_config.lr), "momentum": lambda: float(opt_config.get("momentum", 0.0)),
+            "weight_decay": lambda: float(opt_config.get("weight_decay", 0.0)),
+            "b1": lambda: float(opt_config.get("b1", 0.9)), "b2": lambda: float(opt_config.get("b2", 0.999)),
+            "eps": lambda: float(opt_config.get("eps", 1e-3 if name == "yogi" else 1e-8))}
+  return {k: read() for k, read in fields.items() if k not in given}
 
 
 def make_optimizer(opt_config, inject: bool = False, values=None) -> optax.GradientTransformation:
@@ -378,7 +379,7 @@ def make_optimizer(opt_config, inject: bool = False, values=None) -> optax.Gradi
   (`set_learning_rate`).
   """
   name = opt_config.optimizer
-  v = {**optimizer_values(opt_config), **(values or {})}
+  v = {**optimizer_values(opt_config, given=tuple(values or ())), **(values or {})}
   lr = v["lr"]
   wrap = optax.inject_hyperparams if inject else (lambda f: f)
   if name == "sgd":

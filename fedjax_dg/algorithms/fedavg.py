@@ -42,7 +42,7 @@ def server_optimizer(kind: str, server_config, values=None) -> optax.GradientTra
   `values`: the run-time numbers (`server.lr`, ...; the round state's hyperparameters), read
   when the rule runs, so readable, changeable and differentiable; without them the step
   size sits in the optimizer state (`inject_hyperparams`)."""
-  c = ml_collections.ConfigDict(server_config.to_dict())
+  c = ml_collections.ConfigDict(server_config.to_dict(), type_safe=False)  # run-time fields may be views
   if kind == "momentum":
     c.optimizer = "sgd"
   elif kind == "sgd":

@@ -109,7 +109,8 @@ def _bank(ctx, hp):
 
 SPEC = MethodSpec(
     "feddg", "Liu et al. 2021 (ELCFS)",
-    lambda ctx, hp: feddg_client(ctx.model, ctx.sched, ctx.client_opt, _bank(ctx, hp), hp.window), HParams,
+    lambda ctx, hp: feddg_client(ctx.model, ctx.sched, ctx.client_opt, ctx.prepared, hp.window), HParams,
+    prepare=_bank,  # the amplitude bank: once per run, from the run's own store and seed
     sends=("amplitude spectra of its images (once)",), receives=("other clients' amplitude spectra (once)",),
     leaks_data=True, group="FDG",
     not_for_text="FedDG interpolates the amplitude spectra of images (2-D Fourier transforms of pixels)",

@@ -152,7 +152,8 @@ RULE = RuleSpec("ga", lambda ctx, hp: ga_rule(), doc="aggregation by the clients
 SPEC = MethodSpec(
     "fedga", "Zhang et al. 2023 (Alg. 1; authors' code)",
     lambda ctx, hp: fedga_client(ctx.model, ctx.sched, ctx.client_opt, ctx.num_clients, ctx.config.num_rounds,
-                                 hp.step, fair=hp.fair, gap_store=ctx.tune_store if hp.gap_fraction > 0 else None),
+                                 hp.step, fair=hp.fair, gap_store=ctx.prepared),
     HParams, rule="ga", sends=("its aggregation weight; generalisation gap (post-round)",),
     receives=("aggregation weights",), group="FDG", tune_fraction=lambda hp: hp.gap_fraction,
+    prepare=lambda ctx, hp: ctx.tune_store if hp.gap_fraction > 0 else None,  # each client's gap split
     claim="Zhang et al. 2023")

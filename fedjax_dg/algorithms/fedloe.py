@@ -201,13 +201,19 @@ class HParams:
   solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0)
 
 
-def _stage2(ctx, hp: HParams) -> Algorithm:
+def _stage2_data(ctx, hp: HParams) -> dict:
+  """What stage 2 reads of the run's data: the clients' sizes (its loop's schedule) and
+  their tuning splits."""
   counts = ctx.store.counts
-  sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, int(counts.max()), int(counts.min()),
-                        ctx.sched.unroll)
+  return {"n_max": int(counts.max()), "n_min": int(counts.min()), "tune": ctx.tune_store}
+
+
+def _stage2(ctx, hp: HParams) -> Algorithm:
+  data = ctx.prepared
+  sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, data["n_max"], data["n_min"], ctx.sched.unroll)
   head_opt = make_optimizer(ml_collections.ConfigDict(
       {"optimizer": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": hp.head_weight_decay}), values={"lr": hp.head_lr})
-  return stage2(ctx.model, sched, head_opt, ctx.tune_store, hp.penalty, hp.lam, ctx.num_clients, hp.solver_steps,
+  return stage2(ctx.model, sched, head_opt, data["tune"], hp.penalty, hp.lam, ctx.num_clients, hp.solver_steps,
                 hp.solver_lr, hp.meta_lr)
 
 
@@ -223,7 +229,7 @@ SPEC = MethodSpec(
     receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
     claim="seed 000",
     tune_fraction=lambda hp: hp.tune_fraction,
-    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds),),
+    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds, prepare=_stage2_data),),
     not_for_models=(("gpt2", "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is "
                              "tied to its input embedding, so training it moves the features; each head is also V x d"),),
     record=lambda server: {"phi": np.asarray(server.phi).tolist()} if hasattr(server, "phi") else {})

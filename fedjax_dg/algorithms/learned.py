@@ -191,22 +191,28 @@ def validation_subset(val, n: int, seed: int):
   return jnp.asarray(x), jnp.asarray(y)
 
 
-def build_rule(ctx, hp: HParams) -> ServerRule:
+def validation_data(ctx, hp: HParams):
+  """The rule's validation examples, drawn once per run from the held-out validation domain
+  with the run's own seed (the rule's `prepare`)."""
   if ctx.heldout_val is None or len(ctx.heldout_val[1]) == 0:
     raise ValueError(f"algorithm.name={ctx.config.algorithm.name!r}: the learned rule needs a held-out "
                      "validation domain (data.val_domains); it never reads the test domain")
+  return validation_subset(ctx.heldout_val, hp.val_examples, int(ctx.config.seed))
+
+
+def build_rule(ctx, hp: HParams) -> ServerRule:
   rounds = int(ctx.config.num_rounds)
   if hp.unroll > rounds:
     raise ValueError(f"algorithm.learned.unroll: K={hp.unroll} is larger than the run (num_rounds={rounds}); "
                      "the outer gradient flows through at most the run's rounds")
-  x, y = validation_subset(ctx.heldout_val, hp.val_examples, int(ctx.config.seed))
+  x, y = ctx.prepared
   if x.dtype == jnp.uint8:  # images stored as bytes: the scale the local loop sees
     x = to_float(x)
   return learned_rule(ctx.model, x, y, ctx.num_domains, ctx.server_value("lr"), hp.outer_lr, hp.every,
                       hp.learn_server_lr, hp.learn_shrink, hp.unroll)
 
 
-RULE = RuleSpec("learned", build_rule, HParams,
+RULE = RuleSpec("learned", build_rule, HParams, prepare=validation_data,
                 doc="per-domain aggregation weights (optionally server step, shrink) learned online by Adam on "
                     "the held-out validation domain's loss of the aggregate (or of the last K aggregations)")
 SPEC = MethodSpec("learned_agg", "learned aggregation (one-step or K-round hypergradient; after FedLAW, Li et al. 2023)",

@@ -167,24 +167,151 @@ def read(cls, values, path: str):
 # What a builder gets
 
 
+SEED_FIELDS = ("seed", "data.seed")
+
+
+class RunTimeValueError(ValueError):
+  """A builder read a number that differs between the runs of one compiled program."""
+
+
+class _RunTimeValue:
+  """A continuous hyperparameter or a seed seen through `StaticView`: it may be compared with
+  0 (whether momentum or weight decay is present decides the program, and the runs of a batch
+  agree on it), any other use raises one line naming the field."""
+  __slots__ = ("_path", "_zero", "_why")
+
+  def __init__(self, path: str, value, why: str):
+    self._path, self._why = path, why
+    self._zero = None if value is None else value == 0
+
+  def _refuse(self, *_):
+    raise RunTimeValueError(f"{self._path} was read by a method's builder from ctx.config; {self._why}")
+
+  def _compare(op):  # pylint: disable=no-self-argument
+    def compare(self, other):
+      if isinstance(other, (int, float)) and other == 0 and self._zero is not None:
+        return op(0 if self._zero else 1, 0)  # the sign is all that is known: the value is >= 0
+      self._refuse()
+    return compare
+
+  import operator as _op
+  __eq__, __ne__ = _compare(_op.eq), _compare(_op.ne)
+  __gt__, __ge__, __lt__, __le__ = _compare(_op.gt), _compare(_op.ge), _compare(_op.lt), _compare(_op.le)
+  del _op, _compare
+  __hash__ = None
+  __float__ = __int__ = __index__ = __bool__ = __round__ = __abs__ = __neg__ = __pos__ = _refuse
+  __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse
+  __pow__ = __rpow__ = __floordiv__ = __rfloordiv__ = __mod__ = __format__ = _refuse
+  __array__ = __jax_array__ = _refuse
+
+  def __repr__(self):
+    return f"<run-time value {self._path}>"
+
+
+class StaticView:
+  """A read-only view of a run's config for method builders: what decides the compiled program.
+
+  A builder runs once per compiled program, and the runs of a batch share that program
+  while their seeds and continuous hyperparameters differ. Reading one of those numbers
+  from the config would build every run of the batch with run 0's value, so this view
+  refuses it: `ctx.config.<path>` of a seed or of a continuous hyperparameter (the
+  optimizers' `lr`, `momentum`, `weight_decay`, `b1`, `b2`, `eps`; the method's and rule's
+  float fields in `config.algorithm`) raises `RunTimeValueError` naming the field and
+  where to read it instead. Comparing such a field with 0 is allowed (the runs of a batch
+  agree on it). Every other field reads as in the config; nothing can be written.
+
+  Args:
+    config: the run's `ml_collections.ConfigDict`.
+    run_time: `{dotted path: where to read it instead}` of the refused fields.
+    prefix: the dotted path of this node (internal).
+  """
+  __slots__ = ("_node", "_run_time", "_prefix")
+
+  def __init__(self, config, run_time: dict, prefix: str = ""):
+    object.__setattr__(self, "_node", config)
+    object.__setattr__(self, "_run_time", run_time)
+    object.__setattr__(self, "_prefix", prefix)
+
+  def _wrap(self, key: str, value):
+    path = self._prefix + key
+    if path in self._run_time:
+      return _RunTimeValue(path, value if isinstance(value, (int, float)) else None, self._run_time[path])
+    if hasattr(value, "items"):
+      return StaticView(value, self._run_time, path + ".")
+    return value
+
+  def __getattr__(self, key: str):
+    if key.startswith("__"):
+      raise AttributeError(key)
+    return self._wrap(key, getattr(self._node, key))
+
+  def __getitem__(self, key: str):
+    return self._wrap(key, self._node[key])
+
+  def get(self, key: str, default=None):
+    return self._wrap(key, self._node.get(key, default))
+
+  def __contains__(self, key) -> bool:
+    return key in self._node
+
+  def keys(self):
+    return self._node.keys()
+
+  def items(self):
+    return [(k, self[k]) for k in self._node.keys()]
+
+  def to_dict(self) -> dict:
+    return {k: (v.to_dict() if isinstance(v, StaticView) else v) for k, v in self.items()}
+
+  def __setattr__(self, key, value):
+    raise AttributeError(f"{self._prefix}{key}: a method's builder cannot change the config")
+
+  __setitem__ = __setattr__
+
+  def __repr__(self):
+    return f"StaticView({self._prefix or 'config'})"
+
+
 class Context(NamedTuple):
-  """Everything a client side or rule may need, fixed before anything compiles."""
-  model: Any                 # fedjax_dg.models.Model (after the method's `model` transform)
-  sched: Any                 # LocalSchedule of the local loop
-  client_opt: Any            # the configured local optimizer (optax)
-  config: Any                # the whole experiment config (client.*, server.*, seed, num_rounds, ...)
+  """Everything a client side or rule may need, fixed before anything compiles.
+
+  Attributes:
+    model: the `fedjax_dg.models.Model` (after the method's `model` transform).
+    sched: the local loop's `LocalSchedule`.
+    client_opt: the configured local optimizer (optax), its numbers read when the round runs.
+    config: the experiment config. A builder sees it through `StaticView`: reading a seed
+      or a continuous hyperparameter there raises, since a batch's runs differ in them;
+      read your own hyperparameters from `hp` and the optimizers' numbers with
+      `client_value` / `server_value`.
+    num_clients: clients holding training data.
+    cohort_size: clients per round.
+    num_domains: domains of the data set.
+    train_domains: the training domains.
+    store: the training `ClientStore`. Only a method's `prepare` reads it; a builder gets
+      None and reads what `prepare` made of it in `prepared`.
+    tune_store: each client's held-out tuning rows (`MethodSpec.tune_fraction`); for
+      `prepare` only, like `store`.
+    heldout_val: `(x, y)` of the held-out validation domain (never the test domain); for
+      `prepare` only, like `store`.
+    values: the run-time values of this build: `{"client": {lr, momentum, ...}, "server":
+      {lr, ...}, "method": {...}, "rule": {...}}` (arrays, traced inside the round).
+    prepared: what the method's (for a rule: the rule's; for a later stage: the stage's)
+      `prepare` computed from the run's data, once per run, outside any trace; None when it
+      has none.
+  """
+  model: Any
+  sched: Any
+  client_opt: Any
+  config: Any
   num_clients: int = 1
   cohort_size: int = 1
   num_domains: int = 1
   train_domains: tuple = ()
-  store: Any = None          # the training ClientStore (FedDG's amplitude bank)
-  tune_store: Any = None     # each client's held-out tuning rows, when the method asks for them
-  # (x, y) of the held-out validation domain, for server rules that learn on it (the learned
-  # rule); never the test domain. None where the runner has none.
+  store: Any = None
+  tune_store: Any = None
   heldout_val: Any = None
-  # The run-time values of this build: {"client": {lr, momentum, ...}, "server": {lr, ...},
-  # "method": {...}, "rule": {...}} (arrays, traced inside the round; `algorithms.build`).
   values: Any = None
+  prepared: Any = None
 
   def client_value(self, name: str):
     """`client.<name>` as this build reads it (a run-time value)."""
@@ -358,6 +485,7 @@ class RuleSpec:
   doc: str = ""
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
+  prepare: Callable | None = None  # (ctx, hp) -> the rule's data-derived constants (`ctx.prepared`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +496,7 @@ class Stage:
   name: str
   build: Callable
   rounds: Callable  # (config, hp) -> number of rounds
+  prepare: Callable | None = None  # (ctx, hp) -> the stage's data-derived constants (`ctx.prepared`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +524,11 @@ class MethodSpec:
   pretrained  optional `(params, load) -> params`: where a pretrained backbone goes in the
               method's parameters (`load(params)` fills a plain model's featurizer)
   record      optional `server_state -> dict`: extra fields for each evaluation record
+  prepare     optional `(ctx, hp) -> constants`: what the method computes from the run's
+              data (`ctx.store`, `ctx.tune_store`, `ctx.heldout_val`) and seeds before
+              training, once per run and outside any trace; its builder reads the result
+              as `ctx.prepared` (FedDG's amplitude bank). Only `prepare` sees the data and
+              the seeds: the builder's context has neither.
   claim       who claims the method beats FedAvg (the paper, as the report names it); the
               benchmark report tests that claim in every federated column ("": none)
   """
@@ -420,6 +554,7 @@ class MethodSpec:
   pretrained: Callable | None = None
   record: Callable | None = None
   claim: str = ""
+  prepare: Callable | None = None
 
   def not_for_model(self, model_name: str) -> str | None:
     return dict(self.not_for_models).get(model_name)

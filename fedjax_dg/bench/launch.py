@@ -122,16 +122,10 @@ def job_state(workdir) -> str:
 # ---------------------------------------------------------------------------- one job
 
 def run_config(config, workdir: str) -> dict:
-  """`train_and_evaluate`, or, for R_DG's carved folds, the same steps with
-  `splits.fold_from_config` (until the runner passes the carve fields to make_fold itself)."""
+  """One job: the runner's entry point, `experiment.train_and_evaluate` (a sweep's jobs are
+  single folds, `data.leave_one_domain_out = False`, so R_DG's carve is the fold's own)."""
   from fedjax_dg import experiment
-  d = config.data
-  if d.get("test_domain_train_fraction", 0.0) == 0.0 or d.name == "wilds":
-    return experiment.train_and_evaluate(config, workdir)
-  from fedjax_dg import config as config_lib
-  from fedjax_dg.data import datasets, splits
-  config_lib.validate(config)
-  return experiment.run_fold(config, splits.fold_from_config(datasets.load_dataset(d), d), workdir)
+  return experiment.train_and_evaluate(config, workdir)
 
 
 def load_job(workdir: str):
