@@ -25,33 +25,53 @@ BLOCKS = ("data", "model", "client", "server", "algorithm", "partition", "engine
 _SEED_MAX = 2 ** 32 - 1  # jax.random.PRNGKey and NumPy's generators take 32-bit seeds here
 _INT_MAX = 2 ** 31 - 1
 
-# field -> (low, high, low inclusive, high inclusive, what); None: unbounded on that side.
+# The one home of every scalar range a config field must keep: field -> (low, high, low
+# inclusive, high inclusive, what); None: unbounded on that side. A failure reads
+# "<field> must <what>, got <value>".
 RANGES = {
-    "seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
-    "data.seed": (0, _SEED_MAX, True, True, "an integer >= 0 and < 2**32"),
-    "server.b1": (0.0, 1.0, True, False, "in [0, 1)"),
-    "server.b2": (0.0, 1.0, True, False, "in [0, 1)"),
-    "server.eps": (0.0, None, False, True, "> 0"),
-    "client.weight_decay": (0.0, None, True, True, ">= 0"),
-    "engine.unroll": (-1, _INT_MAX, True, True, ">= 1, or -1 (the measured default)"),
-    "data.num_workers": (0, 1024, True, True, "in [0, 1024] (0: no worker threads)"),
-    "data.max_per_domain": (0, _INT_MAX, True, True, ">= 0 (0: all)"),
-    "data.max_per_split": (0, _INT_MAX, True, True, ">= 0 (0: all)"),
-    "data.n_per_domain": (1, 10 ** 7, True, True, "in [1, 10**7]"),
-    "data.label_noise": (0.0, 1.0, True, True, "in [0, 1]"),
-    "data.downsample": (1, 64, True, True, "in [1, 64]"),
-    "data.image_size": (1, 4096, True, True, "in [1, 4096]"),
-    "data.max_tokens": (1, 1 << 20, True, True, "in [1, 2**20]"),
-    "data.pad_id": (0, 1 << 24, True, True, "a token id in [0, 2**24]"),
-    "data.in_val_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
-    "data.in_test_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
-    "data.test_domain_train_fraction": (0.0, 1.0, True, False, "in [0, 1)"),
-    "data.femnist_test_writers": (0, _INT_MAX, True, True, ">= 0"),
-    "data.femnist_val_writers": (0, _INT_MAX, True, True, ">= 0"),
-    "distributed.num_processes": (1, 1 << 20, True, True, "an integer in [1, 2**20]"),
-    "distributed.process_id": (0, 1 << 20, True, False, "an integer >= 0 (below distributed.num_processes)"),
-    "distributed.timeout_s": (1, 86400, True, True, "in [1, 86400] seconds"),
-    "distributed.heartbeat_s": (1, 86400, True, True, "in [1, 86400] seconds"),
+    "seed": (0, _SEED_MAX, True, True, "be an integer >= 0 and < 2**32"),
+    "data.seed": (0, _SEED_MAX, True, True, "be an integer >= 0 and < 2**32"),
+    "num_clients": (1, None, True, True, "be >= 1"),
+    "cohort_size": (0, None, True, True, "be >= 0 (0: use cohort_fraction)"),
+    "cohort_fraction": (0.0, 1.0, False, True, "lie in (0, 1]"),
+    "num_rounds": (1, None, True, True, "be >= 1"),
+    "eval_every": (1, None, True, True, "be >= 1"),
+    "checkpoint_every": (0, None, True, True, "be >= 0 (0: never)"),
+    "eval_batch_size": (1, None, True, True, "be >= 1"),
+    "partition.lam": (0.0, 1.0, True, True, "lie in [0, 1]"),
+    "partition.alpha": (0.0, None, False, True, "be > 0"),
+    "client.lr": (0.0, None, False, True, "be a positive step size"),
+    "client.batch_size": (1, None, True, True, "be >= 1"),
+    "client.local_steps": (0, None, True, True, "be >= 0"),
+    "client.momentum": (0.0, 1.0, True, False, "lie in [0, 1)"),
+    "client.weight_decay": (0.0, None, True, True, "be >= 0"),
+    "server.lr": (0.0, None, False, True, "be a positive step size"),
+    "server.momentum": (0.0, 1.0, True, False, "lie in [0, 1)"),
+    "server.b1": (0.0, 1.0, True, False, "be in [0, 1)"),
+    "server.b2": (0.0, 1.0, True, False, "be in [0, 1)"),
+    "server.eps": (0.0, None, False, True, "be > 0"),
+    "engine.chunk_size": (1, None, True, True, "be >= 1"),
+    "engine.dropout": (0.0, 1.0, True, False, "lie in [0, 1)"),
+    "engine.straggler_fraction": (0.0, 1.0, True, True, "lie in [0, 1]"),
+    "engine.unroll": (-1, _INT_MAX, True, True, "be >= 1, or -1 (the measured default)"),
+    "data.num_workers": (0, 1024, True, True, "be in [0, 1024] (0: no worker threads)"),
+    "data.max_per_domain": (0, _INT_MAX, True, True, "be >= 0 (0: all)"),
+    "data.max_per_split": (0, _INT_MAX, True, True, "be >= 0 (0: all)"),
+    "data.n_per_domain": (1, 10 ** 7, True, True, "be in [1, 10**7]"),
+    "data.label_noise": (0.0, 1.0, True, True, "be in [0, 1]"),
+    "data.downsample": (1, 64, True, True, "be in [1, 64]"),
+    "data.image_size": (1, 4096, True, True, "be in [1, 4096]"),
+    "data.max_tokens": (1, 1 << 20, True, True, "be in [1, 2**20]"),
+    "data.pad_id": (0, 1 << 24, True, True, "be a token id in [0, 2**24]"),
+    "data.in_val_fraction": (0.0, 1.0, True, False, "be in [0, 1)"),
+    "data.in_test_fraction": (0.0, 1.0, True, False, "be in [0, 1)"),
+    "data.test_domain_train_fraction": (0.0, 1.0, True, False, "be in [0, 1)"),
+    "data.femnist_test_writers": (0, _INT_MAX, True, True, "be >= 0"),
+    "data.femnist_val_writers": (0, _INT_MAX, True, True, "be >= 0"),
+    "distributed.num_processes": (1, 1 << 20, True, True, "be an integer in [1, 2**20]"),
+    "distributed.process_id": (0, 1 << 20, True, False, "be an integer >= 0 (below distributed.num_processes)"),
+    "distributed.timeout_s": (1, 86400, True, True, "be in [1, 86400] seconds"),
+    "distributed.heartbeat_s": (1, 86400, True, True, "be in [1, 86400] seconds"),
 }
 # Entries of these sequences lie in [0, 1].
 UNIT_SEQUENCES = ("data.color_flips",)  # data.correlations: checked by the spurious loader
@@ -128,7 +148,7 @@ def _check_range(path: str, v) -> None:
   below = lo is not None and (v < lo if lo_in else v <= lo)
   above = hi is not None and (v > hi if hi_in else v >= hi)
   if below or above or (isinstance(v, float) and not math.isfinite(v)):
-    raise ConfigError(f"{path} must be {what}, got {v!r}")
+    raise ConfigError(f"{path} must {what}, got {v!r}")
 
 
 def _flat(config) -> dict:

@@ -86,38 +86,15 @@ def validate(config) -> None:
   _check(config.model.name in MODELS, f"model.name: unknown model {config.model.name!r}; choose one of {list(MODELS)}")
   _check(config.partition.method in PARTITIONS,
          f"partition.method: unknown {config.partition.method!r}; choose one of {list(PARTITIONS)}")
-  lam = config.partition.lam
-  _check(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, f"partition.lam must lie in [0, 1], got {lam}")
-  _check(config.partition.alpha > 0, f"partition.alpha must be > 0, got {config.partition.alpha}")
-  _check(config.num_clients >= 1, f"num_clients must be >= 1, got {config.num_clients}")
-  _check(config.cohort_size >= 0, f"cohort_size must be >= 0 (0: use cohort_fraction), got {config.cohort_size}")
+  e = config.engine
   _check(config.cohort_size <= config.num_clients,
          f"cohort_size ({config.cohort_size}) must not exceed num_clients ({config.num_clients})")
-  _check(0.0 < config.cohort_fraction <= 1.0, f"cohort_fraction must lie in (0, 1], got {config.cohort_fraction}")
-  for field, v in (("client.lr", config.client.lr), ("server.lr", config.server.lr)):
-    _check(v > 0 and math.isfinite(v), f"{field} must be a positive step size, got {v}")
   _check(config.client.optimizer in OPTIMIZERS,
          f"client.optimizer must be one of {', '.join(OPTIMIZERS)}; got {config.client.optimizer!r}")
-  _check(config.client.batch_size >= 1, f"client.batch_size must be >= 1, got {config.client.batch_size}")
-  _check(config.client.local_steps >= 0, f"client.local_steps must be >= 0, got {config.client.local_steps}")
   _check(config.client.local_steps > 0 or config.client.local_epochs >= 1,
          f"client.local_epochs must be >= 1 when client.local_steps is 0, got {config.client.local_epochs}")
-  _check(config.num_rounds >= 1, f"num_rounds must be >= 1, got {config.num_rounds}")
-  _check(config.eval_every >= 1, f"eval_every must be >= 1, got {config.eval_every}")
-  _check(config.checkpoint_every >= 0, f"checkpoint_every must be >= 0 (0: never), got {config.checkpoint_every}")
   _check(config.engine.strategy in STRATEGIES + ("auto",),
          f"engine.strategy: unknown {config.engine.strategy!r}; choose one of {list(STRATEGIES) + ['auto']}")
-  _check(config.engine.chunk_size >= 1, f"engine.chunk_size must be >= 1, got {config.engine.chunk_size}")
-  e = config.engine
-  _check(0.0 <= e.get("dropout", 0.0) < 1.0, f"engine.dropout must lie in [0, 1), got {e.get('dropout')}")
-  _check(0.0 <= e.get("straggler_fraction", 0.0) <= 1.0,
-         f"engine.straggler_fraction must lie in [0, 1], got {e.get('straggler_fraction')}")
-  _check(0.0 <= config.client.momentum < 1.0, f"client.momentum must lie in [0, 1), got {config.client.momentum}")
-  _check(config.client.get("weight_decay", 0.0) >= 0,
-         f"client.weight_decay must be >= 0, got {config.client.get('weight_decay', 0.0)}")
-  _check(0.0 <= config.server.momentum < 1.0, f"server.momentum must lie in [0, 1), got {config.server.momentum}")
-  _check(config.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {config.eval_batch_size}")
-  _check(isinstance(config.seed, int) and config.seed >= 0, f"seed must be an integer >= 0, got {config.seed}")
   _check(all(h >= 1 for h in config.model.hidden), f"model.hidden: every width must be >= 1, got {tuple(config.model.hidden)}")
   _check(all(h >= 1 for h in config.model.head_hidden),
          f"model.head_hidden: every width must be >= 1, got {tuple(config.model.head_hidden)}")

@@ -81,10 +81,11 @@ def plain(v):
 
 def canonical_json(tree) -> str:
   """Sorted keys, no spaces, tuples as lists: equal configs give equal strings."""
-  return json.dumps(tree, sort_keys=True, separators=(",", ":"), default=_strict_default)
+  return json.dumps(tree, sort_keys=True, separators=(",", ":"), default=strict_default)
 
 
-def _strict_default(x):
+def strict_default(x):
+  """`json.dumps` default for configs: NumPy scalars as Python numbers; anything else refused."""
   if isinstance(x, np.generic):
     return x.item()
   raise TypeError(f"cannot serialise {type(x).__name__} in a config")

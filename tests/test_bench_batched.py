@@ -15,6 +15,7 @@ import pytest
 
 from fedjax_dg import batch, experiment
 from fedjax_dg.bench import batches, collect, launch, sweep as sweep_lib
+from fedjax_dg.bench import jobs as jobs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")
@@ -284,7 +285,7 @@ def test_interrupted_jobs_resume_inside_a_batch(arms, tmp_path, jax_cache):
     recs[0]["train_loss"] = marker  # kept only if the rerun starts from the checkpoint
     with open(os.path.join(j.workdir, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in recs)
-    launch._event(j.workdir, "start", resumed=False)  # pylint: disable=protected-access
+    jobs_lib.event(j.workdir, "start", resumed=False)
     assert launch.job_state(j.workdir) == "interrupted"
   counts = launch.run_batched(sub, workers=1, cache_dir=jax_cache, quiet=True)
   assert counts["done"] == 2

@@ -15,6 +15,7 @@ import pytest
 
 from fedjax_dg import provenance
 from fedjax_dg.bench import collect, figures, launch, report, results as results_lib, stats, sweep as sweep_lib
+from fedjax_dg.bench import jobs as jobs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
@@ -367,7 +368,7 @@ def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tm
     write_run(by_trial[t].workdir, {1: {"heldout_val": 0.5 + 0.1 * t, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
   diverged = runbook.divergence(float("nan"), True, True, 6, by_trial[2].config)
   os.makedirs(by_trial[2].workdir, exist_ok=True)
-  launch._record_failure(by_trial[2].workdir, FloatingPointError(diverged))
+  jobs_lib.record_failure(by_trial[2].workdir, FloatingPointError(diverged))
   exp2 = sweep_lib.expand(s)
   assert not exp2.waiting
   seeds = sweep_lib.grid_entries(exp2, "seeds")
@@ -377,17 +378,17 @@ def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tm
   events = os.path.join(by_trial[2].workdir, "events.jsonl")
   for error in (RuntimeError("worker process died"), FloatingPointError("invalid value (nan) encountered in mul")):
     os.remove(events)
-    launch._record_failure(by_trial[2].workdir, error)
+    jobs_lib.record_failure(by_trial[2].workdir, error)
     assert "1 of 3 search jobs failed other than by diverging" in sweep_lib.expand(s).waiting["seeds"]
   # A diverged trial that runs again (its lock held), or whose rerun started and was
   # interrupted, has not finished: the seeds phase waits for it.
   os.remove(events)
-  launch._record_failure(by_trial[2].workdir, FloatingPointError(diverged))
-  assert launch._acquire(by_trial[2].workdir, False)
+  jobs_lib.record_failure(by_trial[2].workdir, FloatingPointError(diverged))
+  assert jobs_lib.acquire(by_trial[2].workdir, False)
   assert "1 of 3 search jobs have not finished" in sweep_lib.expand(s).waiting["seeds"]
   os.remove(os.path.join(by_trial[2].workdir, "RUNNING"))
   assert not sweep_lib.expand(s).waiting
-  launch._event(by_trial[2].workdir, "start", resumed=False)
+  jobs_lib.event(by_trial[2].workdir, "start", resumed=False)
   assert "1 of 3 search jobs have not finished" in sweep_lib.expand(s).waiting["seeds"]
 
 
@@ -647,7 +648,7 @@ def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_pa
                                           2: {"heldout_val": v - 0.1, "in_val": 0.6, "in_test": 0.8, "test": 0.987}})
     elif (e.axes["method"], e.axes["trial"]) == ("irm", 1) and e.axes["lam"] == 1.0:
       os.makedirs(exp.jobs[e.key].workdir, exist_ok=True)
-      launch._record_failure(exp.jobs[e.key].workdir, RuntimeError("worker process died"))
+      jobs_lib.record_failure(exp.jobs[e.key].workdir, RuntimeError("worker process died"))
   lines = collect.search_progress(s, exp).splitlines()
   assert lines[0].startswith("search grid 'table' for grid 'seeds' (heldout_domain validation accuracy")
   assert lines[1:] == ["  fedavg C=4 lam=1: 3/3 trials; best trial 1 (0.700)",

@@ -39,178 +39,10 @@ from fedjax_dg import stopping
 from fedjax_dg.bench import batches as batches_lib
 from fedjax_dg.bench import sweep as sweep_lib
 
-STATES = ("done", "running", "failed", "interrupted", "pending", "broken", "stale")
-MAX_CRASHES = 2  # a job whose worker process died this many times is recorded as failed
-
-
-# ---------------------------------------------------------------------------- files of a job
-
-def _path(workdir, name):
-  return os.path.join(workdir, name)
-
-
-def write_job(job: sweep_lib.Job, entries) -> None:
-  """job.json: what `execute` runs, and where the job sits in the sweep."""
-  if os.path.lexists(job.workdir) and not os.path.isdir(job.workdir):
-    raise sweep_lib.SweepError(f"{job.workdir}: the job's folder is not a folder; move it away so the job can run")
-  os.makedirs(job.workdir, exist_ok=True)
-  doc = {"key": job.key, "config": job.config.to_dict(),
-         "entries": [{"grid": e.grid, "axes": e.axes} for e in entries]}
-  tmp = _path(job.workdir, "job.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(doc, f, indent=1, default=sweep_lib._json_default)
-  os.replace(tmp, _path(job.workdir, "job.json"))
-
-
-def _event(workdir, kind: str, **extra) -> None:
-  rundir.append_event(workdir, kind, **extra)
-
-
-def read_events(workdir) -> list[dict]:
-  return rundir.read_events(workdir)
-
-
-def read_lock(workdir) -> dict | None:
-  """The RUNNING lock's owner record (rundir.read_lock)."""
-  return rundir.read_lock(_path(workdir, "RUNNING"))
-
-
-lock_is_live = rundir.lock_is_live
-
-
-def _acquire(workdir, ignore_locks: bool) -> bool:
-  path = _path(workdir, "RUNNING")
-  held = rundir.try_lock(path)
-  if held is not None and ignore_locks and held.get("pid") != os.getpid():
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
-    held = rundir.try_lock(path)
-  return held is None or held.get("pid") == os.getpid()
-
-
-def problem(workdir) -> str | None:
-  """Why a job's folder cannot be read (one line naming the file), or None."""
-  if os.path.lexists(workdir) and not os.path.isdir(workdir):
-    return f"{workdir}: the job's folder is not a folder; move it away so the job can run again"
-  try:
-    with warnings.catch_warnings():  # a torn last line is dropped, as the runner does
-      warnings.simplefilter("ignore")
-      if rundir.read_summary(workdir) is not None:
-        rundir.read_metrics(workdir)
-      rundir.read_events(workdir)
-  except rundir.RunDirError as e:
-    return str(e)
-  return None
-
-
-def job_state(workdir) -> str:
-  """done (its summary and metrics parse) | running | failed | interrupted (started, not
-  running, no error) | pending | broken (a file of it does not parse: `problem`)."""
-  if problem(workdir):
-    return "broken"
-  if os.path.exists(_path(workdir, "summary.json")):
-    return "done"
-  if lock_is_live(read_lock(workdir)):
-    return "running"
-  if os.path.exists(_path(workdir, "error.txt")):
-    return "failed"
-  if os.path.exists(_path(workdir, "metrics.jsonl")) or read_events(workdir):
-    return "interrupted"
-  return "pending"
-
-
-# ---------------------------------------------------------------------------- one job
-
-def run_config(config, workdir: str) -> dict:
-  """One job: the runner's entry point, `experiment.train_and_evaluate` (a sweep's jobs are
-  single folds, `data.leave_one_domain_out = False`, so R_DG's carve is the fold's own)."""
-  from fedjax_dg import experiment
-  return experiment.train_and_evaluate(config, workdir)
-
-
-def load_job(workdir: str):
-  """(key, config) of the job's job.json, the config set to run in `workdir` (resuming, quietly)."""
-  with open(_path(workdir, "job.json")) as f:
-    doc = json.load(f)
-  config = sweep_lib.from_json_dict(doc["config"])
-  config.workdir, config.resume, config.quiet = workdir, True, True
-  return doc.get("key") or os.path.basename(os.path.normpath(workdir)), config
-
-
-def _error_line(e: BaseException) -> str:
-  return f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
-
-
-def _record_failure(workdir: str, e: BaseException, t0: float | None = None) -> None:
-  """error.txt (the traceback of `e`) and a "failed" event with its first line."""
-  with open(_path(workdir, "error.txt"), "w") as f:
-    f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
-  extra = {} if t0 is None else {"seconds": time.time() - t0}
-  _event(workdir, "failed", error=_error_line(e), **extra)
-
-
-def _record_done(workdir: str, t0: float) -> None:
-  with contextlib.suppress(FileNotFoundError):
-    os.remove(_path(workdir, "error.txt"))
-  _event(workdir, "done", seconds=time.time() - t0)
-
-
-def quiet_logging() -> None:
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
-
-
-def execute(workdir: str, ignore_locks: bool = False) -> str:
-  """Runs the job in `workdir` (its job.json) in this process unless it is done or another
-  process holds it. Returns "skipped", "busy", "done", "failed" or "stopped" (a stop signal:
-  the job saved its round and is interrupted; `fedjax_dg.stopping`); never raises for a
-  failing job: its traceback goes to error.txt."""
-  if stopping.stop_signal():
-    return "stopped"
-  decision = decide(workdir, ignore_locks)
-  if decision != "run":
-    return decision
-  try:
-    _, config = load_job(workdir)
-    error = run_held(workdir, config)
-    return "done" if error is None else "stopped" if isinstance(error, stopping.Stopped) else "failed"
-  finally:
-    release(workdir)
-
-
-def decide(workdir: str, ignore_locks: bool = False) -> str:
-  """"skipped" (the job is done), "busy" (another live process holds its lock) or "run" (this
-  process now holds the lock: `release` it)."""
-  if job_state(workdir) == "done":
-    return "skipped"
-  return "run" if _acquire(workdir, ignore_locks) else "busy"
-
-
-def release(workdir: str) -> None:
-  """Removes the job's RUNNING lock."""
-  with contextlib.suppress(FileNotFoundError):
-    os.remove(_path(workdir, "RUNNING"))
-
-
-def run_held(workdir: str, config, run=None) -> Exception | None:
-  """Runs `config` in `workdir` (`run(config, workdir)`, default `run_config`), whose lock this
-  process holds: the start line, the run with its output in log.txt, then done or failed
-  (error.txt). Returns the error, if any."""
-  _event(workdir, "start", resumed=os.path.exists(_path(workdir, "metrics.jsonl")))
-  t0 = time.time()
-  try:
-    quiet_logging()
-    with open(_path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
-        contextlib.redirect_stderr(log):
-      (run or run_config)(config, workdir)
-  except stopping.Stopped as e:  # interrupted, not failed: a rerun resumes it
-    _event(workdir, "stopped", reason=str(e), seconds=time.time() - t0)
-    return e
-  except Exception as e:  # the sweep goes on; the job records why it stopped
-    _record_failure(workdir, e, t0)
-    return e
-  _record_done(workdir, t0)
-  return None
+from fedjax_dg.bench import jobs as jobs_lib
+from fedjax_dg.bench.jobs import (MAX_CRASHES, STATES, decide, execute, job_state, load_job, lock_is_live,  # noqa: F401
+                                  problem, quiet_logging, read_events, read_lock, release, run_config, run_held,
+                                  write_job)
 
 
 # ---------------------------------------------------------------------------- a batch of jobs
@@ -237,10 +69,10 @@ def _run_batch(workdirs: list[str], keys: list[str], configs: list, outcome: dic
   from fedjax_dg import batch
   bid = batches_lib.batch_id(keys)
   for w in workdirs:
-    _event(w, "start", resumed=os.path.exists(_path(w, "metrics.jsonl")), batch=bid, batch_jobs=keys)
+    jobs_lib.event(w, "start", resumed=os.path.exists(jobs_lib.path(w, "metrics.jsonl")), batch=bid, batch_jobs=keys)
   t0 = time.time()
   with contextlib.ExitStack() as stack:
-    tee = _Tee([stack.enter_context(open(_path(w, "log.txt"), "a")) for w in workdirs])
+    tee = _Tee([stack.enter_context(open(jobs_lib.path(w, "log.txt"), "a")) for w in workdirs])
     stack.enter_context(contextlib.redirect_stdout(tee))
     stack.enter_context(contextlib.redirect_stderr(tee))
     try:
@@ -249,13 +81,13 @@ def _run_batch(workdirs: list[str], keys: list[str], configs: list, outcome: dic
       results = [e] * len(workdirs)
   for w, r in zip(workdirs, results):
     if isinstance(r, stopping.Stopped):  # interrupted, not failed: a rerun resumes it
-      _event(w, "stopped", reason=str(r), seconds=time.time() - t0)
+      jobs_lib.event(w, "stopped", reason=str(r), seconds=time.time() - t0)
       outcome[w] = ("stopped", bid)
     elif isinstance(r, BaseException):
-      _record_failure(w, r, t0)
+      jobs_lib.record_failure(w, r, t0)
       outcome[w] = ("failed", bid)
     else:
-      _record_done(w, t0)
+      jobs_lib.record_done(w, t0)
       outcome[w] = ("done", bid)
 
 
@@ -271,7 +103,7 @@ def _sizes(workdirs: list[str], configs: dict, outcome: dict) -> list[int]:
         known[same] = int(batch.run_bytes(configs[w]))
       sizes.append(known[same])
     except Exception as e:  # pylint: disable=broad-except  # the job fails alone
-      _record_failure(w, e)
+      jobs_lib.record_failure(w, e)
       outcome[w] = ("failed", "")
       workdirs.remove(w)
   return sizes
@@ -291,7 +123,7 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
   for w in workdirs:
     if job_state(w) == "done":
       outcome[w] = ("skipped", "")
-    elif not _acquire(w, ignore_locks):
+    elif not jobs_lib.acquire(w, ignore_locks):
       outcome[w] = ("busy", "")
     else:
       held.append(w)
@@ -304,7 +136,7 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
         config_lib.validate(configs[w])  # an invalid config fails alone, before the batch compiles
         ready.append(w)
       except Exception as e:  # pylint: disable=broad-except  # an unreadable job.json or invalid config fails alone
-        _record_failure(w, e)
+        jobs_lib.record_failure(w, e)
         outcome[w] = ("failed", "")
     if len(ready) > 1:
       sizes = _sizes(ready, configs, outcome)
@@ -321,7 +153,7 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
   finally:
     for w in held:
       with contextlib.suppress(FileNotFoundError):
-        os.remove(_path(w, "RUNNING"))
+        os.remove(jobs_lib.path(w, "RUNNING"))
   return [(w, *outcome[w]) for w in workdirs]
 
 
@@ -350,10 +182,10 @@ def _worker_init(cache_dir: str) -> None:
 
 def _mark_dead(job: sweep_lib.Job) -> None:
   """The worker running `job` died (a signal, out of memory): record it as failed."""
-  with open(_path(job.workdir, "error.txt"), "w") as f:
+  with open(jobs_lib.path(job.workdir, "error.txt"), "w") as f:
     f.write(f"the worker process running this job died {MAX_CRASHES} times (killed by a signal or out of "
             "memory); see log.txt\n")
-  _event(job.workdir, "failed", error="worker process died")
+  jobs_lib.event(job.workdir, "failed", error="worker process died")
 
 
 @contextlib.contextmanager
@@ -416,9 +248,9 @@ def run_local(exp: sweep_lib.Expansion, workers: int = 1, cache_dir: str = "", q
         _print(f"[{n}/{total}] {outcome:7s} {label[job.key]}  {job.workdir}", quiet)
     if broken and not stopping.stop_signal():  # a worker died; the pool took the other workers' jobs with it
       for j in [j for j in todo if read_lock(j.workdir) and not lock_is_live(read_lock(j.workdir))]:
-        _event(j.workdir, "crashed")
+        jobs_lib.event(j.workdir, "crashed")
         with contextlib.suppress(FileNotFoundError):
-          os.remove(_path(j.workdir, "RUNNING"))
+          os.remove(jobs_lib.path(j.workdir, "RUNNING"))
         if sum(e["event"] == "crashed" for e in read_events(j.workdir)) >= MAX_CRASHES:
           _mark_dead(j)
           todo.remove(j)
@@ -435,9 +267,9 @@ def _crashed(jobs: list, counts: dict, progress) -> list:
   for j in jobs:
     lock = read_lock(j.workdir)
     if lock and not lock_is_live(lock):
-      _event(j.workdir, "crashed")
+      jobs_lib.event(j.workdir, "crashed")
       with contextlib.suppress(FileNotFoundError):
-        os.remove(_path(j.workdir, "RUNNING"))
+        os.remove(jobs_lib.path(j.workdir, "RUNNING"))
       if sum(e["event"] == "crashed" for e in read_events(j.workdir)) >= MAX_CRASHES:
         _mark_dead(j)
         counts["failed"] += 1
@@ -488,14 +320,14 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
   _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - total} already done, {total} to run in {len(units)} unit(s) on "
          f"{workers} worker(s); batches of at most {max_runs} runs within {memory.describe()}", quiet)
   for job in (j for j in todo if j.key in errors):  # refused before anything runs
-    if _acquire(job.workdir, ignore_locks):
+    if jobs_lib.acquire(job.workdir, ignore_locks):
       try:
-        _record_failure(job.workdir, errors[job.key])
+        jobs_lib.record_failure(job.workdir, errors[job.key])
       finally:
         with contextlib.suppress(FileNotFoundError):
-          os.remove(_path(job.workdir, "RUNNING"))
+          os.remove(jobs_lib.path(job.workdir, "RUNNING"))
       counts["failed"] += 1
-      progress(job, f"failed  ({_error_line(errors[job.key])})")
+      progress(job, f"failed  ({jobs_lib.error_line(errors[job.key])})")
     else:
       counts["busy"] += 1
       progress(job, "busy   ")
@@ -579,9 +411,9 @@ def run_submitit(exp: sweep_lib.Expansion, folder: str, cluster: str | None = No
   if vectorize:
     units, errors = plan(todo, max_runs)
     for job in (j for j in todo if j.key in errors):  # refused before anything is submitted
-      _record_failure(job.workdir, errors[job.key])
+      jobs_lib.record_failure(job.workdir, errors[job.key])
       failed.append("failed")
-      _print(f"failed  ({_error_line(errors[job.key])})  {job.workdir}", quiet)
+      _print(f"failed  ({jobs_lib.error_line(errors[job.key])})  {job.workdir}", quiet)
   else:
     units = [[j] for j in todo]
   if not units:

@@ -87,7 +87,7 @@ def check_stale(data: Data, allow_stale: bool) -> None:
 # ---------------------------------------------------------------------------- the file
 
 def _dumps(obj) -> str:
-  return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=rundir._strict_default,  # pylint: disable=protected-access
+  return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=rundir.strict_default,
                     allow_nan=True)
 
 

@@ -92,7 +92,7 @@ class Expansion:
 # ---------------------------------------------------------------------------- configs
 
 canonical_json = rundir.canonical_json
-_json_default = rundir._strict_default  # pylint: disable=protected-access
+json_default = rundir.strict_default
 flatten = rundir.flatten
 from_json_dict = rundir.config_from_json
 

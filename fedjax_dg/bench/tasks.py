@@ -11,7 +11,7 @@ the submitit parameters name them; `cluster="local"`: N local processes). Every 
    `localhost:PORT` (a free port chosen at submission), `num_processes` and `process_id`
    from submitit's `JobEnvironment` (num_tasks, global_rank). Then `jax.distributed`
    starts (`fedjax_dg.distributed.initialize`, bounded by `distributed.timeout_s`).
-2. Process 0 alone decides whether the job runs (`launch.decide`: done -> "skipped",
+2. Process 0 alone decides whether the job runs (`jobs.decide`: done -> "skipped",
    another live process holds its lock -> "busy", else it takes the lock) and sends its
    decision to every task (`multihost_utils.broadcast_one_to_all`), so no task skips alone
    while the others enter the run's collectives.
@@ -38,7 +38,7 @@ import sys
 
 import numpy as np
 
-from fedjax_dg.bench import launch
+from fedjax_dg.bench import jobs
 from fedjax_dg.bench import sweep as sweep_lib
 
 DECISIONS = ("run", "skipped", "busy", "failed")
@@ -122,24 +122,24 @@ def execute_task(workdir: str, fields: dict, ignore_locks: bool = False) -> str:
   import submitit
   from fedjax_dg import distributed
   env = submitit.JobEnvironment()
-  _, config = launch.load_job(workdir)
+  _, config = jobs.load_job(workdir)
   config = with_task(config, fields, env.num_tasks, env.global_rank)
   distributed.initialize(config)  # before anything uses JAX
   writer = distributed.is_writer()
   decision = agreed(_decide(workdir, ignore_locks) if writer else "run")
   if decision != "run":
     return decision
-  launch.quiet_logging()
+  jobs.quiet_logging()
   if writer:
     return _run_writer(workdir, config)
   return _run_other(workdir, config)
 
 
 def _decide(workdir: str, ignore_locks: bool) -> str:
-  """`launch.decide`, or "failed" (one line on stderr) where the job's folder cannot be read:
+  """`jobs.decide`, or "failed" (one line on stderr) where the job's folder cannot be read:
   every task hears it, none waits in a collective."""
   try:
-    return launch.decide(workdir, ignore_locks)
+    return jobs.decide(workdir, ignore_locks)
   except Exception as e:  # pylint: disable=broad-except  # e.g. an unreadable lock or folder
     print(f"error: {workdir}: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
     return "failed"
@@ -149,9 +149,9 @@ def _run_writer(workdir: str, config) -> str:
   """Process 0: the job's files, the lock released; a failure the others do not share ends it."""
   from fedjax_dg import distributed
   try:
-    error = launch.run_held(workdir, config, _run_saying_lost)
+    error = jobs.run_held(workdir, config, _run_saying_lost)
   finally:
-    launch.release(workdir)
+    jobs.release(workdir)
   if error is not None and not isinstance(error, distributed.AgreedError):
     distributed.fail(error)  # one line, then exits: the others are in a collective
   return "failed" if error is not None else "done"
@@ -162,10 +162,10 @@ class PeerLost(RuntimeError):
 
 
 def _run_saying_lost(config, workdir: str) -> None:
-  """`launch.run_config`; a collective's error that another task is gone says so in one line."""
+  """`jobs.run_config`; a collective's error that another task is gone says so in one line."""
   from fedjax_dg import distributed
   try:
-    launch.run_config(config, workdir)
+    jobs.run_config(config, workdir)
   except Exception as e:  # pylint: disable=broad-except
     if not distributed.peer_lost(e):
       raise
@@ -176,7 +176,7 @@ def _run_other(workdir: str, config) -> str:
   """Process 1 and up: the runner without the job's files (it writes nothing there)."""
   from fedjax_dg import distributed
   try:
-    launch.run_config(config, workdir)
+    jobs.run_config(config, workdir)
   except distributed.AgreedError:
     return "failed"  # process 0 recorded it
   except Exception as e:  # pylint: disable=broad-except  # one line, then exits
@@ -192,7 +192,7 @@ def outcome(handle, workdir: str) -> str:
   try:
     return handle.results()[0]
   except Exception:  # pylint: disable=broad-except  # submitit.core.utils.UncompletedJobError, FailedJobError
-    state = launch.job_state(workdir)
+    state = jobs.job_state(workdir)
     return state if state in ("done", "failed", "interrupted") else "failed"
 
 
