@@ -15,10 +15,10 @@ the batch size is given once.
 """
 from __future__ import annotations
 
-import math
-
 from fedjax_dg import algorithms
 from fedjax_dg import config as config_lib
+from fedjax_dg import folds as folds_lib
+from fedjax_dg import plan as plan_lib
 from fedjax_dg.algorithms.base import LocalSchedule, make_schedule
 from fedjax_dg.data import splits
 from fedjax_dg.data import store as store_lib
@@ -26,22 +26,31 @@ from fedjax_dg.data import store as store_lib
 
 def load_fold(config) -> splits.Fold:
   """The fold `config.data` describes: training, validation and test splits by domain (a
-  WILDS release: its official splits). Leave-one-domain-out is the runner's loop."""
-  from fedjax_dg.data import datasets
-  d = config.data
-  if d.name == "wilds":
-    from fedjax_dg.data import wilds
-    return wilds.load_fold(d)
-  return splits.fold_from_config(datasets.load_dataset(d), d)
+  WILDS release: its official splits). Leave-one-domain-out is the runner's loop.
+
+  Args:
+    config: the experiment config.
+
+  Returns:
+    The `Fold` the runner would train and test on.
+  """
+  return folds_lib.load_fold(config)
 
 
 def pack(config, fold: splits.Fold) -> store_lib.ClientStore:
   """The training split partitioned over `config.num_clients` clients (`config.partition`)
-  and packed as the padded client store `[C, N_max, ...]` the round reads."""
-  from fedjax_dg.experiment import partition_clients
-  num_clients = 1 if algorithms.spec_of(config).centralised else int(config.num_clients)
+  and packed as the padded client store `[C, N_max, ...]` the round reads.
+
+  Args:
+    config: the experiment config.
+    fold: the data splits (`load_fold`).
+
+  Returns:
+    The packed `ClientStore`, as the runner packs it.
+  """
+  num_clients = plan_lib.num_clients_of(config)
   config_lib.validate_data(config, len(fold.train), num_clients)
-  return store_lib.pack_clients(fold.train, partition_clients(config, fold, num_clients))
+  return store_lib.pack_clients(fold.train, plan_lib.partition_clients(config, fold, num_clients))
 
 
 def local_schedule(config, counts, unroll: int | bool = 1, augment=None) -> LocalSchedule:
@@ -53,9 +62,16 @@ def local_schedule(config, counts, unroll: int | bool = 1, augment=None) -> Loca
 
 
 def local_steps(config, counts) -> int:
-  """The compiled local loop's length: `client.local_steps`, or the largest client's epochs."""
-  c = config.client
-  return int(c.local_steps) if c.local_steps > 0 else math.ceil(c.local_epochs * int(max(counts)) / c.batch_size)
+  """The compiled local loop's length: `client.local_steps`, or the largest client's epochs.
+
+  Args:
+    config: the experiment config.
+    counts: the clients' example counts (`store.counts`).
+
+  Returns:
+    Local steps per round of the largest client.
+  """
+  return plan_lib.local_steps(config.client, int(max(counts)))
 
 
 def build_method(config, model, store: store_lib.ClientStore, fold: splits.Fold | None = None,
