@@ -70,6 +70,7 @@ from fedjax_dg import plan as plan_lib
 from fedjax_dg import rundir
 from fedjax_dg.algorithms.spec import SEED_FIELDS as SEEDS
 from fedjax_dg.errors import ConfigError
+from fedjax_dg import runbook as runbook_lib
 from fedjax_dg.runbook import RunBook, communication, prepare_directory
 
 
@@ -141,6 +142,11 @@ def check_batch(configs, workdirs) -> None:
       config_lib.validate(c)
     except (ConfigError, ValueError) as e:
       raise ConfigError(f"run {i} ({w}): {' '.join(str(e).split())}") from None
+  name = configs[0].algorithm.name
+  for i, c in enumerate(configs[1:], 1):
+    if c.algorithm.name != name:  # the method decides which other fields exist: name it first
+      raise ConfigError(f"run {i} ({workdirs[i]}): algorithm.name is {c.algorithm.name!r}, run 0's is {name!r}; the "
+                        "runs of one batch may differ only in seeds and continuous hyperparameters")
   first = static_fields(configs[0])
   for i, c in enumerate(configs[1:], 1):
     other = static_fields(c)
@@ -338,7 +344,7 @@ def _run_program(group: list, size: int) -> list:
 
 # ----------------------------------------------------------------------------- run lists
 
-RUN_LIST_FILE = "runs.json"
+RUN_LIST_FILE = runbook_lib.RUN_LIST_FILE
 
 
 def expand(config, workdir: str) -> tuple[list, list]:
@@ -368,6 +374,10 @@ def run_list(config, workdir: str) -> dict:
   """The CLI's batch (`config.runs`): every run into `<workdir>/run_<i>`, a list of the runs
   and their outcomes in `<workdir>/runs.json`. A run that failed is reported (one line)
   after the others finished."""
+  found = rundir.holds_results(workdir)
+  if found:
+    raise ConfigError(f"workdir {workdir!r} holds a single run's files ({', '.join(found)}); a run list writes "
+                      f"run_<i>/ and {RUN_LIST_FILE} beside no run of its own: choose another --config.workdir")
   configs, workdirs = expand(config, workdir)
   results = train_and_evaluate_batch(configs, workdirs)
   runs = [{"workdir": w, "overrides": entry, "static_key": static_key(c),

@@ -230,6 +230,8 @@ def parse_run(entry, i: int, known) -> dict:
       raise ConfigError(f"runs[{i}]: {part.strip()!r} is not field=value (e.g. 'seed=1,client.lr=0.05')")
     if field in NOT_PER_RUN:
       raise ConfigError(f"runs[{i}]: {field} is shared by the whole batch, not set per run")
+    if field in out:
+      raise ConfigError(f"runs[{i}]: {field} is set twice in one entry ({entry!r}); give each field once")
     if field not in known:
       import difflib
       near = difflib.get_close_matches(field, list(known), 1)
@@ -267,17 +269,57 @@ def _check_data_size(config, available: int | None = None) -> None:
                       "data.image_size or data.n_per_domain")
 
 
-def device_memory() -> int:
-  """Bytes of memory of the first device (a GPU's limit; on CPU the machine's memory)."""
+def _cgroup_limit() -> int | None:
+  """The memory limit of this process's cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`),
+  or None where there is none."""
+  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(path) as f:
+        text = f.read(64).strip()
+    except OSError:
+      continue
+    if text.isdigit() and int(text) < 1 << 60:  # v1 reports "no limit" as a huge number
+      return int(text)
+  return None
+
+
+def memory_limits() -> list[tuple[int, str]]:
+  """`[(bytes, what)]` of every limit on this process's memory that can be read: the first
+  device's (a GPU's), else the machine's memory; `ulimit -v` (RLIMIT_AS); the cgroup's
+  (a container, Slurm's `--mem` under cgroups); Slurm's `SLURM_MEM_PER_NODE`."""
   import jax
+  out = []
   stats = None
   try:
     stats = jax.devices()[0].memory_stats()
   except Exception:  # pylint: disable=broad-except  # CPU backends have none
     pass
   if stats and stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return [(int(stats["bytes_limit"]), "the device's memory")]
+  out.append((int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "the machine's memory"))
+  import resource
+  soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+  if soft != resource.RLIM_INFINITY and soft > 0:
+    out.append((int(soft), "the process's address-space limit (ulimit -v)"))
+  cg = _cgroup_limit()
+  if cg:
+    out.append((cg, "the cgroup's memory limit"))
+  slurm = os.environ.get("SLURM_MEM_PER_NODE", "")
+  if slurm.isdigit() and int(slurm) > 0:
+    out.append((int(slurm) << 20, "Slurm's --mem"))
+  return out
+
+
+def device_memory() -> int:
+  """Bytes of memory this process may use: a GPU's limit, on CPU the smallest of the
+  machine's memory, `ulimit -v`, the cgroup's limit and Slurm's `--mem` (`memory_limits`)."""
+  return min(b for b, _ in memory_limits())
+
+
+def _available_text(available: int) -> str:
+  """`available` bytes, and which limit they are."""
+  what = next((w for b, w in memory_limits() if b == available), "the memory available")
+  return f"{what}, {available / 2 ** 30:.1f} GiB"
 
 
 def _activations_per_example(model, params_shape, input_shape) -> int:
@@ -293,14 +335,16 @@ def _activations_per_example(model, params_shape, input_shape) -> int:
     return 64 * math.prod(input_shape)
 
 
-def round_memory(config, model, input_shape, parallel: int, num_steps: int) -> dict:
-  """Bytes of the round's main terms: per-client state, activations, the loop's index arrays."""
+def round_memory(config, model, input_shape, parallel: int, num_steps: int, batch_size: int | None = None) -> dict:
+  """Bytes of the round's main terms: per-client state, activations, the loop's index arrays.
+  `batch_size`: the rows a step reads (the run clips `client.batch_size` to its largest
+  client); None: `client.batch_size`."""
   import jax
   import jax.numpy as jnp
   x = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
   params_shape = jax.eval_shape(lambda r: model.module.init(r, model._in(x))["params"], jax.random.PRNGKey(0))  # pylint: disable=protected-access
   P = int(sum(math.prod(a.shape) for a in jax.tree.leaves(params_shape)))
-  B = int(config.client.batch_size)
+  B = int(config.client.batch_size if batch_size is None else batch_size)
   per_client = 4 * P * 4  # parameters, gradients and up to two optimizer moments, float32
   return {"params": P,
           "state": 4 * P * 4 + parallel * per_client,
@@ -309,7 +353,7 @@ def round_memory(config, model, input_shape, parallel: int, num_steps: int) -> d
 
 
 def check_memory(config, model, input_shape, parallel: int, strategy: str, num_steps: int,
-                 available: int | None = None) -> None:
+                 available: int | None = None, batch_size: int | None = None) -> None:
   """Refuses a round whose estimated memory exceeds the device's, naming the fields.
 
   Args:
@@ -319,29 +363,34 @@ def check_memory(config, model, input_shape, parallel: int, strategy: str, num_s
     parallel: clients trained at the same time (`plan.parallel_clients` of the strategy).
     strategy: the resolved execution strategy (for the advice in the message).
     num_steps: local steps per round.
-    available: the memory to compare with; None: the device's.
+    available: the memory to compare with; None: the least of this process's limits
+      (`memory_limits`).
+    batch_size: the rows a step reads (at most the largest client's); None: `client.batch_size`.
 
   Raises:
     ConfigError: one line naming the fields that dominate the estimate.
   """
   try:
-    m = round_memory(config, model, input_shape, parallel, num_steps)
+    m = round_memory(config, model, input_shape, parallel, num_steps, batch_size)
   except Exception:  # pylint: disable=broad-except  # a model the estimate cannot trace: no estimate
     return
   total = m["state"] + m["activations"] + m["indices"]
+  limit = f"the device's {available / 2 ** 30:.1f} GiB" if available is not None else None
   available = device_memory() if available is None else available
   if total <= available:
     return
+  limit = limit or _available_text(available)
+  B = int(config.client.batch_size if batch_size is None else batch_size)
   steps = "client.local_steps" if config.client.local_steps > 0 else "client.local_epochs"
   why = {"state": (f"{m['params']:,} parameters x {parallel} client(s) in parallel",
                    f"model.{'hidden' if config.model.name == 'mlp' else 'name'}"),
-         "activations": (f"batches of {config.client.batch_size} of inputs {tuple(input_shape)} x {parallel} client(s)",
+         "activations": (f"batches of {B} of inputs {tuple(input_shape)} x {parallel} client(s)",
                          "client.batch_size" + (", data.image_size" if len(input_shape) == 3 else "")),
-         "indices": (f"{num_steps:,} local steps x batch {config.client.batch_size} x {parallel} client(s)",
+         "indices": (f"{num_steps:,} local steps x batch {B} x {parallel} client(s)",
                      f"{steps}, client.batch_size")}
   worst = max(("state", "activations", "indices"), key=m.get)
   more = "" if strategy in ("sequential", "host_loop") or parallel == 1 else \
       " (or fewer clients in parallel: cohort_size, engine.strategy='chunked' or 'sequential')"
   raise ConfigError(f"{why[worst][1]}: the round needs about {total / 2 ** 30:.1f} GiB ({why[worst][0]}: "
-                    f"{m[worst] / 2 ** 30:.1f} GiB), more than the device's {available / 2 ** 30:.1f} GiB; "
+                    f"{m[worst] / 2 ** 30:.1f} GiB), more than {limit}; "
                     f"lower {why[worst][1]}{more}")

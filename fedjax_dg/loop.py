@@ -258,7 +258,7 @@ def train(program, books, live, starts, states, timing: Timing, quiet: bool):
     since = time.time()
     scores = program.scores(k, state, runs)
     for r in runs:
-      loss = None if losses is None else float(losses[r])
+      loss = None if losses[r] is None else float(losses[r])
       rec = books[r].record(done, k, program.pick(state, r), loss, scores[r])
       if R == 1:
         bar.set_postfix(loss=f"{loss:.3f}" if loss is not None else "-", val=progress_val(rec["splits"]))
@@ -272,9 +272,9 @@ def train(program, books, live, starts, states, timing: Timing, quiet: bool):
         state = program.put(state, r, states[r])
       active[r] = True
     again = [r for r in new if books[r].again]
-    if again:
+    if again:  # the loss saved with the checkpoint, as the uninterrupted run recorded it
       phase("evaluating")
-      evaluate(t, plan.stage_of(t), again, None)
+      evaluate(t, plan.stage_of(t), again, {r: books[r].saved_loss(t) for r in again})
 
   with bar, stopping.StopRequest() as stop:
     for t in range(t0, total):
@@ -316,7 +316,7 @@ def train(program, books, live, starts, states, timing: Timing, quiet: bool):
         phase("saving")
         since = time.time()
         for r in saves:
-          books[r].ckpts.save(done, program.pick(state, r))
+          books[r].save(done, program.pick(state, r), float(losses[r]))
         timing.add("checkpoint_s", since)
       bar.update(1)
       if signame:

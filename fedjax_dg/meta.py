@@ -118,10 +118,16 @@ def check_split(split: str | None, field: str = "objective.split") -> None:
   raise ValueError(f"{field}: unknown split {split!r}; an outer objective may read {OUTER_SPLITS}")
 
 
+def _is_count(v) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def check_rounds(rounds: int, truncate: int | None) -> None:
-  if not isinstance(rounds, (int, np.integer)) or rounds < 1:
+  """One line for a round count that is not a positive integer (`True` and `2.0` are not),
+  or a truncation outside [1, rounds]."""
+  if not _is_count(rounds) or rounds < 1:
     raise ValueError(f"rounds: must be a positive integer, got {rounds!r}")
-  if truncate is not None and not (isinstance(truncate, (int, np.integer)) and 1 <= truncate <= rounds):
+  if truncate is not None and not (_is_count(truncate) and 1 <= truncate <= rounds):
     raise ValueError(f"truncate: K={truncate!r} must lie in [1, rounds={rounds}] (the gradient flows through "
                      f"the last K of the run's rounds)")
 
@@ -212,14 +218,28 @@ def check_meta(p: Problem, meta: Meta, state: RoundState) -> None:
   if isinstance(state.clients, HostClientStates):
     raise ValueError("state.clients: client states in host memory cannot be differentiated; "
                      "use init_round_state(host_states=False)")
-  for name in meta.hparams:
+  for name, v in meta.hparams.items():
     _lookup(state.hparams, name)
+    _check_finite(f"meta.hparams[{name!r}]", v)
   w = meta.weights
   if w is not None:
     C, D = p.domain_shares.shape
     for field, arr, shape in (("client", w.client, (C,)), ("domain", w.domain, (D,)), ("shrink", w.shrink, ())):
       if jnp.shape(arr) != shape:
         raise ValueError(f"meta.weights.{field}: shape {jnp.shape(arr)}, expected {shape}")
+      _check_finite(f"meta.weights.{field}", arr)
+    if not isinstance(w.client, jax.core.Tracer) and not np.any(np.asarray(client_weights(p, w)) > 0):
+      raise ValueError("meta.weights: every client's aggregation weight is zero (the base weights p_c times the "
+                       "multipliers), so no update would be aggregated; give some client a positive weight")
+
+
+def _check_finite(field: str, value) -> None:
+  """One line for a NaN or infinite outer variable (values only; traced ones pass)."""
+  if isinstance(value, jax.core.Tracer):
+    return
+  a = np.asarray(value, dtype=np.float64)
+  if not np.isfinite(a).all():
+    raise ValueError(f"{field}: must be finite, got {value!r}")
 
 
 def with_hparams(state: RoundState, values: dict) -> RoundState:
@@ -252,6 +272,8 @@ def rounds(p: Problem, meta: Meta, state: RoundState, round_key, first, num: int
   """The round state after `num` rounds from `state` with the outer variables `meta`;
   round `t` (counted from 0 at the run's start) uses `fold_in(round_key, t)`, the first
   of these rounds being `first`. Differentiable in `meta` and `state`."""
+  if not _is_count(num) or num < 0:
+    raise ValueError(f"num: the number of rounds must be an integer >= 0, got {num!r}")
   state = with_hparams(state, meta.hparams)
   w = meta.weights
 

@@ -9,7 +9,9 @@ records: the bytes a round exchanges (`communication`), where the wall time went
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 import warnings
 
@@ -20,6 +22,7 @@ from fedjax_dg import algorithms
 from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import rundir
 from fedjax_dg.algorithms.base import ClientData
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.engine import init_round_state
 from fedjax_dg.eval import tensorboard
 from fedjax_dg.eval.evaluate import SELECTION_RULES, select
@@ -72,7 +75,27 @@ def divergence(train_loss: float, params_finite, state_finite, done: int, config
     what = "the round state (server or client optimizer state) is not finite"
   else:
     return None
-  return f"{what} at round {done}; lower client.lr (now {config.client.lr}) or server.lr (now {config.server.lr})"
+  steps = [f"client.lr (now {config.client.lr})", f"server.lr (now {config.server.lr})"]
+  steps += [f"{path} (now {_value(config, path)})" for path in step_sizes(config)]
+  return f"{what} at round {done}; lower {', '.join(steps[:-1])} or {steps[-1]}"
+
+
+def step_sizes(config) -> list[str]:
+  """The method's and rule's own run-time step sizes (`algorithm.<key>.<field>` whose name
+  ends in `lr`: the learned rule's `outer_lr`, FedLOE's `head_lr`), which a divergence may
+  come from as much as the optimizers' `client.lr` and `server.lr`."""
+  try:
+    fields = algorithms.run_time_fields(config)
+  except ValueError:
+    return []
+  return [p for p in fields if p.startswith("algorithm.") and p.rsplit(".", 1)[1].endswith("lr")]
+
+
+def _value(config, path: str):
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node
 
 
 
@@ -119,6 +142,8 @@ def resumed_records(workdir: str, run: str, start: int, on_schedule) -> tuple[li
   return [r for r in old if r["round"] <= start], [r for r in old if r["round"] > start], start in lost
 
 
+LOSSES_FILE = "checkpoint_losses.json"  # the training loss of each checkpoint's round
+RUN_LIST_FILE = "runs.json"  # a batch's list of its runs (`fedjax_dg.batch.run_list`)
 ACTIVITY = "activity/"  # the prefix of a round metric that measures how much a method's own term acted
 
 
@@ -182,6 +207,9 @@ def prepare_directory(config, fold, workdir: str) -> str:
     ConfigError: a fresh run over another run's files, or a resume of files whose config
       differs in a result-changing field.
   """
+  if os.path.lexists(os.path.join(workdir, RUN_LIST_FILE)):
+    raise ConfigError(f"workdir {workdir!r} holds a run list ({RUN_LIST_FILE}, run_<i>/); a single run does not "
+                      "share a folder with a batch: choose another --config.workdir")
   return rundir.prepare(config, workdir, bool(algorithms.spec_of(config).stages),
                         fold={"test_domains": fold.test_domains, "val_domains": fold.val_domains})
 
@@ -311,6 +339,26 @@ class RunBook:
         if chosen and chosen["round"] == done:
           rundir.save_selected(self.workdir, rule, done, now, chosen["val"], run=self.run)
     return rec
+
+  def save(self, done: int, state, train_loss: float) -> None:
+    """Saves the checkpoint of round `done`, and that round's training loss beside it, so an
+    evaluation of that round lost after the checkpoint is written again with its loss."""
+    self.ckpts.save(done, state)
+    if rundir.is_writer():
+      path = os.path.join(self.workdir, LOSSES_FILE)
+      losses = rundir.read_json(path, "the checkpoints' training losses") or {}
+      losses = {k: v for k, v in losses.items() if k.isdigit() and int(k) < done}  # a rerun's later rounds: gone
+      losses[str(done)] = train_loss
+      rundir.atomic_write(path, json.dumps({"run": self.run, **losses}, sort_keys=True).encode())
+
+  def saved_loss(self, done: int):
+    """The training loss saved with the checkpoint of round `done` by this run, or None."""
+    try:
+      losses = rundir.read_json(os.path.join(self.workdir, LOSSES_FILE), "the checkpoints' training losses") or {}
+    except rundir.RunDirError:
+      return None
+    v = losses.get(str(done)) if losses.get("run") == self.run else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
   def checks_due(self, done: int) -> tuple[bool, bool]:
     """(evaluate, checkpoint) after round `done`."""

@@ -8,10 +8,12 @@
                  leave-one-domain-out fold, its domains
   metrics.jsonl  one evaluation per line, each carrying the run's identity
   summary.json   the finished run's summary, carrying the run's identity
-  events.jsonl   a sweep job's start / done / failed lines (fedjax_dg/bench/launch.py)
+  events.jsonl   a sweep job's start / done / failed lines (fedjax_dg/bench/jobs.py)
   selected/      the parameters each selection rule has chosen so far (`<rule>.msgpack`) and
                  their record (`<rule>.json`: round, validation metrics, SHA-256, identity)
   checkpoints/, checkpoint_sums/   fedjax_dg/checkpoint.py
+  checkpoint_losses.json   the training loss of each checkpoint's round, with the run's identity
+                 (an evaluation of that round lost after its checkpoint is written again with it)
 
 The identity of a run (`run_identity`) hashes every field of its config that can change
 its results (all but `RESULT_NEUTRAL` and `num_rounds`, which a resume may raise) and its
