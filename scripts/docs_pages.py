@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from fedjax_dg import algorithms  # noqa: E402
-from fedjax_dg.algorithms.spec import MethodSpec, _range_text, hparam_fields  # noqa: E402
+from fedjax_dg.algorithms.spec import MethodSpec, range_text, hparam_fields  # noqa: E402
 from fedjax_dg.data import prepare  # noqa: E402
 
 # Where each method's formulas are in docs/ALGORITHMS.md (the section's anchor).
@@ -30,15 +30,15 @@ def _hparam_rows(owner, key: str) -> list[str]:
   rows = []
   for f in hparam_fields(owner.hparams):
     m = f.metadata
-    rows.append(f"| `algorithm.{key}.{f.name}` | {f.default!r} | {_range_text(m)} | "
-                f"{algorithms._search_text(m.get('search'))} | {m.get('doc', '')} |")
+    rows.append(f"| `algorithm.{key}.{f.name}` | {f.default!r} | {range_text(m)} | "
+                f"{algorithms.search_text(m.get('search'))} | {m.get('doc', '')} |")
   return rows
 
 
 def method_page(name: str) -> str:
   spec: MethodSpec = algorithms.METHODS[name]
   rule = algorithms.RULES[spec.rule]
-  comm = algorithms.COMMUNICATION[name]
+  comm = algorithms.communication_of(name)
   module = spec.client.__module__
   fmt = lambda items: "; ".join(items) if items else "nothing"
   anchor = SECTIONS.get(name, SECTIONS.get(spec.group, "notation"))

@@ -232,12 +232,14 @@ def build_algorithm(config, model, sched, num_clients: int, cohort_size: int, nu
                        tune_store, heldout_val))
 
 
-def _communication(name: str) -> dict:
+def communication_of(name: str) -> dict:
+  """What `name` (a method or method+rule) declares it sends and receives besides the model
+  and its update, and whether anything computed per example leaves a client."""
   spec, rule = resolve(name)
   return {"sends": spec.sends + rule.sends, "receives": spec.receives + rule.receives, "leaks_data": spec.leaks_data}
 
 
-COMMUNICATION = {name: _communication(name) for name in ALGORITHMS}
+COMMUNICATION = {name: communication_of(name) for name in ALGORITHMS}
 
 
 def communication_table() -> str:
@@ -256,7 +258,7 @@ def communication_table() -> str:
 def hparams_table() -> str:
   """The documentation's table of every method's and rule's hyperparameters: config path, default,
   accepted range, random-search distribution."""
-  from fedjax_dg.algorithms.spec import _range_text
+  from fedjax_dg.algorithms.spec import range_text
   rows = ["| config field | default | accepted | random search | meaning |", "| --- | --- | --- | --- | --- |"]
   seen = set()
   for owner in (*METHODS.values(), *RULES.values()):
@@ -267,12 +269,13 @@ def hparams_table() -> str:
     for f in hparam_fields(owner.hparams):
       m = f.metadata
       search = m.get("search")
-      rows.append(f"| `algorithm.{key}.{f.name}` | {f.default!r} | {_range_text(m)} | "
-                  f"{_search_text(search)} | {m.get('doc', '')} |")
+      rows.append(f"| `algorithm.{key}.{f.name}` | {f.default!r} | {range_text(m)} | "
+                  f"{search_text(search)} | {m.get('doc', '')} |")
   return "\n".join(rows)
 
 
-def _search_text(search) -> str:
+def search_text(search) -> str:
+  """A random-search distribution as the documentation's tables print it ("-": none)."""
   if search is None:
     return "-"
   name = type(search).__name__

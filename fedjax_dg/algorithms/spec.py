@@ -83,7 +83,8 @@ class NoHParams:
   """A method without hyperparameters of its own."""
 
 
-def _range_text(m) -> str:
+def range_text(m) -> str:
+  """The accepted values of a hyperparameter field's metadata `m`, as the docs and errors say them."""
   if m["choices"] is not None:
     return "one of " + ", ".join(map(str, m["choices"]))
   lo = f"[{m['ge']}" if m["ge"] is not None else f"({m['gt']}" if m["gt"] is not None else None
@@ -101,7 +102,7 @@ def hparam_error(field: dataclasses.Field, value, path: str) -> str | None:
   """The one-line error for `value` of `field` (config path `path`), or None if accepted."""
   m = field.metadata
   if m.get("choices") is not None:
-    return None if value in m["choices"] else f"{path} must be {_range_text(m)}; got {value!r}"
+    return None if value in m["choices"] else f"{path} must be {range_text(m)}; got {value!r}"
   if isinstance(field.default, bool):
     return None if isinstance(value, bool) else f"{path} must be True or False, got {value!r}"
   if isinstance(field.default, (int, float)):
@@ -111,7 +112,7 @@ def hparam_error(field: dataclasses.Field, value, path: str) -> str | None:
       return f"{path} must be an integer, got {value!r}"
     ok = ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
           and (m["le"] is None or value <= m["le"]) and (m["lt"] is None or value < m["lt"]))
-    return None if ok else f"{path} must be {_range_text(m)}, got {value}"
+    return None if ok else f"{path} must be {range_text(m)}, got {value}"
   return None
 
 
@@ -234,8 +235,9 @@ class StaticView:
 
   def _wrap(self, key: str, value):
     path = self._prefix + key
-    if path in self._run_time:
-      return _RunTimeValue(path, value if isinstance(value, (int, float)) else None, self._run_time[path])
+    if path in self._run_time:  # a seed is no switch: not even its comparison with 0 is allowed
+      zero_ok = isinstance(value, (int, float)) and path not in SEED_FIELDS
+      return _RunTimeValue(path, value if zero_ok else None, self._run_time[path])
     if hasattr(value, "items"):
       return StaticView(value, self._run_time, path + ".")
     return value
