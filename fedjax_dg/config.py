@@ -70,7 +70,11 @@ def check_keys(config, schema=None, prefix: str = "") -> None:
 
 
 def validate(config) -> None:
-  """Checks that need no data; the first: every field is known, then its type and range."""
+  """Checks that need no data; the first: every field is known, then its type and range.
+  The config's plugins (`config.imports`, `fedjax_dg.plugins`) are imported before: what
+  they register is known to every check."""
+  from fedjax_dg import plugins
+  plugins.load(config)
   check_keys(config)
   checks.check_config(config)  # types, ranges and sizes of every field
   tb = config.get("tensorboard", False)

@@ -27,6 +27,9 @@ def default_config() -> ml_collections.ConfigDict:
   # string of comma-separated overrides of this config, e.g. ("seed=1", "seed=2,client.lr=0.05");
   # run i writes an ordinary run directory <workdir>/run_<i>. Empty: one run in <workdir>.
   c.runs = ()
+  # Plugins imported before the config is checked (fedjax_dg/plugins.py): module names or .py
+  # files that register methods, server rules or datasets, e.g. ("mymethods", "plugins/data.py").
+  c.imports = ()
 
   c.data = ml_collections.ConfigDict()
   c.data.name = "rotated_digits"

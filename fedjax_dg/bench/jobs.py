@@ -33,7 +33,7 @@ MAX_CRASHES = 2  # a job whose worker process died this many times is recorded a
 
 # ---------------------------------------------------------------------------- files of a job
 
-def path(workdir, name):
+def job_file(workdir, name):
   """The file `name` of the job folder `workdir`."""
   return os.path.join(workdir, name)
 
@@ -45,13 +45,14 @@ def write_job(job: sweep_lib.Job, entries) -> None:
   os.makedirs(job.workdir, exist_ok=True)
   doc = {"key": job.key, "config": job.config.to_dict(),
          "entries": [{"grid": e.grid, "axes": e.axes} for e in entries]}
-  tmp = path(job.workdir, "job.json.tmp")
+  tmp = job_file(job.workdir, "job.json.tmp")
   with open(tmp, "w") as f:
     json.dump(doc, f, indent=1, default=sweep_lib.json_default)
-  os.replace(tmp, path(job.workdir, "job.json"))
+  os.replace(tmp, job_file(job.workdir, "job.json"))
 
 
 def event(workdir, kind: str, **extra) -> None:
+  """Appends a `kind` line (start, done, failed, stopped, crashed) to events.jsonl."""
   rundir.append_event(workdir, kind, **extra)
 
 
@@ -61,14 +62,16 @@ def read_events(workdir) -> list[dict]:
 
 def read_lock(workdir) -> dict | None:
   """The RUNNING lock's owner record (rundir.read_lock)."""
-  return rundir.read_lock(path(workdir, "RUNNING"))
+  return rundir.read_lock(job_file(workdir, "RUNNING"))
 
 
 lock_is_live = rundir.lock_is_live
 
 
 def acquire(workdir, ignore_locks: bool) -> bool:
-  path = path(workdir, "RUNNING")
+  """Takes the job's RUNNING lock (a stale one of a dead process is taken over; with
+  `ignore_locks`, any other process's). Returns whether this process holds it."""
+  path = job_file(workdir, "RUNNING")
   held = rundir.try_lock(path)
   if held is not None and ignore_locks and held.get("pid") != os.getpid():
     with contextlib.suppress(FileNotFoundError):
@@ -97,13 +100,13 @@ def job_state(workdir) -> str:
   running, no error) | pending | broken (a file of it does not parse: `problem`)."""
   if problem(workdir):
     return "broken"
-  if os.path.exists(path(workdir, "summary.json")):
+  if os.path.exists(job_file(workdir, "summary.json")):
     return "done"
   if lock_is_live(read_lock(workdir)):
     return "running"
-  if os.path.exists(path(workdir, "error.txt")):
+  if os.path.exists(job_file(workdir, "error.txt")):
     return "failed"
-  if os.path.exists(path(workdir, "metrics.jsonl")) or read_events(workdir):
+  if os.path.exists(job_file(workdir, "metrics.jsonl")) or read_events(workdir):
     return "interrupted"
   return "pending"
 
@@ -119,7 +122,7 @@ def run_config(config, workdir: str) -> dict:
 
 def load_job(workdir: str):
   """(key, config) of the job's job.json, the config set to run in `workdir` (resuming, quietly)."""
-  with open(path(workdir, "job.json")) as f:
+  with open(job_file(workdir, "job.json")) as f:
     doc = json.load(f)
   config = sweep_lib.from_json_dict(doc["config"])
   config.workdir, config.resume, config.quiet = workdir, True, True
@@ -127,20 +130,22 @@ def load_job(workdir: str):
 
 
 def error_line(e: BaseException) -> str:
+  """The first line of `e` as events.jsonl records it (at most 500 characters)."""
   return f"{type(e).__name__}: {e}".splitlines()[0][:500] if str(e) else type(e).__name__
 
 
 def record_failure(workdir: str, e: BaseException, t0: float | None = None) -> None:
   """error.txt (the traceback of `e`) and a "failed" event with its first line."""
-  with open(path(workdir, "error.txt"), "w") as f:
+  with open(job_file(workdir, "error.txt"), "w") as f:
     f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
   extra = {} if t0 is None else {"seconds": time.time() - t0}
   event(workdir, "failed", error=error_line(e), **extra)
 
 
 def record_done(workdir: str, t0: float) -> None:
+  """A "done" event with the job's seconds; a failure's error.txt is removed."""
   with contextlib.suppress(FileNotFoundError):
-    os.remove(path(workdir, "error.txt"))
+    os.remove(job_file(workdir, "error.txt"))
   event(workdir, "done", seconds=time.time() - t0)
 
 
@@ -178,18 +183,18 @@ def decide(workdir: str, ignore_locks: bool = False) -> str:
 def release(workdir: str) -> None:
   """Removes the job's RUNNING lock."""
   with contextlib.suppress(FileNotFoundError):
-    os.remove(path(workdir, "RUNNING"))
+    os.remove(job_file(workdir, "RUNNING"))
 
 
 def run_held(workdir: str, config, run=None) -> Exception | None:
   """Runs `config` in `workdir` (`run(config, workdir)`, default `run_config`), whose lock this
   process holds: the start line, the run with its output in log.txt, then done or failed
   (error.txt). Returns the error, if any."""
-  event(workdir, "start", resumed=os.path.exists(path(workdir, "metrics.jsonl")))
+  event(workdir, "start", resumed=os.path.exists(job_file(workdir, "metrics.jsonl")))
   t0 = time.time()
   try:
     quiet_logging()
-    with open(path(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
+    with open(job_file(workdir, "log.txt"), "a") as log, contextlib.redirect_stdout(log), \
         contextlib.redirect_stderr(log):
       (run or run_config)(config, workdir)
   except stopping.Stopped as e:  # interrupted, not failed: a rerun resumes it

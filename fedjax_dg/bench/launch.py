@@ -69,10 +69,10 @@ def _run_batch(workdirs: list[str], keys: list[str], configs: list, outcome: dic
   from fedjax_dg import batch
   bid = batches_lib.batch_id(keys)
   for w in workdirs:
-    jobs_lib.event(w, "start", resumed=os.path.exists(jobs_lib.path(w, "metrics.jsonl")), batch=bid, batch_jobs=keys)
+    jobs_lib.event(w, "start", resumed=os.path.exists(jobs_lib.job_file(w, "metrics.jsonl")), batch=bid, batch_jobs=keys)
   t0 = time.time()
   with contextlib.ExitStack() as stack:
-    tee = _Tee([stack.enter_context(open(jobs_lib.path(w, "log.txt"), "a")) for w in workdirs])
+    tee = _Tee([stack.enter_context(open(jobs_lib.job_file(w, "log.txt"), "a")) for w in workdirs])
     stack.enter_context(contextlib.redirect_stdout(tee))
     stack.enter_context(contextlib.redirect_stderr(tee))
     try:
@@ -153,7 +153,7 @@ def execute_batch(workdirs: list[str], ignore_locks: bool = False, memory: batch
   finally:
     for w in held:
       with contextlib.suppress(FileNotFoundError):
-        os.remove(jobs_lib.path(w, "RUNNING"))
+        os.remove(jobs_lib.job_file(w, "RUNNING"))
   return [(w, *outcome[w]) for w in workdirs]
 
 
@@ -182,7 +182,7 @@ def _worker_init(cache_dir: str) -> None:
 
 def _mark_dead(job: sweep_lib.Job) -> None:
   """The worker running `job` died (a signal, out of memory): record it as failed."""
-  with open(jobs_lib.path(job.workdir, "error.txt"), "w") as f:
+  with open(jobs_lib.job_file(job.workdir, "error.txt"), "w") as f:
     f.write(f"the worker process running this job died {MAX_CRASHES} times (killed by a signal or out of "
             "memory); see log.txt\n")
   jobs_lib.event(job.workdir, "failed", error="worker process died")
@@ -250,7 +250,7 @@ def run_local(exp: sweep_lib.Expansion, workers: int = 1, cache_dir: str = "", q
       for j in [j for j in todo if read_lock(j.workdir) and not lock_is_live(read_lock(j.workdir))]:
         jobs_lib.event(j.workdir, "crashed")
         with contextlib.suppress(FileNotFoundError):
-          os.remove(jobs_lib.path(j.workdir, "RUNNING"))
+          os.remove(jobs_lib.job_file(j.workdir, "RUNNING"))
         if sum(e["event"] == "crashed" for e in read_events(j.workdir)) >= MAX_CRASHES:
           _mark_dead(j)
           todo.remove(j)
@@ -269,7 +269,7 @@ def _crashed(jobs: list, counts: dict, progress) -> list:
     if lock and not lock_is_live(lock):
       jobs_lib.event(j.workdir, "crashed")
       with contextlib.suppress(FileNotFoundError):
-        os.remove(jobs_lib.path(j.workdir, "RUNNING"))
+        os.remove(jobs_lib.job_file(j.workdir, "RUNNING"))
       if sum(e["event"] == "crashed" for e in read_events(j.workdir)) >= MAX_CRASHES:
         _mark_dead(j)
         counts["failed"] += 1
@@ -325,7 +325,7 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
         jobs_lib.record_failure(job.workdir, errors[job.key])
       finally:
         with contextlib.suppress(FileNotFoundError):
-          os.remove(jobs_lib.path(job.workdir, "RUNNING"))
+          os.remove(jobs_lib.job_file(job.workdir, "RUNNING"))
       counts["failed"] += 1
       progress(job, f"failed  ({jobs_lib.error_line(errors[job.key])})")
     else:

@@ -405,6 +405,11 @@ def expand(sweep) -> Expansion:
   for field in ("root", "base", "grids"):
     if field not in sweep:
       raise SweepError(f"sweep.{field} is required")
+  from fedjax_dg import plugins
+  try:  # the methods, rules and datasets the jobs name may come from plugins (`base.imports`)
+    plugins.load(sweep.base)
+  except ValueError as e:
+    raise SweepError(f"sweep.base.{e}") from None
   exp = Expansion({}, [])
   later = []
   for name, g in sweep.grids.items():
