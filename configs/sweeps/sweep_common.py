@@ -12,16 +12,16 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import default  # noqa: E402  (configs/default.py)
 
-# Bai et al. 2024, Tables 3-5: B (baseline), DG adapted, FL, FDG (federated DG); then the methods of
-# the FedLOE, FedOMG, FedIIR and FedDIM papers (the row group "seed papers") and FedGA. Only the
+# Bai et al. 2024, Tables 3-5: B (baseline), DG adapted, FL, FDG (federated DG); then "other FDG
+# papers": the methods of the FedLOE, FedOMG, FedIIR and FedDIM papers and FedGA. Only the
 # methods a grid runs are shown.
 GROUPS = (
     ("B", ("fedavg",)),
     ("DG adapted", ("irm", "fish", "mixup", "mmd", "coral", "groupdro", "vrex")),
     ("FL", ("fedprox", "scaffold", "afl", "fedavgm", "fedadam", "fedyogi", "fedsam")),
     ("FDG", ("feddg", "fedadg", "fedsr", "fedgma")),
-    ("seed papers", ("fediir", "feddim", "fedomg", "fediir+omg", "fedprox+omg", "fedsam+omg", "fedsr+omg",
-                     "fedloe", "fedga")),
+    ("other FDG papers", ("fediir", "feddim", "fedomg", "fediir+omg", "fedprox+omg", "fedsam+omg", "fedsr+omg",
+                          "fedloe", "fedga")),
 )
 
 DISPLAY = {"fedavg": "FedAvg-ERM", "irm": "IRM", "fish": "Fish", "mixup": "Mixup", "mmd": "MMD",
