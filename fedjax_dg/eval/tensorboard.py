@@ -35,7 +35,16 @@ NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "tracking", "eval_batch_
 
 
 def scalars(record: dict) -> list[tuple[str, float]]:
-  """`(tag, value)` for every finite number of one metrics.jsonl record."""
+  """The numbers of one evaluation, as TensorBoard and MLflow name them.
+
+  Args:
+    record: one line of a run's metrics.jsonl.
+
+  Returns:
+    `(tag, value)` for every finite number: `train/loss`, `<split>/<metric>` for each
+    evaluated split (its size `n` left out), and `train/<field>` for the other per-round
+    numbers the runner records.
+  """
   out = []
   if isinstance(record.get("train_loss"), (int, float)):
     out.append(("train/loss", float(record["train_loss"])))
@@ -59,16 +68,25 @@ def _writer(workdir: str, sub: str = SUBDIR):
 
 
 class RunWriter:
-  """Appends a run's records as they are written (`add(record)`), flushed on `close()`."""
+  """Appends a run's records to `<workdir>/tensorboard/` as they are written.
+
+  Args:
+    workdir: the run directory.
+
+  Raises:
+    ImportError: one line naming the `tensorboard` extra when tensorboardX is missing.
+  """
 
   def __init__(self, workdir: str):
     self._w = _writer(workdir)
 
   def add(self, record: dict) -> None:
+    """Writes one metrics.jsonl record's `scalars` at step `record["round"]`."""
     for tag, value in scalars(record):
       self._w.add_scalar(tag, value, global_step=int(record["round"]))
 
   def close(self) -> None:
+    """Flushes and closes the event file."""
     self._w.close()
 
 
@@ -248,8 +266,16 @@ def convert_sweep(root: str) -> list[str]:
 
 
 def convert_run(workdir: str) -> int:
-  """Writes `<workdir>/tensorboard/` from `<workdir>/metrics.jsonl` anew (older event files
-  there are removed, so a converted run holds each step once). Returns the records written."""
+  """Writes `<workdir>/tensorboard/` from `<workdir>/metrics.jsonl` anew.
+
+  Older event files there are removed, so a converted run holds each step once.
+
+  Args:
+    workdir: a run directory.
+
+  Returns:
+    The number of records written.
+  """
   from fedjax_dg import rundir
   records = rundir.read_metrics(workdir)
   out = os.path.join(workdir, SUBDIR)
@@ -265,7 +291,15 @@ def convert_run(workdir: str) -> int:
 
 
 def run_dirs(root: str) -> list[str]:
-  """Every folder under `root` (itself included) that holds a metrics.jsonl."""
+  """The run directories under a folder.
+
+  Args:
+    root: a run directory or a folder of them (searched at any depth).
+
+  Returns:
+    Every folder under `root`, itself included, that holds a metrics.jsonl, in sorted
+    order (event-file and checkpoint folders are not searched).
+  """
   found = []
   for d, dirs, files in os.walk(root):
     dirs[:] = sorted(x for x in dirs if x not in (SUBDIR, "checkpoints") and not x.startswith("."))

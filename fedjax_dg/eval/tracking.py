@@ -14,7 +14,7 @@ the machine unless that URI names a server. `"mlflow:URI"` names the store, e.g.
 `MLFLOW_EXPERIMENT_NAME`, else `fedjax-dg`. Finished runs and whole sweeps are logged
 afterwards by
 
-  python -m fedjax_dg.eval.tracking WORKDIR_OR_SWEEP_ROOT [...] [--uri URI] [--experiment NAME]
+    python -m fedjax_dg.eval.tracking WORKDIR_OR_SWEEP_ROOT [...] [--uri URI] [--experiment NAME]
 
 which names each run of a sweep by its method and the config fields that differ between
 the sweep's runs (as `python -m fedjax_dg.eval.tensorboard` does) and records those as the
@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from fedjax_dg.eval import tensorboard
 
@@ -37,7 +38,7 @@ MAX_PARAM_CHARS = 500  # MLflow's oldest stores keep 500 characters of a paramet
 BATCH = 100            # parameters per request (MLflow's limit); metrics go 1000 at a time
 
 
-def store_uri(value) -> str | None:
+def store_uri(value: str) -> str | None:
   """What `config.tracking` asks for.
 
   Args:
@@ -61,7 +62,7 @@ def store_uri(value) -> str | None:
   return uri
 
 
-def config_error(config) -> str | None:
+def config_error(config: Any) -> str | None:
   """What is wrong with `config.tracking`, checked before anything runs.
 
   Args:
@@ -162,7 +163,7 @@ def log_workdir(workdir: str, uri: str = "", experiment: str = "", name: str = "
   return run_id
 
 
-def log_run(config, workdir: str) -> str | None:
+def log_run(config: Any, workdir: str) -> str | None:
   """Logs a finished run to MLflow when its config asks for it (`config.tracking`).
 
   The runner calls this once a run's summary is written; it does nothing on processes
