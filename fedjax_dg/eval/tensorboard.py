@@ -225,9 +225,11 @@ def write_named_run(folder: str, records: list[dict], hparams: dict, metrics: di
     for r in records:
       for tag, value in scalars(r):
         w.add_scalar(tag, value, global_step=int(r["round"]))
-    if hparams:
-      for summ in hparams_summary(hparams, metrics):
-        w.file_writer.add_summary(summ)
+    if hparams:  # the session's start and end, no experiment record: TensorBoard builds the
+      # table's columns from every session's hparams and every scalar of their runs
+      _, start, end = hparams_summary(hparams, metrics)
+      w.file_writer.add_summary(start)
+      w.file_writer.add_summary(end)
     last = max((int(r["round"]) for r in records), default=0)
     for tag, value in metrics.items():
       w.add_scalar(tag, value, global_step=last)
