@@ -13,9 +13,9 @@ then `tensorboard --logdir WORKDIR_OR_SWEEP_ROOT` (TensorBoard itself is not a d
 A sweep root (a folder of runs, not a run itself) also gets `<root>/tensorboard/<name>/`:
 each run once more, in a folder named by its method and the config fields that differ
 between the sweep's runs (`fedprox lam=0.0 seed=1`), with the hparams plugin's record of
-those fields and of the selected scores of its summary (`selected/<rule>/<split>_<metric>`),
-so `tensorboard --logdir <root>/tensorboard` shows the runs by name and, under HPARAMS, as
-one table. Each conversion rewrites that folder.
+those fields and the selected scores of its summary (`selected/<rule>/<split>_<metric>`), so
+`tensorboard --logdir <root>/tensorboard` shows the runs by name and, under HPARAMS, as one
+table of those fields against the runs' scalars. Each conversion rewrites that folder.
 
 Needs the `tensorboard` extra (`pip install "fedjax-dg[tensorboard]"`).
 """
