@@ -7,12 +7,13 @@ the experiment must build the fold with it, not with `data.test_domains`): hospi
 from in-domain validation (there is no in-domain test); hospital 1 is the held-out
 validation domain and hospital 2 the test domain. The metric is accuracy.
 
-Seed 001 App. C-D: 100 clients by Heterogeneous Partitioning (lambda = 1, 0.1 and 0 are
+Bai et al. 2024, App. C-D: 100 clients by Heterogeneous Partitioning (lambda = 1, 0.1 and 0 are
 reported; 0.1 here), all clients every round; FedAvg of one local Adam epoch; 20 rounds
 ("Total Communication", Table 7), client learning rate 1e-3 (Table 7's ERM row); batch
 32 (WILDS's default; no authors' config for Camelyon17 is public). Table 7 per method:
-IRM penalty 100, FedGMA mask threshold 0.4, Fish meta learning rate 0.1. Our copy of Table 7 is a garbled text
-extraction; see configs/pacs.py. Where we deviate: the paper says ResNet-50 for every
+IRM penalty 100, FedGMA mask threshold 0.4, Fish meta learning rate 0.1. The per-method
+learning rates of Table 7 could not be read from the paper; see configs/pacs.py. Where we deviate:
+the paper says ResNet-50 for every
 image dataset (used here) while the authors' code uses WILDS's DenseNet-121 for
 Camelyon17. Images stay 96 x 96 (the patch size); training augmentation as the authors'
 code: flip, colour jitter and grey, no crop (`augment.PRESETS["camelyon17"]`).
@@ -34,11 +35,11 @@ def get_config():
       image_size=96,                     # the patch size
       augment_preset="camelyon17")
   benchmark_common.benchmark_protocol(
-      c, lr=1e-3,                        # seed 001 Table 7, ERM
+      c, lr=1e-3,                        # Bai et al. 2024, Table 7, ERM
       batch_size=32,                     # WILDS default
-      num_rounds=20,                     # seed 001 Table 7, total communication
+      num_rounds=20,                     # Bai et al. 2024, Table 7, total communication
       checkpoint_every=5)
-  c.algorithm.irm.lam = 100.0         # seed 001 Table 7 (Camelyon17)
-  c.algorithm.gma.tau = 0.4              # seed 001 Table 7 (Camelyon17)
-  c.algorithm.fish.meta_lr = 0.1       # seed 001 Table 7 (Camelyon17)
+  c.algorithm.irm.lam = 100.0         # Bai et al. 2024, Table 7 (Camelyon17)
+  c.algorithm.gma.tau = 0.4              # Bai et al. 2024, Table 7 (Camelyon17)
+  c.algorithm.fish.meta_lr = 0.1       # Bai et al. 2024, Table 7 (Camelyon17)
   return c

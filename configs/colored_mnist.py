@@ -1,19 +1,19 @@
-"""ColoredMNIST (DomainBed recipe, `fedjax_dg.data.idx.load_colored`) under seed 001's
+"""ColoredMNIST (DomainBed recipe, `fedjax_dg.data.idx.load_colored`) under Bai et al.'s
 federated benchmark protocol.
 
 Data (DomainBed `ColoredMNIST`): three environments with colour-flip probabilities 0.1,
 0.2, 0.9 ('+90%', '+80%', '-90%'), 25% label noise, 2 x 14 x 14 images; '-90%', where
 the colour's correlation with the label reverses, is the test domain as in DomainBed.
-Protocol (seed 001 App. C.2, D.2-D.3): 10% / 10% of each training domain as in-domain
+Protocol (Bai et al. 2024, App. C.2, D.2-D.3): 10% / 10% of each training domain as in-domain
 validation / test; C = 100 clients by Heterogeneous Partitioning (lambda = 0: every client
 sees one domain; the paper sweeps lambda in {1, 0.1, 0}, `--config.partition.lam`); the
 round is chosen on validation accuracy. With only two training domains a held-out
 validation domain would leave one domain to train on, so selection uses the in-domain
 validation split (DomainBed's training-domain validation).
 
-ColoredMNIST is in none of the seed papers' tables, so optimisation follows DomainBed's
+ColoredMNIST is in none of the five source papers' tables, so optimisation follows DomainBed's
 hparams_registry for its small-image datasets (Adam, lr 1e-3, batch 64, no weight decay,
-the MNIST ConvNet) and seed 001 Table 7's budget for FEMNIST, its MNIST-like dataset
+the MNIST ConvNet) and the budget of Bai et al. 2024, Table 7, for FEMNIST, its MNIST-like dataset
 (40 communication rounds, one local epoch each).
 
 `data.path` is a directory with MNIST's four IDX files: `--config.data.path=/path/to/mnist`.
@@ -39,13 +39,13 @@ def get_config():
   c.data.max_per_domain = 0
   c.data.test_domains = (2,)             # '-90%'
   c.data.val_domains = ()
-  c.data.in_val_fraction = 0.1           # seed 001 App. C.2
+  c.data.in_val_fraction = 0.1           # Bai et al. 2024, App. C.2
   c.data.in_test_fraction = 0.1
   c.data.leave_one_domain_out = False
 
   c.partition.method = "heterogeneous"
-  c.partition.lam = 0.0                  # seed 001: lambda in {1, 0.1, 0}
-  c.num_clients = 100                    # seed 001 Table 6: C = 100
+  c.partition.lam = 0.0                  # Bai et al. (ICLR 2024): lambda in {1, 0.1, 0}
+  c.num_clients = 100                    # Bai et al. 2024, Table 6: C = 100
   c.cohort_size = 0
   c.cohort_fraction = 1.0
 
@@ -53,7 +53,7 @@ def get_config():
   c.model.head_hidden = ()
 
   c.algorithm.name = "fedavg"
-  c.client.optimizer = "adam"            # seed 001's ERM baseline trains locally with Adam
+  c.client.optimizer = "adam"            # Bai et al.'s ERM baseline trains locally with Adam
   c.client.lr = 1e-3                     # DomainBed hparams_registry, SMALL_IMAGES
   c.client.batch_size = 64               # DomainBed hparams_registry, SMALL_IMAGES
   c.client.weight_decay = 0.0
@@ -61,7 +61,7 @@ def get_config():
   c.client.local_epochs = 1
   c.server.lr = 1.0
 
-  c.num_rounds = 40                      # seed 001 Table 7: FEMNIST total communication
+  c.num_rounds = 40                      # Bai et al. 2024, Table 7: FEMNIST total communication
   c.eval_every = 2
   c.checkpoint_every = 10
   return c

@@ -1,7 +1,7 @@
-"""FedLOE (seed 000) on the embedded rotated digits.
+"""FedLOE on the embedded rotated digits.
 
 Stage 1 is FedAvg with infrequent communication: T1 = 256 local Adam steps averaged at
-|T1_sync| = 8 synchronisation points, as in seed 000 Table 5: `num_rounds` = |T1_sync|
+|T1_sync| = 8 synchronisation points, as in the FedLOE paper's Table 5: `num_rounds` = |T1_sync|
 rounds of `client.local_steps` = T1 / |T1_sync| steps (override both on the command line
 to change T1 or |T1_sync|). Stage 2 then robustifies the linear head.
 "Our FedAvg" of Tables 2-4 is stage 1 alone: `--config.algorithm.name=fedavg`.
@@ -23,7 +23,7 @@ def get_config():
   c.client.optimizer = "adam"
   c.client.lr = 1e-3
   c.client.batch_size = 32
-  total, syncs = 256, 8                     # seed 000 Table 5: T1 and |T1_sync|
+  total, syncs = 256, 8                     # the FedLOE paper's Table 5: T1 and |T1_sync|
   c.num_rounds = syncs
   c.client.local_steps = total // syncs
   c.eval_every = 1

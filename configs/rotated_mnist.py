@@ -1,15 +1,15 @@
 """RotatedMNIST (DomainBed recipe, `fedjax_dg.data.idx.load_rotated`) as FedIIR ran it.
 
-Seed 003 Sec. 5.1 and App. F.3 Table 3 (RotatedMNIST rows): the DomainBed MNIST ConvNet
+Guo et al. 2023, Sec. 5.1 and App. F.3 Table 3 (RotatedMNIST rows): the DomainBed MNIST ConvNet
 (four 3x3 convs, average pooling) with a single linear head; one client per training
 domain (the "small number of clients" scenario); 100 rounds, global step 1, one local SGD
 epoch with step 1e-2 and batch 64; FedIIR gamma 1e-2, EMA 0.95; 90% / 10% of the
 training domains for training / validation, the model chosen on that validation set.
-The default run is FedAvg, seed 003's baseline under the same settings; FedIIR is
-`--config.algorithm.name=fediir`. Seed 003 averages over each domain as the test domain:
+The default run is FedAvg, Guo et al.'s baseline under the same settings; FedIIR is
+`--config.algorithm.name=fediir`. Guo et al. (ICML 2023) averages over each domain as the test domain:
 run `--config.data.test_domains='(d,)'` for d in 0..5 (all other domains train, so no
 held-out validation domain). Table 2's large-client scenario: `--config.num_clients=50
---config.cohort_size=5`. FedLOE with seed 000 Table 5's schedule (batch 128, Adam,
+--config.cohort_size=5`. FedLOE with the schedule of the FedLOE paper's Table 5 (batch 128, Adam,
 T1 = 256 local steps over 8 syncs, then 4 stage-2 syncs of SGD 0.05 on the heads, IRM
 lambda 100): `--config.algorithm.name=fedloe --config.client.optimizer=adam
 --config.client.lr=1e-3 --config.client.batch_size=128 --config.client.local_steps=32
@@ -37,32 +37,32 @@ def get_config():
   c.data.max_per_domain = 0              # 0: all 70000 / 6 images per domain
   c.data.test_domains = (5,)             # 75 degrees
   c.data.val_domains = ()
-  c.data.in_val_fraction = 0.1           # seed 003: 90% train / 10% validation
+  c.data.in_val_fraction = 0.1           # Guo et al. (ICML 2023): 90% train / 10% validation
   c.data.in_test_fraction = 0.0
   c.data.leave_one_domain_out = False
 
   c.partition.method = "heterogeneous"
-  c.partition.lam = 0.0                  # one domain per client (seed 003 App. F.1)
+  c.partition.lam = 0.0                  # one domain per client (Guo et al. 2023, App. F.1)
   c.num_clients = 5                      # one client per training domain
   c.cohort_size = 0
   c.cohort_fraction = 1.0
 
   c.model.name = "cnn"
-  c.model.head_hidden = ()               # seed 003: a single linear classifier on RotatedMNIST
+  c.model.head_hidden = ()               # Guo et al. (ICML 2023): a single linear classifier on RotatedMNIST
 
   c.algorithm.name = "fedavg"
-  c.algorithm.fediir.gamma = 1e-2           # seed 003 Table 3
-  c.algorithm.fediir.ema = 0.95             # seed 003 Table 3 ("ALL")
+  c.algorithm.fediir.gamma = 1e-2           # Guo et al. 2023, Table 3
+  c.algorithm.fediir.ema = 0.95             # Guo et al. 2023, Table 3 ("ALL")
 
   c.client.optimizer = "sgd"
-  c.client.lr = 1e-2                     # seed 003 Table 3: eta_l
+  c.client.lr = 1e-2                     # Guo et al. 2023, Table 3: eta_l
   c.client.momentum = 0.9                # the FedIIR reference code (docs/ALGORITHMS.md)
-  c.client.batch_size = 64               # seed 003 Table 3
+  c.client.batch_size = 64               # Guo et al. 2023, Table 3
   c.client.local_steps = 0
-  c.client.local_epochs = 1              # seed 003 Sec. 5.1
-  c.server.lr = 1.0                      # seed 003 Table 3: eta_g
+  c.client.local_epochs = 1              # Guo et al. 2023, Sec. 5.1
+  c.server.lr = 1.0                      # Guo et al. 2023, Table 3: eta_g
 
-  c.num_rounds = 100                     # seed 003 Table 3: T
+  c.num_rounds = 100                     # Guo et al. 2023, Table 3: T
   c.eval_every = 5
   c.checkpoint_every = 20
   return c

@@ -2,8 +2,8 @@
 
 `--config configs/terra_incognita.py --config.data.root=/data/terra_incognita` (the folder
 DomainBed's download script makes: `location_100/ location_38/ location_43/ location_46/`,
-domain ids 0..3 in that sorted order; 10 classes). No seed paper reports TerraIncognita:
-this applies seed 001's protocol (App. C-D: 100 clients by Heterogeneous Partitioning,
+domain ids 0..3 in that sorted order; 10 classes). None of the five source papers reports TerraIncognita:
+this applies Bai et al.'s protocol (App. C-D: 100 clients by Heterogeneous Partitioning,
 one held-out validation domain, 10% + 10% of the training domains as in-domain validation
 / test, FedAvg of one local Adam epoch, all clients every round, early stopping on the
 held-out domain) with DomainBed's ERM defaults for the rest (`hparams_registry.py`:
@@ -27,5 +27,5 @@ def get_config():
   benchmark_common.held_out_domains(c, test_domains=(0,), val_domains=(1,))
   benchmark_common.benchmark_protocol(
       c, lr=5e-5, batch_size=32,         # DomainBed hparams_registry defaults
-      num_rounds=80)                     # as PACS in seed 001 Table 7
+      num_rounds=80)                     # as PACS in Bai et al. 2024, Table 7
   return c

@@ -140,6 +140,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 512
   c.quiet = False            # hide the progress bar
   c.tensorboard = False      # also write TensorBoard event files to <workdir>/tensorboard/ (tensorboard extra)
+  c.tracking = ""            # "mlflow" or "mlflow:URI": log the finished run to MLflow (tracking extra)
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto

@@ -66,6 +66,15 @@ def test_readme_blocks_run(tmp_path):
   assert '"splits"' in r.stdout  # the evaluate command's JSON
 
 
+def test_coming_from_port_runs_and_matches_the_library(tmp_path):
+  """The worked port of DomainBed's CORAL: equal to the library's `coral` objective on padded
+  multi-domain batches (the block asserts it), with a penalty that is not zero, and trained."""
+  r = run_blocks("docs/coming_from.md", tmp_path)
+  penalties = [float(p) for p in re.findall(r"penalty ([0-9.e-]+)", r.stdout)]
+  assert len(penalties) == 4 and all(p > 0 for p in penalties), r.stdout
+  assert "coral_port test accuracy" in r.stdout and (tmp_path / "runs" / "coral_port" / "summary.json").exists()
+
+
 @pytest.mark.slow
 def test_readme_sweep_draws_figures(tmp_path):
   run_blocks("README.md", tmp_path, keep=lambda code: "fedjax_dg.bench" in code)

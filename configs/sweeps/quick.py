@@ -7,12 +7,12 @@ under a load average near 20 from other processes, and 40 s for the report.
   python -m fedjax_dg.bench report --sweep configs/sweeps/quick.py   # experiments/report_quick/
   python -m fedjax_dg.bench report --results experiments/report_quick/results.jsonl.gz  # the same bytes
 
-FedAvg-ERM, Fish (a DG method with a centralised form) and FedIIR (a seed paper's method) on
+FedAvg-ERM, Fish (a DG method with a centralised form) and FedIIR (Guo et al.'s method, ICML 2023) on
 the embedded 16 x 16 rotated digits (0 degrees validates, 75 tests, 15-60 train; 10 classes,
 chance 0.1), an MLP with one hidden layer of 128, every client on Adam (lr 3e-3, batch 32,
-one local epoch per round; seed 001 trains every method with Adam), 20 rounds, 3 seeds, at
+one local epoch per round; Bai et al. (ICLR 2024) trains every method with Adam), 20 rounds, 3 seeds, at
 the methods' default hyperparameters (no search: configs/sweeps/report_fmnist.py runs
-seed 001's protocol in full). Its numbers are a smoke test of the pipeline, not a result:
+Bai et al.'s protocol in full). Its numbers are a smoke test of the pipeline, not a result:
 958 training rows, and most selected rounds fall in the last 10% (the report says how many).
 
 Grids: the table (C = 1 and C = 10 at lambda 1, 0.1, 0), Fig. 2 at a fixed number of local

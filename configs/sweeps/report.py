@@ -1,6 +1,6 @@
-"""The earlier benchmark report: seed 001's Tables 3 and 6 and Figs. 2-4 on the embedded rotated
+"""The earlier benchmark report: Bai et al.'s Tables 3 and 6 and Figs. 2-4 on the embedded rotated
 digits, each method at its paper defaults (no search) under mixed optimizers. Superseded by
-configs/sweeps/report_fmnist.py (seed 001's protocol) and configs/sweeps/quick.py (the quick
+configs/sweeps/report_fmnist.py (Bai et al.'s protocol) and configs/sweeps/quick.py (the quick
 report); its committed results are gone (docs/benchmark_report.md says why). It still runs
 under the current code:
 
@@ -34,7 +34,7 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common  # noqa: E402
 
-# Seed 001's 14 methods (FedAvg-ERM; six DG methods adapted; FedProx, Scaffold, AFL; FedDG,
+# Bai et al.'s 14 methods (FedAvg-ERM; six DG methods adapted; FedProx, Scaffold, AFL; FedDG,
 # FedADG, FedSR, FedGMA), then FedIIR, FedDIM, FedOMG, FedIIR+OMG, FedLOE and FedGA.
 TABLE_METHODS = ("fedavg", "irm", "fish", "mixup", "mmd", "coral", "groupdro", "fedprox", "scaffold", "afl",
                  "feddg", "fedadg", "fedsr", "fedgma", "fediir", "feddim", "fedomg", "fediir+omg", "fedloe",
@@ -68,7 +68,7 @@ def get_config(variant: str = "digits"):
   b.client.local_epochs = 1
   # IRM under SGD diverges (NaN) once its penalty weight jumps from 1 to 100 after annealing:
   # at lr 0.1 in 15 of its 48 runs, at 0.01 in 12 (centralised and C = 2, 5; measured
-  # on the embedded digits). It runs with Adam at lr 1e-3, seed 001's optimizer for every method (Sec. 4,
+  # on the embedded digits). It runs with Adam at lr 1e-3, Bai et al.'s optimizer for every method (Sec. 4,
   # Table 7 lists IRM lr 1e-3 for CelebA and FEMNIST).
   s.method_overrides["irm"] = {"client": {"optimizer": "adam", "lr": 1e-3}}
   s.grids = ml_collections.ConfigDict({
@@ -78,7 +78,7 @@ def get_config(variant: str = "digits"):
       # Table 6: ERM without / with 20% of the test domain, centralised ERM, FedAvg at each lambda.
       "difficulty": {"kind": "difficulty", "centralised": "erm", "federated": "fedavg", "num_clients": CLIENTS,
                      "lams": LAMS, "seeds": SEEDS, "fraction": 0.2, "rule": "heldout_domain"},
-      # Fig. 2: four methods over the number of clients (seed 001 App. E i).
+      # Fig. 2: four methods over the number of clients (Bai et al. 2024, App. E i).
       "clients": {"methods": ("fedavg", "irm", "fedsr", "feddg"), "client_counts": (1, 2, 5, 10, 20, 50),
                   "lams": LAMS, "seeds": SEEDS},
       # Fig. 3: FedAvg at 40 local epochs in total, split into fewer, longer rounds (App. E ii).

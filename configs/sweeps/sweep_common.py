@@ -1,4 +1,4 @@
-"""What the sweep configs share: seed 001's table rows, the centralised counterparts of
+"""What the sweep configs share: Bai et al.'s table rows, the centralised counterparts of
 its C = 1 column, display names, per-method settings, and an empty sweep skeleton.
 
 Every sweep config (`configs/sweeps/*.py`) is data for `fedjax_dg.bench.sweep` (its
@@ -12,15 +12,16 @@ import ml_collections
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import default  # noqa: E402  (configs/default.py)
 
-# Seed 001 Tables 3-5: B (baseline), DG adapted, FL, FDG (federated DG); then the other seed
-# papers' methods (seeds 000, 002-004) and FedGA. Only the methods a grid runs are shown.
+# Bai et al. 2024, Tables 3-5: B (baseline), DG adapted, FL, FDG (federated DG); then "other FDG
+# papers": the methods of the FedLOE, FedOMG, FedIIR and FedDIM papers and FedGA. Only the
+# methods a grid runs are shown.
 GROUPS = (
     ("B", ("fedavg",)),
     ("DG adapted", ("irm", "fish", "mixup", "mmd", "coral", "groupdro", "vrex")),
     ("FL", ("fedprox", "scaffold", "afl", "fedavgm", "fedadam", "fedyogi", "fedsam")),
     ("FDG", ("feddg", "fedadg", "fedsr", "fedgma")),
-    ("seed papers", ("fediir", "feddim", "fedomg", "fediir+omg", "fedprox+omg", "fedsam+omg", "fedsr+omg",
-                     "fedloe", "fedga")),
+    ("other FDG papers", ("fediir", "feddim", "fedomg", "fediir+omg", "fedprox+omg", "fedsam+omg", "fedsr+omg",
+                          "fedloe", "fedga")),
 )
 
 DISPLAY = {"fedavg": "FedAvg-ERM", "irm": "IRM", "fish": "Fish", "mixup": "Mixup", "mmd": "MMD",
@@ -33,7 +34,7 @@ DISPLAY = {"fedavg": "FedAvg-ERM", "irm": "IRM", "fish": "Fish", "mixup": "Mixup
 
 # The C = 1 (centralised) column: FedAvg-ERM is ERM on the pooled training data; the DG
 # methods run their objective on one client holding every training domain; the FL and
-# federated DG methods have no centralised form ("-", as in seed 001).
+# federated DG methods have no centralised form ("-", as in Bai et al., ICLR 2024).
 CENTRALIZED = {"fedavg": "erm", "irm": "irm", "fish": "fish", "mixup": "mixup", "mmd": "mmd", "coral": "coral",
                "groupdro": "groupdro", "vrex": "vrex"}
 
@@ -46,7 +47,7 @@ METHOD_OVERRIDES = {
 
 
 def skeleton(name: str, root: str) -> ml_collections.ConfigDict:
-  """A sweep with the default base config, no grids, and seed 001's table layout."""
+  """A sweep with the default base config, no grids, and Bai et al.'s table layout."""
   s = ml_collections.ConfigDict()
   s.name = name
   s.root = root                   # job workdirs: <root>/<key>

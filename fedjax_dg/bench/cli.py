@@ -85,6 +85,9 @@ def _from_results(cmd: str) -> int:
     print(f"error: --results {_RESULTS.value}: no such file", file=sys.stderr)
     return 2
   data = results_lib.read(_RESULTS.value)
+  if _missing_matplotlib(cmd, data.sweep):
+    print(_missing_matplotlib(cmd, data.sweep), file=sys.stderr)
+    return 2
   out = _OUT.value or os.path.dirname(os.path.abspath(_RESULTS.value))
   if cmd == "report":
     report.write_report(data.sweep, out, data=data, allow_stale=_ALLOW_STALE.value)
@@ -101,6 +104,15 @@ def _from_results(cmd: str) -> int:
     return 2
   return 0
 # --- end of report flags ---------------------------------------------------------------------
+
+
+def _missing_matplotlib(cmd: str, sweep) -> str | None:
+  """The one-line error when `cmd` would draw the sweep's figures and matplotlib is absent."""
+  import importlib.util
+  from fedjax_dg.bench import figures
+  if cmd not in ("figures", "report") or figures.no_figures(sweep) or importlib.util.find_spec("matplotlib"):
+    return None
+  return f"error: {cmd} draws figures with matplotlib, which is not installed: pip install \"fedjax-dg[bench]\""
 
 
 def _tasks_per_job(lc) -> int:
@@ -141,6 +153,9 @@ def main(argv) -> int:
     return 2
   if sweep is None:
     print("error: --sweep is required, e.g. --sweep configs/sweeps/tiny.py", file=sys.stderr)
+    return 2
+  if _missing_matplotlib(cmd, sweep):
+    print(_missing_matplotlib(cmd, sweep), file=sys.stderr)
     return 2
   try:
     if cmd == "run":  # the launcher's flags, before anything runs

@@ -401,7 +401,7 @@ def verify(name: str, root: str, fast: bool = False) -> Report:
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m fedjax_dg.data.prepare", description=__doc__.splitlines()[0],
+  p = argparse.ArgumentParser(prog="python -m fedjax_dg.data.prepare", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="datasets: " + ", ".join(SOURCES))
   p.add_argument("name", help="a dataset, or 'verify' / 'list'")
