@@ -83,6 +83,9 @@ def validate(config) -> None:
     import importlib.util
     _check(importlib.util.find_spec("tensorboardX") is not None,
            "tensorboard: event files need tensorboardX; pip install 'fedjax-dg[tensorboard]'")
+  from fedjax_dg.eval import tracking
+  err = tracking.config_error(config)  # config.tracking: a known writer, its extra installed
+  _check(err is None, err)
   _check(datasets.known(config.data), f"data.name: unknown dataset {config.data.name!r}; choose one of {list(DATASETS)} "
          "or register one with fedjax_dg.register_dataset")
   path = config.model.get("pretrained_path", "")

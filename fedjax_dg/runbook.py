@@ -24,7 +24,7 @@ from fedjax_dg import rundir
 from fedjax_dg.algorithms.base import ClientData
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.engine import init_round_state
-from fedjax_dg.eval import tensorboard
+from fedjax_dg.eval import tensorboard, tracking
 from fedjax_dg.eval.evaluate import SELECTION_RULES, select
 from fedjax_dg.models import count_params
 from fedjax_dg.provenance import provenance
@@ -416,6 +416,7 @@ class RunBook:
                else None)
         for rule, sel in summary["selection"].items()}
     rundir.write_summary(self.workdir, summary)
+    tracking.log_run(self.config, self.workdir)  # config.tracking: MLflow, once the summary is written
     return summary
 
 

@@ -51,7 +51,8 @@ SELECTED_DIR = "selected"
 # Fields that steer a run but cannot change its results: a resume may change them, a
 # sweep job's key ignores them, a re-scoring may set them (and `num_rounds` may grow on
 # resume, for a single-stage method).
-RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "eval_batch_size", "checkpoint_every", "distributed")
+RESULT_NEUTRAL = ("workdir", "resume", "quiet", "tensorboard", "tracking", "eval_batch_size", "checkpoint_every",
+                  "distributed")
 
 
 def is_writer() -> bool:

@@ -12,8 +12,7 @@ from fedjax_dg import provenance
 from fedjax_dg.bench import collect, difficulty, figures, stats, sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers as sweep_common  # noqa: E402
 
 
 def write_run(workdir, rounds: dict, wall=1.0, bytes_per_round=100):

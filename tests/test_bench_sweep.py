@@ -13,8 +13,7 @@ from fedjax_dg.data import splits
 from fedjax_dg.data.datasets import DomainDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers as sweep_common  # noqa: E402
 
 
 def small_sweep(root, **grid):

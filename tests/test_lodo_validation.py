@@ -96,9 +96,7 @@ def test_train_and_evaluate_passes_the_rule_to_its_folds(tiny_config, tmp_path, 
 
 
 def test_sweep_folds_follow_the_rule(tmp_path):
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "sweeps"))
-  import sweep_common
+  from fedjax_dg.bench import sweep_helpers as sweep_common
   s = sweep_common.skeleton("t", str(tmp_path))
   s.base.model.name = "mlp"
   s.leave_one_domain_out = True

@@ -18,8 +18,7 @@ from fedjax_dg.bench import collect, figures, launch, report, results as results
 from fedjax_dg.bench import jobs as jobs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "configs", "sweeps"))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers as sweep_common  # noqa: E402
 
 
 def write_run(workdir, rounds: dict, fingerprint=None, num_rounds=None):

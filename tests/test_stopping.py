@@ -80,9 +80,8 @@ def test_a_signal_stops_after_the_round_with_its_checkpoint_and_the_resume_is_th
 def _sweep(tmp_path, rounds: int) -> str:
   path = tmp_path / "sweep.py"
   path.write_text(f"""
-import sys
-sys.path.insert(0, {os.path.join(ROOT, "configs", "sweeps")!r})
-import ml_collections, sweep_common
+import ml_collections
+from fedjax_dg.bench import sweep_helpers as sweep_common
 
 def get_config():
   s = sweep_common.skeleton("stop", {str(tmp_path / "runs")!r})

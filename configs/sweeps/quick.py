@@ -19,13 +19,10 @@ Grids: the table (C = 1 and C = 10 at lambda 1, 0.1, 0), Fig. 2 at a fixed numbe
 epochs and at a fixed number of local steps per round (C = 1, 10, 40), Fig. 3 (20 local
 epochs in total as 20 x 1, 10 x 2, 5 x 4) and Table 6.
 """
-import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers
 
 LAMS = (1.0, 0.1, 0.0)
 SEEDS = (0, 1, 2)
@@ -37,7 +34,7 @@ LOCAL_STEPS = 3
 
 
 def get_config():
-  s = sweep_common.skeleton("Quick FedDG report on the embedded rotated digits", "runs/sweeps/quick")
+  s = sweep_helpers.skeleton("Quick FedDG report on the embedded rotated digits", "runs/sweeps/quick")
   b = s.base
   b.model.name = "mlp"
   b.model.hidden = (128,)

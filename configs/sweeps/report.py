@@ -26,13 +26,10 @@ Fish 12.0, GroupDRO 36.0, Mixup 81.9, CORAL 102.4, MMD 123.4; centralised IRM di
 whole sweep is about 2 hours of CPU: the table about 90 min (FedADG 36 of them, the C = 1
 column 21), Fig. 2 about 25 min, Fig. 3 6 min, Table 6 3 min.
 """
-import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers
 
 # Bai et al.'s 14 methods (FedAvg-ERM; six DG methods adapted; FedProx, Scaffold, AFL; FedDG,
 # FedADG, FedSR, FedGMA), then FedIIR, FedDIM, FedOMG, FedIIR+OMG, FedLOE and FedGA.
@@ -48,7 +45,7 @@ def get_config(variant: str = "digits"):
   if variant not in ("digits", "fashion"):
     raise ValueError(f"configs/sweeps/report.py: variant must be 'digits' or 'fashion', got {variant!r}")
   root = "experiments/report" if variant == "digits" else "experiments/report_fashion"
-  s = sweep_common.skeleton(f"FedDG benchmark on rotated {variant}: paper defaults, no search (the earlier report)",
+  s = sweep_helpers.skeleton(f"FedDG benchmark on rotated {variant}: paper defaults, no search (the earlier report)",
                             root + "/runs")
   b = s.base
   if variant == "fashion":

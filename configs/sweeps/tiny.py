@@ -9,17 +9,14 @@ design: it is sized to run every stage of a sweep in seconds, not to learn the d
 The report draws no figures without the `--sweep.figures.*` flags (this sweep names no
 figure grid of its own).
 """
-import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers
 
 
 def get_config():
-  s = sweep_common.skeleton("tiny", "runs/sweeps/tiny")
+  s = sweep_helpers.skeleton("tiny", "runs/sweeps/tiny")
   b = s.base
   b.model.name = "mlp"
   b.model.hidden = (32,)
