@@ -342,13 +342,15 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   return word + counts
 
 
-def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN) -> str:
+def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None) -> str:
   """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
   claim predicts. "holds" when every testable comparison supports it, "holds in part" when
   some do, "does not hold" when none does and at least one decides against it (the other
   direction, or equivalence within the margin), "inconclusive" when every testable
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
-  when none is testable. The counts of each outcome follow in brackets."""
+  when none is testable. The counts of each outcome follow in brackets, each named by
+  `labels` (outcome -> words; default: better, worse, equivalent within +-margin,
+  inconclusive)."""
   testable = [o for o in outcomes if o != "cannot tell"]
   untestable = len(outcomes) - len(testable)
   if not testable:
@@ -362,9 +364,10 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN) 
     word = "inconclusive"
   else:
     word = "does not hold"
-  counts = ", ".join(f"{sum(o == w for o in testable)} {label}" for w, label in (
-      ("better", "better"), ("worse", "worse"), ("equivalent", f"equivalent within ±{margin:g}"),
-      ("inconclusive", "inconclusive")) if any(o == w for o in testable))
+  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
+                      "inconclusive": "inconclusive"}
+  counts = ", ".join(f"{sum(o == w for o in testable)} {label}" for w, label in labels.items()
+                     if any(o == w for o in testable))
   return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
 
 
@@ -399,8 +402,8 @@ def fmt_powered(c: dict) -> str:
 
 
 def fmt_mdd(w: dict | None, alpha: float = ALPHA, power: float = POWER) -> str:
-  """"; detectable 0.045" for a Welch comparison at level alpha ("" when untestable)."""
+  """", detectable 0.045" for a Welch comparison at level alpha ("" when untestable)."""
   if w is None:
     return ""
   d = mdd(w["se"], w["df"], alpha, power)
-  return "; detectable -" if d is None else f"; detectable {d:.3f}"
+  return ", detectable -" if d is None else f", detectable {d:.3f}"
