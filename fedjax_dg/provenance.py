@@ -73,7 +73,6 @@ NOT_NUMERIC = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench
                "bench/results.py", "bench/runs.py", "bench/stats.py",
                "bench/__main__.py", "bench/launch.py", "bench/tasks.py", "bench/sweep.py", "bench/provenance.py",
                "data/prepare.py", "eval/tensorboard.py", "provenance.py")
-READERS = NOT_NUMERIC  # the name earlier callers used
 
 
 def code_of(source: str, path: str = "<source>") -> str:
