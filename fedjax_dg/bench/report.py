@@ -469,8 +469,8 @@ def deviations(data, st: dict) -> list[str]:
   out = []
   if not str(b.model.name).startswith("resnet"):
     out.append(f"model `{b.model.name}`" + (f" (hidden {tuple(b.model.hidden)})" if b.model.get("hidden", ()) else "")
-               + " where Bai et al. train an ImageNet-pretrained ResNet-50: absolute accuracies are not comparable "
-               "with theirs, only orderings and effects")
+               + " where Bai et al. train a ResNet-50 on image data (their App. D.1): absolute accuracies are not "
+               "comparable with theirs, only orderings and effects")
   g = sweep.grids.get(st["table_grid"], {})
   if g:
     n = len(tuple(g.get("seeds", ())))
