@@ -1,10 +1,14 @@
 """What produced a run: package versions, the machine, the project's git commit (and whether
-the tree was clean) and a fingerprint of the package's source. The runner records it in
-summary.json (`"provenance": provenance()`); the benchmark layer reads it: a finished job
-whose source fingerprint differs from the current code's is *stale* (`bench status`), and
-`collect` / `report` refuse stale jobs unless told otherwise."""
+the tree was clean), a fingerprint of the code that decides its numbers (`fingerprint_of`:
+the parsed code, so docstrings and comments do not count, and not the readers, the launcher
+or the preparation tool), and what else decides its results bit for bit (`determinism`: the
+host CPU's vector features XLA compiles for, threads, XLA flags, versions). The runner
+records it in summary.json (`"provenance": provenance()`); the benchmark layer reads it: a
+finished job whose source fingerprint differs from the current code's is *stale* (`bench
+status`), and `collect` / `report` refuse stale jobs unless told otherwise."""
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.metadata
@@ -58,18 +62,66 @@ def package_dir() -> str:
   return os.path.dirname(os.path.abspath(fedjax_dg.__file__))
 
 
-# The benchmark layer's readers: they only read finished runs (tables, figures, the report),
-# so a change to them does not make a run's numbers stale. Everything else under fedjax_dg/,
-# the sweep expansion and the launcher included, enters the fingerprint.
-READERS = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench/figures.py", "bench/report.py",
-           "bench/results.py", "bench/runs.py", "bench/stats.py")
+# What does not decide a run's numbers, so that changing it leaves finished runs current:
+# the benchmark layer's readers (they read finished runs: tables, figures, the report), the
+# launcher's bookkeeping (job states and locks, the command line, submitit tasks, and the
+# sweep expansion, which only writes configs: a run's config is part of its job key, so a
+# changed expansion makes new jobs rather than stale ones), the dataset preparation tool
+# (it unpacks archives before any run), the TensorBoard writer and this module. The batch
+# grouping (bench/batches.py) stays in: it decides which runs share a vectorised program.
+NOT_NUMERIC = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench/figures.py", "bench/report.py",
+               "bench/results.py", "bench/runs.py", "bench/stats.py",
+               "bench/__main__.py", "bench/launch.py", "bench/tasks.py", "bench/sweep.py", "bench/provenance.py",
+               "data/prepare.py", "eval/tensorboard.py", "provenance.py")
 
 
-def fingerprint_of(root: str, skip: tuple = READERS) -> dict:
-  """sha256 over every `.py` file under `root` but those in `skip` (its path relative to
-  `root`, then its bytes, in sorted path order), and how many files it covers. Caches
-  (`__pycache__`) and other file types do not enter: the fingerprint changes exactly when
-  the Python source that produces a run changes."""
+def code_of(source: str, path: str = "<source>") -> str:
+  """The parsed code of a Python source, without its comments, docstrings or layout:
+  `ast.dump` of the module with every docstring (a string constant opening a module, class
+  or function body) removed.
+
+  Args:
+    source: the file's text.
+    path: its name, for the error.
+
+  Returns:
+    The dump (equal for two sources that differ only in comments, docstrings, blank lines
+    or line breaks).
+
+  Raises:
+    SyntaxError: when the source does not parse.
+  """
+  tree = ast.parse(source, filename=path)
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      body = node.body
+      if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+          and isinstance(body[0].value.value, str):
+        node.body = body[1:]
+  return ast.dump(tree, annotate_fields=True, include_attributes=False)
+
+
+def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC) -> dict:
+  """The source fingerprint: sha256 over the parsed code (`code_of`) of every `.py` file
+  under `root` but those in `skip` (its path relative to `root`, then its code, in sorted
+  path order), and how many files it covers.
+
+  It covers what decides a run's numbers and nothing else: a docstring, a comment or a
+  layout change leaves it unchanged (the code is hashed as parsed, not as bytes), and so
+  does any change to the modules of `NOT_NUMERIC` (readers, the launcher's bookkeeping, the
+  preparation tool); caches (`__pycache__`) and other file types never enter. Any change to
+  the code of the rest (methods, engine, data, models, runner) changes it, and the runs
+  made before become stale. What else decides bitwise results, the machine and the
+  libraries, is recorded beside it (`determinism`).
+
+  Args:
+    root: the package directory.
+    skip: paths relative to `root` left out.
+
+  Returns:
+    {"sha256", "files", "scope": "parsed code (ast), no docstrings or comments; readers, "
+    "launcher and preparation tools left out"}.
+  """
   h, n = hashlib.sha256(), 0
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -78,22 +130,99 @@ def fingerprint_of(root: str, skip: tuple = READERS) -> dict:
       rel = os.path.relpath(path, root).replace(os.sep, "/")
       if rel in skip:
         continue
-      with open(path, "rb") as f:
-        data = f.read()
-      h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+      with open(path, encoding="utf-8") as f:
+        code = code_of(f.read(), path).encode()
+      h.update(rel.encode() + b"\0" + str(len(code)).encode() + b"\0" + code)
       n += 1
-  return {"sha256": h.hexdigest(), "files": n}
+  return {"sha256": h.hexdigest(), "files": n, "scope": SCOPE}
+
+
+SCOPE = "parsed code (ast), no docstrings or comments; readers, launcher and preparation tools left out"
 
 
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> dict:
-  """`fingerprint_of` this package's directory (without the benchmark layer's readers),
-  computed once per process (the code a process imported does not change under it)."""
+  """`fingerprint_of` this package's directory, computed once per process (the code a
+  process imported does not change under it)."""
   return fingerprint_of(package_dir())
 
 
+# The instruction-set extensions that decide which vector code XLA's CPU backend emits: it
+# compiles for the host's CPU (LLVM's host detection), so the vector width, FMA and the
+# reduction order of a vectorised loop follow these flags.
+SIMD_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+              "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2")
+ENV_PREFIXES = ("XLA_", "JAX_", "TF_CPP_", "OMP_", "MKL_", "OPENBLAS_", "NPROC")
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict:
+  """The host CPU as XLA's CPU backend sees it.
+
+  Args:
+    cpuinfo: /proc/cpuinfo's text (read from the machine when None).
+
+  Returns:
+    {"model": the first processor's model name, "simd": the `SIMD_FLAGS` it has, "flags_sha256":
+    sha256 of its whole sorted flag list}; Nones where /proc/cpuinfo is not there.
+  """
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        cpuinfo = f.read()
+    except OSError:
+      return {"model": None, "simd": None, "flags_sha256": None}
+  model, flags = None, None
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(":")
+    key = key.strip().lower()
+    if model is None and key in ("model name", "cpu model", "hardware"):
+      model = value.strip()
+    if flags is None and key in ("flags", "features"):
+      flags = sorted(set(value.split()))
+  if flags is None:
+    return {"model": model, "simd": None, "flags_sha256": None}
+  return {"model": model, "simd": [f for f in SIMD_FLAGS if f in flags],
+          "flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest()}
+
+
+def determinism(environ=None) -> dict:
+  """What decides a run's results bit for bit beyond its code and config: the host CPU's
+  features (`cpu_features`), the threads the process may use and the environment variables
+  that set XLA's and the BLAS libraries' flags and thread counts (`XLA_FLAGS`, e.g.
+  `--xla_cpu_multi_thread_eigen`, `OMP_NUM_THREADS`), the JAX backend and device kind where
+  JAX is already imported, and the Python and library versions. Two runs of one job agree
+  bit for bit only where all of these agree; where they differ, the difference bounds what
+  a rerun can be expected to reproduce.
+
+  Args:
+    environ: the environment (os.environ when None).
+
+  Returns:
+    {"cpu", "usable_cores", "env", "jax", "python"}.
+  """
+  import platform
+  import sys
+  environ = os.environ if environ is None else environ
+  env = {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES)}
+  jax_info = None
+  if "jax" in sys.modules:
+    try:
+      jax = sys.modules["jax"]
+      jax_info = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+                  "devices": jax.device_count(), "x64": bool(jax.config.read("jax_enable_x64")),
+                  "matmul_precision": str(jax.config.read("jax_default_matmul_precision"))}
+    except Exception as e:  # a backend that fails to start is recorded, not fatal
+      jax_info = {"error": f"{type(e).__name__}: {e}"}
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"cpu": cpu_features(), "usable_cores": cores, "env": env, "jax": jax_info,
+          "python": platform.python_version()}
+
+
 def provenance() -> dict:
-  return {"versions": versions(), "git": git_state(), "machine": machine(), "source": source_fingerprint()}
+  """What produced a run: versions, git state, the machine, the source fingerprint and what
+  else decides bitwise results (`determinism`)."""
+  return {"versions": versions(), "git": git_state(), "machine": machine(), "source": source_fingerprint(),
+          "determinism": determinism()}
 
 
 def recorded_fingerprint(summary: dict) -> str | None:

@@ -76,19 +76,25 @@ def test_table_mean_std_bold_italics_by_hand(tmp_path):
     assert c.mean == pytest.approx(sum(vals) / 3, abs=1e-12)
     assert c.std == pytest.approx(statistics.stdev(vals), abs=1e-12)  # sample std, ddof = 1
   assert t.cells[("fedprox", (1, None))] is None  # no centralised FedProx: "-"
-  # Bold only where the column's best beats the runner-up by Welch's t-test (p < 0.05): at C = 1
-  # ERM 0.85 vs IRM 0.72 (p = 0.032, bold); at (4, 1) FedProx 0.66 vs FedAvg 0.65 (no); at
-  # (4, 0) IRM and FedProx tie at 0.47 (no). Cells: mean ± standard error (std / sqrt(3)) (n).
+  # Bold only where the column's best beats the runner-up by the paired t-test over seeds
+  # (the cells share their seeds; p < 0.05): at C = 1 ERM 0.85 vs IRM 0.72 has per-seed
+  # differences 0.20, 0.08, 0.11 (paired p = 0.07; Welch's p would be 0.03): not bold; at
+  # (4, 1) FedProx 0.66 vs FedAvg 0.65 (no); at (4, 0) IRM and FedProx tie at 0.47 (no).
+  # Cells: mean ± sample standard deviation (n).
+  from scipy import stats as sp
+  assert sp.ttest_rel(TEST[("fedavg", 1, None)], TEST[("irm", 1, None)]).pvalue > 0.05
   lead = collect.leaders(t)
-  assert lead[(1, None)][:2] == ("fedavg", "irm") and lead[(1, None)][3]
+  assert lead[(1, None)][:2] == ("fedavg", "irm") and not lead[(1, None)][3]
   assert lead[(4, 1.0)][:2] == ("fedprox", "fedavg") and not lead[(4, 1.0)][3]
   assert lead[(4, 0.0)][:2] == ("irm", "fedprox") and not lead[(4, 0.0)][3]
   md = collect.to_markdown(t, digits=3).splitlines()
-  assert md[2] == "| B | FedAvg-ERM | **0.850 ± 0.029 (n=3)** | 0.650 ± 0.029 (n=3) | 0.420 ± 0.012 (n=3) |"
-  assert md[3] == "| DG adapted | IRM | 0.720 ± 0.012 (n=3) | 0.540 ± 0.031 (n=3) | 0.470 ± 0.012 (n=3) |"
-  assert md[4] == "| FL | FedProx | - | 0.660 ± 0.025 (n=3) | 0.470 ± 0.012 (n=3) |"
+  sd = lambda k: f"{statistics.stdev(TEST[k]):.3f}"  # noqa: E731
+  assert md[2] == (f"| B | FedAvg-ERM | 0.850 ± {sd(('fedavg', 1, None))} (n=3) | 0.650 ± {sd(('fedavg', 4, 1.0))} "
+                   f"(n=3) | 0.420 ± {sd(('fedavg', 4, 0.0))} (n=3) |")
+  assert md[3] == "| DG adapted | IRM | 0.720 ± 0.020 (n=3) | 0.540 ± 0.053 (n=3) | 0.470 ± 0.020 (n=3) |"
+  assert md[4] == "| FL | FedProx | - | 0.660 ± 0.044 (n=3) | 0.470 ± 0.020 (n=3) |"
   tex = collect.to_latex(t, digits=2)
-  assert "\\textbf{0.85 $\\pm$ 0.03 (n=3)}" in tex and "\\textit" not in tex
+  assert "0.85 $\\pm$ 0.05 (n=3)" in tex and "\\textbf" not in tex and "\\textit" not in tex
   # ddof = 0 (numpy's default) is the population std.
   t0 = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=0)
   assert t0.cells[("irm", (4, 1.0))].std == pytest.approx(statistics.pstdev(TEST[("irm", 4, 1.0)]), abs=1e-12)
@@ -111,7 +117,7 @@ def test_selection_rules_oracle_and_missing_seeds(tmp_path):
   assert orc.cells[("irm", (4, 0.0))].mean == pytest.approx(sum(vals) / 3 + 0.1)
   c = collect.build_table(s, exp, results, "table", "heldout_domain", "accuracy", ddof=1).cells[("fedavg", (4, 1.0))]
   assert c.values == (0.60, 0.70) and c.expected == 3
-  assert collect.format_cell(c, 2) == "0.65 ± 0.05 (n=2/3)"  # standard error 0.0707 / sqrt(2)
+  assert collect.format_cell(c, 2) == "0.65 ± 0.07 (n=2/3)"  # the sample standard deviation, 0.0707
   assert collect.format_cell(collect.Cell(None, None, (), 3), 2) == "X"
 
 
@@ -207,9 +213,10 @@ def test_figure_csvs_hold_the_plotted_numbers(tmp_path):
 
 def test_report_generates_the_reading_from_the_numbers(tmp_path):
   """REPORT.md is generated whole, the reading too: remark 4.1's verdict per column comes
-  from Welch's t-test against FedAvg-ERM (FedProx 0.66 vs FedAvg 0.65 at C=4, lambda=1 is no
-  difference; at lambda=0 IRM and FedProx, 0.47, are above FedAvg's 0.42 with p ~ 0.04 each,
-  which the column's Holm adjustment over its two comparisons doubles past 0.05)."""
+  from the paired t-test against FedAvg-ERM (FedProx 0.66 vs FedAvg 0.65 at C=4, lambda=1
+  is inconclusive; at lambda=0 IRM and FedProx, 0.47, are above FedAvg's 0.42 with paired
+  p ~ 0.049 each, which the column's Holm adjustment over its two comparisons doubles past
+  0.05): with three seeds no column is decided, so the remark is inconclusive."""
   from fedjax_dg.bench import report
   s = sweep_config(tmp_path / "runs")
   exp = sweep_lib.expand(s)
@@ -217,12 +224,15 @@ def test_report_generates_the_reading_from_the_numbers(tmp_path):
   out = tmp_path / "out"
   md = open(report.write_report(s, str(out), exp)).read()
   reading = md.split("## Reading", 1)[1]
-  assert "strong baseline (no method significantly above it in a column; Holm over each column's methods): " \
-         "holds (3 of 3 testable comparisons support it)" in reading
-  assert "C=4, λ=1: FedAvg-ERM 0.650 ± 0.029 (n=3); no method significantly above it; no difference: 2" in reading
-  p = stats.welch(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)])["p"]
+  assert "strong baseline (no method significantly above it in a column; paired by seed, Holm over each column's " \
+         "methods): inconclusive (3 columns with none above it but some undecided of 3 testable)" in reading
+  assert "C=4, λ=1: FedAvg-ERM 0.650 ± 0.050 (n=3); no method significantly above it; inconclusive: IRM, " \
+         "FedProx; detectable" in reading
+  from scipy import stats as sp
+  p = sp.ttest_rel(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)]).pvalue
   assert 0.025 < p < 0.05
-  assert "C=4, λ=0: FedAvg-ERM 0.420 ± 0.012 (n=3); no method significantly above it; no difference: 2" in reading
+  assert "C=4, λ=0: FedAvg-ERM 0.420 ± 0.020 (n=3); no method significantly above it; inconclusive: IRM, " \
+         "FedProx; detectable" in reading
   assert "jobs: 24 (24 done)" in md  # 3 methods x (C=4 at two lambdas) x 3 seeds + 2 centralised x 3
 
 

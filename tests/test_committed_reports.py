@@ -1,8 +1,12 @@
 """The committed reports recomputed from their results files with gzip, json, the
 statistics module and SciPy only (none of fedjax_dg's reading code): every held-out-domain and
-in-domain cell, which cells are bold, where the table ran seeds at a search's winners that
-each cell's trial is the search trial with the best held-out validation score, and the
-reading's p-values and verdicts for remark 4.1 and the seed papers' claims."""
+in-domain cell (mean ± sample standard deviation, n), which cells are bold (the paired t-test
+where the two cells ran the same seeds, else Welch's), where the table ran seeds at a
+search's winners that each cell's trial is the search trial with the best held-out
+validation score, and the reading's tests and verdicts: remark 4.1 and the method papers'
+claims (paired by seed, Holm within the family, two one-sided tests at the margin, the
+detectable difference from the noncentral t), remarks 4.2, 4.7 and 4.8 (Welch, with their
+detectable differences)."""
 import gzip
 import json
 import math
@@ -10,8 +14,9 @@ import os
 import re
 import statistics
 
+import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = sorted(d for d in os.listdir(os.path.join(ROOT, "experiments"))
@@ -81,6 +86,20 @@ def parse_table(text, title):
   return cells
 
 
+def lead_significant(a: dict, b: dict):
+  """{seed: score} a above b at p < 0.05: SciPy's paired t-test where both cells ran the same
+  seeds (the runs share their random numbers), else Welch's."""
+  if set(a) != set(b):
+    return welch_significant(list(a.values()), list(b.values()))
+  seeds = sorted(a)
+  d = [a[k] - b[k] for k in seeds]
+  if len(d) < 2:
+    return False
+  if statistics.variance(d) == 0:
+    return statistics.mean(d) > 0
+  return stats.ttest_rel([a[k] for k in seeds], [b[k] for k in seeds]).pvalue < 0.05 and statistics.mean(d) > 0
+
+
 def welch_significant(a, b):
   """Welch's two-sided t-test of a above b at p < 0.05 (SciPy); two constant cells differ
   for certain when their means differ (SciPy's statistic is undefined there)."""
@@ -112,8 +131,8 @@ def test_every_cell_and_every_bold_mark_from_the_results_file(folder, rule):
       assert plain == "X", (label, col, cell)
       continue
     n = f"n={len(v)}" if len(v) == len(asked[(label, col)]) else f"n={len(v)}/{len(asked[(label, col)])}"
-    se = f" ± {statistics.stdev(v) / math.sqrt(len(v)):.3f}" if len(v) > 1 else ""
-    assert plain == f"{statistics.mean(v):.3f}{se} ({n})", (folder, rule, label, col)
+    sd = f" ± {statistics.stdev(v):.3f}" if len(v) > 1 else ""
+    assert plain == f"{statistics.mean(v):.3f}{sd} ({n})", (folder, rule, label, col)
     checked += 1
   assert checked >= len(asked) // 2
   rows = list(dict.fromkeys(label for label, _ in table))
@@ -124,8 +143,8 @@ def test_every_cell_and_every_bold_mark_from_the_results_file(folder, rule):
     if len(ranked) < 2 or ranked[0][0] == ranked[1][0]:
       assert not bold, (folder, rule, col)
       continue
-    a, b = (list(scores[(ranked[k][2], col)].values()) for k in (0, 1))
-    assert bold == ({ranked[0][2]} if welch_significant(a, b) else set()), (folder, rule, col)
+    a, b = (scores[(ranked[k][2], col)] for k in (0, 1))
+    assert bold == ({ranked[0][2]} if lead_significant(a, b) else set()), (folder, rule, col)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -170,6 +189,94 @@ def test_the_parser_reads_what_it_is_given():
 
 CELL = r"\d\.\d{3}(?: ± \d\.\d{3})? \(n=[\d/]+\)†?"
 P = r"p = \d\.\d{3}|p < 0\.001"
+PD = rf"(?:{P}), detectable \d\.\d{{3}}"  # a Welch comparison with its detectable difference
+MARGIN = 0.02
+
+
+def mdd_by_hand(se, df, alpha, power=0.8):
+  """The difference a two-sided t-test at level alpha detects with probability `power`: the
+  noncentrality at which SciPy's noncentral t passes the critical value that often, times
+  the standard error (the far tail's NaN, where SciPy underflows, counted as 0)."""
+  if se == 0:
+    return 0.0
+  crit = stats.t.ppf(1 - alpha / 2, df)
+  pw = lambda x: stats.nct.sf(crit, df, x) + np.nan_to_num(stats.nct.cdf(-crit, df, x))  # noqa: E731
+  hi = crit + 1.0
+  while pw(hi) < power:
+    hi *= 2
+  return optimize.brentq(lambda x: pw(x) - power, crit, hi) * se
+
+
+def welch_se_df(a, b):
+  va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+  if va + vb == 0:
+    return 0.0, float("nan")
+  return math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+
+
+def baseline_test(a: dict, b: dict, margin=MARGIN):
+  """{seed: score} a against the baseline b: (kind, diff, se, df, p, wilcoxon p or None,
+  TOST p), paired (SciPy's ttest_rel, wilcoxon, one-sided one-sample tests of the shifted
+  differences) where the seeds match, else Welch (ttest_ind, and one-sided Welch tests of
+  the shifted cell)."""
+  if set(a) == set(b):
+    seeds = sorted(a)
+    x, y = [a[k] for k in seeds], [b[k] for k in seeds]
+    d = np.subtract(x, y)
+    diff = float(np.mean(d))
+    wp = 1.0 if not np.any(d != 0) else float(stats.wilcoxon(d).pvalue)
+    if statistics.variance(list(d)) == 0 or np.std(d, ddof=1) == 0:
+      return ("paired", diff, 0.0, len(d) - 1, 1.0 if diff == 0 else 0.0, wp,
+              0.0 if abs(diff) < margin else 1.0)
+    p = float(stats.ttest_rel(x, y).pvalue)
+    tost = max(stats.ttest_1samp(d + margin, 0.0, alternative="greater").pvalue,
+               stats.ttest_1samp(d - margin, 0.0, alternative="less").pvalue)
+    return "paired", diff, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, p, wp, float(tost)
+  x, y = list(a.values()), list(b.values())
+  se, df = welch_se_df(x, y)
+  diff = statistics.mean(x) - statistics.mean(y)
+  if se == 0:
+    return "welch", diff, 0.0, df, 1.0 if diff == 0 else 0.0, None, 0.0 if abs(diff) < margin else 1.0
+  p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+  tost = max(stats.ttest_ind(np.add(x, margin), y, equal_var=False, alternative="greater").pvalue,
+             stats.ttest_ind(np.subtract(x, margin), y, equal_var=False, alternative="less").pvalue)
+  return "welch", diff, se, df, p, None, float(tost)
+
+
+def family_by_hand(pairs, margin=MARGIN):
+  """[(outcome, text)] for a family of comparisons against the baseline: Holm by hand over the
+  p-values and over the TOST p-values, the detectable difference at 0.05 / m."""
+  tests = {i: baseline_test(a, b, margin) for i, (a, b) in enumerate(pairs) if len(a) > 1 and len(b) > 1}
+  adj = holm_by_hand({i: t[4] for i, t in tests.items()})
+  adj_eq = holm_by_hand({i: t[6] for i, t in tests.items()})
+  out = []
+  for i in range(len(pairs)):
+    if i not in tests:
+      out.append(("cannot tell", "untestable", None))
+      continue
+    kind, diff, se, df, p, wp, _ = tests[i]
+    o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
+    mdd = mdd_by_hand(se, df, 0.05 / len(tests))
+    text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
+    text += f", Wilcoxon {p_text(wp)}" if kind == "paired" else ""
+    text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}"
+    out.append((o, text, mdd))
+  return out
+
+
+def verdict_powered(outcomes, supports="better", labels=None):
+  """The claim's verdict and counts, as the report's reading words them."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  if not testable:
+    return "cannot tell"
+  k = sum(o == supports for o in testable)
+  word = ("holds" if k == len(testable) else "holds in part" if k else
+          "inconclusive" if all(o == "inconclusive" for o in testable) else "does not hold")
+  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{MARGIN:g}",
+                      "inconclusive": "inconclusive"}
+  counts = ", ".join(f"{testable.count(w)} {lab}" for w, lab in labels.items() if w in testable)
+  untestable = len(outcomes) - len(testable)
+  return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
 
 
 def welch_p(a, b):
@@ -199,11 +306,14 @@ def reading_sections(folder):
 
 
 def outcome(a, b, alpha=0.05):
+  """Welch's outcome and its text, "p = 0.012, detectable 0.045" (the difference the test
+  at level alpha detects with 80% power)."""
   if len(a) < 2 or len(b) < 2:
     return "cannot tell", "untestable"
   p = welch_p(a, b)
   o = "no difference" if p >= alpha else "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
-  return o, p_text(p)
+  se, df = welch_se_df(a, b)
+  return o, f"{p_text(p)}, detectable {mdd_by_hand(se, df, alpha):.3f}"
 
 
 def verdict_words(outcomes):
@@ -218,53 +328,75 @@ def verdict_words(outcomes):
   return "holds" if k == len(testable) else "does not hold" if k == 0 else "holds in part"
 
 
+COLUMN_LABELS = {"supports": "columns with every method decided and none above it",
+                 "against": "columns with a method above it",
+                 "inconclusive": "columns with none above it but some undecided"}
+
+
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
-  """Remark 4.1 (each listed method's Welch p and its Holm-adjusted p over the column's
-  testable methods, which methods are significantly above or below, how many show no
-  difference) and each seed paper's claim against FedAvg-ERM (each column's p and word, the
-  verdict), recomputed from the results file with SciPy and Holm by hand."""
+  """Remark 4.1 (per column: every method against FedAvg-ERM paired by seed, Holm over the
+  column's testable methods; which methods are significantly above or below it, with each
+  test's text; which are equivalent within the margin and which inconclusive; the column's
+  detectable differences; the verdict) and each method paper's claim against FedAvg-ERM
+  (each column's word and test text, Holm over the claim's columns; the verdict), recomputed
+  from the results file with SciPy and Holm by hand."""
   sweep, docs = read_docs(folder)
   scores, _ = expected_cells(sweep, docs, "heldout_domain")
-  values = {k: [s for _, s in sorted(v.items())] for k, v in scores.items()}
   baseline = sweep["table"]["display"].get("fedavg", "fedavg")
   sections = reading_sections(folder)
   checked, claims = 0, 0
   for title, verdict, body in sections:
     if title.startswith("Remark 4.1"):
+      columns = []
       for line in body.splitlines():
-        col = line[2:].split(": ", 1)[0]
-        base = values[(baseline, col)]
-        others = {lab: v for (lab, c), v in values.items() if c == col and lab != baseline}
-        testable = {lab: welch_p(v, base) for lab, v in others.items() if len(v) > 1 and len(base) > 1}
-        adj = holm_by_hand(testable)
-        sig = {lab for lab in testable if adj[lab] < 0.05}
-        above = {lab for lab in sig if statistics.mean(others[lab]) > statistics.mean(base)}
-        listed = {m.group(1): (m.group(2), m.group(3)) for m in
-                  re.finditer(rf"([\w+\-]+) {CELL} \(({P}), Holm ({P})\)", line)}
-        assert set(listed) == sig, (folder, line)
-        for lab, (p, h) in listed.items():
-          assert (p, h) == (p_text(testable[lab]), p_text(adj[lab])), (folder, lab, col)
-        assert ("significantly above it: " in line) == bool(above)
-        same = len(testable) - len(sig)
-        assert (f"no difference: {same}" in line) == bool(same), (folder, line)
+        col, rest = line[2:].split(": ", 1)
+        base = scores[(baseline, col)]
+        others = {lab: v for (lab, c), v in scores.items() if c == col and lab != baseline and v}
+        labs = list(others)
+        res = dict(zip(labs, family_by_hand([(others[lab], base) for lab in labs])))
+        parts = rest.split("; ")
+        by = {k: {lab for lab in labs if res[lab][0] == k} for k in ("better", "worse", "equivalent", "inconclusive")}
+        listed = {m.group(1): m.group(2) for m in re.finditer(rf"([\w+\-]+) {CELL} \((paired [^)]*\)[^)]*|welch [^)]*\)[^)]*)\)", line)}
+        assert set(listed) == by["better"] | by["worse"], (folder, line)
+        for lab, text in listed.items():
+          assert text == res[lab][1], (folder, col, lab)
+        assert any(p.startswith("significantly above it: ") for p in parts) == bool(by["better"]), (folder, line)
+        for key, prefix in (("equivalent", f"equivalent within ±{MARGIN:g}: "), ("inconclusive", "inconclusive: ")):
+          got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])
+          assert set(got) == by[key], (folder, col, key)
+        mdds = sorted(r[2] for r in res.values() if r[2] is not None)
+        if mdds:
+          assert parts[-1] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
+                               f"{mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}"), (folder, line)
+        untested_above = any(res[lab][0] == "cannot tell" and statistics.mean(others[lab].values()) >
+                             statistics.mean(base.values()) for lab in labs)
+        testable = any(res[lab][0] != "cannot tell" for lab in labs)
+        columns.append("against" if by["better"] else "cannot tell" if untested_above or not testable
+                       else "inconclusive" if by["inconclusive"] else "supports")
         checked += 1
+      assert verdict == verdict_powered(columns, "supports", COLUMN_LABELS), (folder, verdict)
     elif " beats " in title:
       method = title.split(" (", 1)[0]
-      outcomes = []
+      rows = []
       for line in body.splitlines():
         if line == "- (no finished runs for this)":  # e.g. a method whose cells are all X
-          assert not any(values.get((method, c)) for _, c in values), (folder, title)
+          assert not any(scores.get((method, c)) for _, c in scores), (folder, title)
           continue
-        m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+) \(({P}|untestable)\)", line)
+        m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+?) \(((?:paired|welch) .+|untestable)\)", line)
         assert m and m.group(2) == method and m.group(3) == baseline, (folder, line)
-        o, text = outcome(values[(method, m.group(1))], values[(baseline, m.group(1))])
-        assert (m.group(4), m.group(5)) == ({"higher": "holds", "lower": "does not hold (below the baseline)",
-                                             "no difference": "no difference", "cannot tell": "cannot tell"}[o],
-                                            text), (folder, line)
-        outcomes.append(o)
+        rows.append((m.group(1), m.group(4), m.group(5)))
+      cols = [c for (lab, c), v in scores.items() if lab == method and c != "C=1 (centralised)" and v
+              and scores.get((baseline, c))]
+      assert [c for c, _, _ in rows] == sorted(cols, key=[c for c, _, _ in rows].index), (folder, title)
+      assert {c for c, _, _ in rows} == set(cols), (folder, title)
+      res = family_by_hand([(scores[(method, c)], scores[(baseline, c)]) for c, _, _ in rows])
+      words = {"better": "holds", "worse": "does not hold (below the baseline)", "inconclusive": "inconclusive",
+               "cannot tell": "cannot tell", "equivalent": f"equivalent within ±{MARGIN:g}"}
+      for (c, word, text), (o, want, _) in zip(rows, res):
+        assert (word, text) == (words[o], want), (folder, method, c)
         checked += 1
-      assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, title, verdict)
+      assert verdict == verdict_powered([o for o, _, _ in res]), (folder, title, verdict)
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
 
@@ -296,8 +428,8 @@ def grid_points(sweep, docs, grid, fields):
 
 
 def point_text(v):
-  se = f" ± {statistics.stdev(v) / math.sqrt(len(v)):.3f}" if len(v) > 1 else ""
-  return f"{statistics.mean(v):.3f}{se} (n={len(v)})"
+  sd = f" ± {statistics.stdev(v):.3f}" if len(v) > 1 else ""
+  return f"{statistics.mean(v):.3f}{sd} (n={len(v)})"
 
 
 def section_of(folder, prefix):
@@ -331,7 +463,7 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
       cen, *parts = rest.split("; ")
       assert cen == point_text(values[(m, "C=1 (centralised)")]), (folder, line)
       for part in parts:
-        g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (\w[\w ]*) \(({P}|untestable)\)", part)
+        g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (\w[\w ]*) \(({PD}|untestable)\)", part)
         assert g and g.group(2) == point_text(values[(m, g.group(1))]), (folder, part)
         o, p = outcome(values[(m, "C=1 (centralised)")], values[(m, g.group(1))])
         word = {"higher": "degrades", "lower": "improves"}.get(o, o)
@@ -347,7 +479,7 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
   if verdict is not None:
     outcomes = []
     for line in body.splitlines():
-      g = re.fullmatch(rf"- (.+) at C=(\d+): λ=1 ({CELL}) vs λ=0\.1 ({CELL}): (\w[\w ]*) \(({P}|untestable)\)", line)
+      g = re.fullmatch(rf"- (.+) at C=(\d+): λ=1 ({CELL}) vs λ=0\.1 ({CELL}): (\w[\w ]*) \(({PD}|untestable)\)", line)
       assert g, (folder, line)
       a, b = values[(g.group(1), f"C={g.group(2)}, λ=1")], values[(g.group(1), f"C={g.group(2)}, λ=0.1")]
       o, p = outcome(a, b)
@@ -369,7 +501,7 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
     assert len(lines) == sum(len({c for l2, m2, c in pts if (l2, m2) == pm}) > 1 for pm in panels), (folder, key)
     outcomes = []
     for line in lines:
-      g = re.fullmatch(rf"- λ=([\d.]+) (.+?): (.+); C=(\d+) vs C=(\d+): (\w[\w ]*) \(({P}|untestable)\)", line)
+      g = re.fullmatch(rf"- λ=([\d.]+) (.+?): (.+); C=(\d+) vs C=(\d+): (\w[\w ]*) \(({PD}|untestable)\)", line)
       assert g, (folder, line)
       m = next(m for lam, m in panels if name(m) == g.group(2) and lam == float(g.group(1)))
       cs = sorted(c for lam, m2, c in pts if lam == float(g.group(1)) and m2 == m)
@@ -389,7 +521,7 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
     outcomes = []
     for line in body.splitlines():
       g = re.fullmatch(rf"- C=(\d+) λ=([\d.]+) (.+?): (.+); best interior R=(\d+) \(of (\d+), Bonferroni p < ([\d.]+)\) "
-                       rf"vs R=(\d+): ([\w ]+?), Welch ({P}|untestable), vs R=(\d+): ([\w ]+?), Welch ({P}|untestable)", line)
+                       rf"vs R=(\d+): ([\w ]+?), Welch ({PD}|untestable), vs R=(\d+): ([\w ]+?), Welch ({PD}|untestable)", line)
       assert g, (folder, line)
       C, lam = int(g.group(1)), float(g.group(2))
       m = next(m for c, l2, m, _ in pts if (c, l2) == (C, lam) and name(m) == g.group(3))

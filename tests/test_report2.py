@@ -85,9 +85,25 @@ def tree_bytes(folder) -> dict:
   return out
 
 
+def mdd_by_hand(se, df, alpha, power=0.8):
+  """The difference a two-sided t-test at level alpha detects with probability `power`: the
+  noncentrality at which the noncentral t (SciPy) passes the critical value that often,
+  times the standard error (the far tail's NaN, where SciPy underflows, counted as 0)."""
+  from scipy import optimize, stats as sp
+  crit = sp.t.ppf(1 - alpha / 2, df)
+  pw = lambda x: sp.nct.sf(crit, df, x) + np.nan_to_num(sp.nct.cdf(-crit, df, x))  # noqa: E731
+  hi = crit + 1.0
+  while pw(hi) < power:
+    hi *= 2
+  return optimize.brentq(lambda x: pw(x) - power, crit, hi) * se
+
+
 # ---------------------------------------------------------------------------- staleness
 
-def test_fingerprint_changes_with_one_source_line_and_ignores_caches(tmp_path):
+def test_fingerprint_changes_with_the_code_of_a_numeric_module_only(tmp_path):
+  """The fingerprint hashes the parsed code: a comment, a docstring or a line break in the
+  engine leaves it unchanged, one statement changes it; the readers, the launcher and the
+  preparation tool never enter it; caches and other files neither."""
   pkg = tmp_path / "fedjax_dg"
   shutil.copytree(provenance.package_dir(), pkg, ignore=shutil.ignore_patterns("__pycache__"))
   a = provenance.fingerprint_of(str(pkg))
@@ -98,12 +114,42 @@ def test_fingerprint_changes_with_one_source_line_and_ignores_caches(tmp_path):
   (pkg / "notes.txt").write_text("not source\n")
   assert provenance.fingerprint_of(str(pkg)) == a
   path = pkg / "engine" / "round.py"
-  path.write_text(path.read_text() + "# one more line\n")
+  text = path.read_text()
+  assert text.startswith('"""')
+  path.write_text('"""A different module docstring."""\n# a comment\n\n' + text.split('"""', 2)[2] + "# one more\n")
+  assert provenance.fingerprint_of(str(pkg)) == a
+  path.write_text(text + "_ONE_MORE_STATEMENT = 1\n")
   b = provenance.fingerprint_of(str(pkg))
   assert b["sha256"] != a["sha256"] and b["files"] == a["files"]
-  path = pkg / "bench" / "report.py"  # a reader of finished runs: not part of what produced them
-  path.write_text(path.read_text() + "# one more line\n")
-  assert provenance.fingerprint_of(str(pkg)) == b
+  for rel in ("bench/report.py", "bench/launch.py", "bench/sweep.py", "data/prepare.py"):
+    path = pkg / rel  # not what decides a run's numbers
+    path.write_text(path.read_text() + "_ONE_MORE_STATEMENT = 1\n")
+    assert provenance.fingerprint_of(str(pkg)) == b, rel
+  path = pkg / "algorithms" / "fediir.py"
+  path.write_text(path.read_text().replace("def ", "def _renamed_helper():\n  return 0\n\n\ndef ", 1))
+  assert provenance.fingerprint_of(str(pkg))["sha256"] != b["sha256"]
+
+
+def test_code_of_drops_docstrings_and_comments_but_not_strings_that_do_work():
+  one = 'def f(x):\n  """Doc."""\n  return x + 1  # add\n'
+  two = "def f(x):\n\n  return (x +\n          1)\n"
+  assert provenance.code_of(one) == provenance.code_of(two)
+  assert provenance.code_of(one) != provenance.code_of("def f(x):\n  return x + 2\n")
+  assert provenance.code_of('X = "a string value"\n') != provenance.code_of('X = "another"\n')
+
+
+def test_determinism_records_cpu_features_threads_and_xla_flags():
+  info = ("processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f\n\n"
+          "processor\t: 1\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f\n")
+  c = provenance.cpu_features(info)
+  assert c["model"] == "Some CPU 9000" and c["simd"] == ["sse4_2", "avx", "avx2", "fma", "avx512f"]
+  import hashlib
+  assert c["flags_sha256"] == hashlib.sha256(b"avx avx2 avx512f fma fpu sse4_2").hexdigest()
+  d = provenance.determinism({"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "OMP_NUM_THREADS": "1",
+                              "HOME": "/root"})
+  assert d["env"] == {"OMP_NUM_THREADS": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+  assert d["usable_cores"] >= 1 and d["python"].count(".") == 2
+  assert "determinism" in provenance.provenance()
 
 
 def test_runner_records_fingerprint_and_git_state():
@@ -185,7 +231,7 @@ def test_report_regenerates_byte_for_byte_from_the_results_file(tmp_path):
 def test_cells_recomputed_independently_from_the_results_file(tmp_path):
   """Every held-out-domain cell of tables.md, from the results file read with gzip and json
   only: each seed's score is the test accuracy at the round its summary's held-out selection
-  names, a cell is mean ± stdev/sqrt(n) over seeds."""
+  names, a cell is mean ± stdev over seeds (the sample standard deviation, as Bai et al.)."""
   s = sweep_config(tmp_path / "runs")
   exp = sweep_lib.expand(s)
   fill(exp)
@@ -214,7 +260,7 @@ def test_cells_recomputed_independently_from_the_results_file(tmp_path):
         assert text == "-"
         continue
       v = [vals[k] for k in sorted(vals)]
-      want = f"{statistics.mean(v):.3f} ± {statistics.stdev(v) / math.sqrt(len(v)):.3f} (n={len(v)})"
+      want = f"{statistics.mean(v):.3f} ± {statistics.stdev(v):.3f} (n={len(v)})"
       assert text == want
       checked += 1
   assert checked == 11
@@ -285,18 +331,24 @@ def test_bold_only_where_the_lead_is_significant(tmp_path):
   fill(exp)
   t = collect.tables(results_lib.from_runs(s, exp), "heldout_domain")
   lead = collect.leaders(t)
-  # C=1: ERM 0.85 vs IRM 0.72 (Welch p ~ 0.03): bold. C=4, lambda=1: FedIIR 0.71 vs FedAvg
-  # 0.61, equal tiny spreads: bold. C=4, lambda=0.1: FedIIR 0.62 vs FedAvg 0.603: no.
-  # C=4, lambda=0: IRM 0.47 vs 0.42 (p ~ 0.04): bold.
-  assert lead[(1, None)][:2] == ("fedavg", "irm") and lead[(1, None)][3]
+  # The cells share their seeds, so the lead is tested on the per-seed differences (SciPy's
+  # ttest_rel). C=1: ERM 0.85 vs IRM 0.72, differences 0.20, 0.08, 0.11 (paired p ~ 0.07,
+  # though Welch's p ~ 0.03): not bold. C=4, lambda=1: FedIIR 0.71 vs FedAvg 0.61,
+  # differences 0.10, 0.09, 0.11: bold. C=4, lambda=0.1: FedIIR 0.62 vs FedAvg 0.603: no.
+  # C=4, lambda=0: IRM 0.47 vs 0.42, differences 0.05, 0.03, 0.07 (p ~ 0.049): bold.
+  from scipy import stats as sp
+  p1 = sp.ttest_rel(TEST[("fedavg", 1, None)], TEST[("irm", 1, None)]).pvalue
+  assert 0.05 < p1 and stats.welch(TEST[("fedavg", 1, None)], TEST[("irm", 1, None)])["p"] < 0.05
+  assert sp.ttest_rel(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)]).pvalue < 0.05
+  assert lead[(1, None)][:2] == ("fedavg", "irm") and not lead[(1, None)][3]
+  assert lead[(1, None)][2]["p"] == pytest.approx(p1, rel=1e-9)
   assert lead[(4, 1.0)][:2] == ("fediir", "fedavg") and lead[(4, 1.0)][3]
   assert lead[(4, 0.1)][:2] == ("fediir", "fedavg") and not lead[(4, 0.1)][3]
   assert lead[(4, 0.0)][0] == "irm" and lead[(4, 0.0)][3]
-  p = stats.welch(TEST[("fediir", 4, 0.1)], TEST[("fedavg", 4, 0.1)])["p"]
-  assert p > 0.05
+  assert sp.ttest_rel(TEST[("fediir", 4, 0.1)], TEST[("fedavg", 4, 0.1)]).pvalue > 0.05
   md = collect.to_markdown(t)
-  assert md.count("**") == 2 * 3
-  assert "| FedIIR | - | **0.710 ± 0.006 (n=3)** | 0.620 ± 0.021 (n=3) |" in md
+  assert md.count("**") == 2 * 2
+  assert "| FedIIR | - | **0.710 ± 0.010 (n=3)** | 0.620 ± 0.036 (n=3) |" in md
 
 
 def test_reading_is_generated_from_the_numbers(tmp_path):
@@ -305,19 +357,36 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   fill(exp)
   md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
   reading = md.split("## Reading", 1)[1]
-  # 4.1: FedIIR is significantly above FedAvg at lambda = 1; IRM at lambda = 0 only before the
-  # Holm adjustment over the column's two comparisons: 1 of 4 columns against.
-  assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; Holm over " \
-         "each column's methods): holds in part (3 of 4 testable comparisons support it).**" in reading
-  # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs (.40,.41,.42).
-  p = stats.welch(TEST[("irm", 4, 1.0)], TEST[("irm", 4, 0.1)])["p"]
+  from scipy import stats as sp
+  # 4.1, paired by seed: FedIIR is above FedAvg at lambda = 1 (a column against); at C = 1,
+  # lambda = 0.1 and 0 no method is above it, but IRM (C = 1, lambda = 0) or FedIIR (0.1) is
+  # neither better nor within the margin: those columns are inconclusive.
+  assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; paired by " \
+         "seed, Holm over each column's methods): does not hold (1 columns with a method above it, 3 columns with " \
+         "none above it but some undecided of 4 testable).**" in reading
+  # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs
+  # (.40,.41,.42) (different columns: different partitions, no pairing), with the difference
+  # Welch's test detects with 80% power: by hand, the noncentrality at which the noncentral t
+  # exceeds the critical value in 80% of draws, times the SE.
+  a, b = TEST[("irm", 4, 1.0)], TEST[("irm", 4, 0.1)]
+  p = sp.ttest_ind(a, b, equal_var=False).pvalue
+  se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3)
+  df = se ** 4 / ((np.var(a, ddof=1) / 3) ** 2 / 2 + (np.var(b, ddof=1) / 3) ** 2 / 2)
+  nc = mdd_by_hand(1.0, df, 0.05)
   assert p < 0.05
-  assert f"IRM at C=4: λ=1 0.510 ± 0.006 (n=3) vs λ=0.1 0.410 ± 0.006 (n=3): degrades (p {'< 0.001' if p < 1e-3 else f'= {p:.3f}'})" in reading
+  assert (f"IRM at C=4: λ=1 0.510 ± 0.010 (n=3) vs λ=0.1 0.410 ± 0.010 (n=3): degrades "
+          f"(p {'< 0.001' if p < 1e-3 else f'= {p:.3f}'}, detectable {nc * se:.3f})") in reading
   assert "**Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons): holds (1 of 1 testable comparisons support it).**" in reading
-  # FedIIR's claim: above at lambda = 1, no difference at 0.1 and at 0 (identical values).
-  assert "**FedIIR (seed 003): FedIIR beats FedAvg-ERM: holds in part (1 of 3 testable comparisons support it).**" in reading
-  assert "C=4, λ=0: FedIIR 0.420 ± 0.012 (n=3) vs FedAvg-ERM 0.420 ± 0.012 (n=3): no difference (p = 1.000)" in reading
+  # FedIIR's claim: better at lambda = 1, inconclusive at 0.1, equivalent at 0 (identical
+  # values: every difference 0, inside the margin for certain).
+  assert "FedIIR beats FedAvg-ERM: holds in part (1 better, 1 equivalent within ±0.02, 1 inconclusive of 3 " \
+         "testable).**" in reading
+  assert "C=4, λ=0: FedIIR 0.420 ± 0.020 (n=3) vs FedAvg-ERM 0.420 ± 0.020 (n=3): equivalent within ±0.02 (paired " \
+         "diff +0.000 (SE 0.000), p = 1.000, Holm p = 1.000, Wilcoxon p = 1.000, TOST Holm p < 0.001, detectable " \
+         "0.000)" in reading
   assert "selected rounds: 0 of 33 runs" in md
+  assert "## Deviations from Bai et al. 2024" in md and "the image subsample and the splits (`data.seed`) are the " \
+         "same in every run" in md
 
 
 # ---------------------------------------------------------------------------- sweeps
@@ -464,7 +533,8 @@ def test_a_committed_report_is_what_its_results_file_gives_with_this_code(tmp_pa
 
 def _point(R, values):
   return {"num_clients": 20, "lam": 1.0, "method": "fedavg", "num_rounds": R, "local_epochs": 60 // R,
-          "mean": statistics.mean(values), "se": statistics.stdev(values) / math.sqrt(len(values)), "n": len(values),
+          "mean": statistics.mean(values), "std": statistics.stdev(values),
+          "se": statistics.stdev(values) / math.sqrt(len(values)), "n": len(values),
           "_values": tuple(values)}
 
 
@@ -479,7 +549,7 @@ def test_remark_4_8_tests_the_picked_interior_schedule_at_a_bonferroni_level():
   v, lines = report.remark_4_8(rows, {"fedavg": "FedAvg-ERM"})
   assert v == "no difference (0 of 1 testable comparisons support it)"
   assert "best interior R=15 (of 3, Bonferroni p < 0.0167)" in lines[0]
-  assert "R=15 0.440 ± 0.006 (n=3)" in lines[0]
+  assert "R=15 0.440 ± 0.010 (n=3)" in lines[0]
 
 
 def test_remark_4_1_cannot_tell_a_column_where_an_untestable_method_is_above_the_baseline(tmp_path):
@@ -606,27 +676,34 @@ def test_holm_adjusted_p_values_by_hand_and_as_the_step_down_procedure():
 
 
 def test_remark_4_1_holds_a_column_to_a_family_wise_level(tmp_path):
-  """At C=4, lambda=0 IRM is above FedAvg-ERM at Welch p ~ 0.04 on its own, but the column
-  holds two comparisons (IRM, FedIIR), so its Holm-adjusted p is 2p > 0.05: the column has no
-  method significantly above the baseline, and the line gives both p-values."""
+  """At C=4, lambda=0 IRM is above FedAvg-ERM at paired p ~ 0.049 on its own, but the column
+  holds two comparisons (IRM, FedIIR), so its Holm-adjusted p is 2p > 0.05: no method is
+  significantly above the baseline; IRM is inconclusive (its difference may exceed the
+  margin), FedIIR (the same scores) equivalent. The line gives the detectable range."""
   s = sweep_config(tmp_path / "runs")
   exp = sweep_lib.expand(s)
   fill(exp)
   table = collect.tables(results_lib.from_runs(s, exp), "heldout_domain")
   from scipy import stats as sp
-  p = sp.ttest_ind(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)], equal_var=False).pvalue
+  p = sp.ttest_rel(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)]).pvalue
   assert 0.025 < p < 0.05
   v, lines = report.remark_4_1(table, "fedavg", collect.display_names(s))
   line = next(l for l in lines if l.startswith("C=4, λ=0:"))
-  assert "no method significantly above it" in line and "no difference: 2" in line
-  assert f"(p = {p:.3f}, Holm p = {2 * p:.3f})" not in line  # "no difference" lists only a count
-  # A clear lead survives the adjustment: FedIIR at C=4, lambda=1, where 2p < 0.001.
+  assert "no method significantly above it; equivalent within ±0.02: FedIIR; inconclusive: IRM" in line
+  d = np.subtract(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)])
+  se = d.std(ddof=1) / math.sqrt(3)
+  nc = mdd_by_hand(1.0, 2, 0.05 / 2)
+  assert line.endswith(f"detectable (80% power at Holm's first level 0.05/2): 0.000 to {nc * se:.3f}, median "
+                       f"{nc * se / 2:.3f}")
+  # A clear lead survives the adjustment: FedIIR at C=4, lambda=1 (paired differences 0.10,
+  # 0.09, 0.11); IRM's differences are -0.1 to rounding, so it is the smaller p and FedIIR's
+  # Holm p is its own.
   line = next(l for l in lines if l.startswith("C=4, λ=1:"))
-  p1 = sp.ttest_ind(TEST[("fediir", 4, 1.0)], TEST[("fedavg", 4, 1.0)], equal_var=False).pvalue
-  assert 2 * p1 < 0.001
-  assert "significantly above it: FedIIR 0.710 ± 0.006 (n=3) (p < 0.001, Holm p < 0.001)" in line
-  # Columns: C=1 supports (IRM below), lambda=1 does not (FedIIR above), lambda=0.1 and 0 support.
-  assert v == "holds in part (3 of 4 testable comparisons support it)"
+  p1 = sp.ttest_rel(TEST[("fediir", 4, 1.0)], TEST[("fedavg", 4, 1.0)]).pvalue
+  assert p1 < 0.05
+  assert (f"significantly above it: FedIIR 0.710 ± 0.010 (n=3) (paired diff +0.100 (SE 0.006), p = {p1:.3f}, "
+          f"Holm p = {p1:.3f}, Wilcoxon p = 0.250") in line
+  assert v.startswith("does not hold (1 columns with a method above it")
 
 
 def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_path):

@@ -1,21 +1,30 @@
-"""Collect: a sweep's workdirs -> seed 001's Table 3/4/5 layout, a CSV of every job.
+"""Collect: a sweep's workdirs -> Bai et al.'s Table 3/4/5 layout, a CSV of every job.
 
 Per job and selection rule the score is the test metric at the round the rule selects
 (`summary["selection"][rule]`; the test domain never selects):
-  heldout_domain  best held-out-validation-domain round (seed 001's main tables, Sec. 4.3)
-  in_domain       best in-domain-validation round (seed 001 App. F)
+  heldout_domain  best held-out-validation-domain round (Bai et al.'s main tables, Sec. 4.3)
+  in_domain       best in-domain-validation round (Bai et al. App. F)
   oracle          best test-domain round, from metrics.jsonl: an upper bound only, never a result
 With a random search, each (method, cell, fold, seed) keeps the trial whose rule
 validation score is best (the oracle keeps the best test score), as DomainBed does
-(seed 001 App. D.4). A seed's value is the mean over folds; a cell is the mean and the
+(Bai et al. App. D.4). A seed's value is the mean over folds; a cell is the mean and the
 standard deviation over trial seeds (`ddof`, default 1: the sample standard deviation;
-seed 001 reports "the standard deviation among 3 runs" without saying which, and
+Bai et al. report "the standard deviation among 3 runs" without saying which, and
 DomainBed's tables print a standard error, `np.std(x) / sqrt(n)` with ddof 0). Tables print
-mean ± standard error (std / sqrt(n)) and n, the number of seeds; a column's best mean is in
-bold only where Welch's t-test over seeds puts it above the runner-up at p < 0.05
-(`fedjax_dg.bench.stats`); "-" = not applicable (no centralised counterpart at C = 1);
-"X" = no finished run; "n=k/m" = k of m seeds finished; "†" = a seed's run ran under other
-code than the current one (a stale job, used only with --allow-stale).
+mean ± standard deviation and n, the number of seeds, as Bai et al. do; the tests of
+`fedjax_dg.bench.stats` use the standard error of a difference (paired where the cells
+share their seeds), which the reading names as SE. A column's best mean is in bold only
+where the test over seeds (paired where the seeds match, else Welch) puts it above the
+runner-up at p < 0.05; "-" = not applicable (no centralised counterpart at C = 1); "-ᵃ" =
+the cell's runs compute the baseline's update exactly by construction, "-ᵇ" = the method's
+own term could not act (both from the runs' preflight findings and activity records,
+`cell_mark`; footnoted, and left out of the reading's tests); "X" = no finished run;
+"n=k/m" = k of m seeds finished; "†" = a seed's run ran under other code than the current
+one (a stale job, used only with --allow-stale).
+
+The in-domain table takes its cells from `sweep.table.in_domain_grid` where the sweep names
+one (seeds run at the search trial with the best in-domain validation score), else from the
+table grid (whose trial the held-out domain chose; only the round is chosen in-domain).
 """
 from __future__ import annotations
 
@@ -36,8 +45,8 @@ from fedjax_dg.bench.runs import _metric, load_run, read_records, rule_scores, s
 from fedjax_dg.rundir import RunDirError
 
 RULES = ("heldout_domain", "in_domain", "oracle")
-RULE_TITLES = {"heldout_domain": "held-out-domain validation (seed 001's protocol)",
-               "in_domain": "in-domain validation (seed 001 App. F)",
+RULE_TITLES = {"heldout_domain": "held-out-domain validation (Bai et al.'s protocol)",
+               "in_domain": "in-domain validation (Bai et al. App. F)",
                "oracle": "oracle: the round (and the trial, among the grid's own trials) chosen on the test "
                          "domain, an UPPER BOUND only, not a result"}
 
@@ -72,11 +81,65 @@ class Cell:
   values: tuple          # one per finished seed, in seed order
   expected: int          # seeds the sweep asked for
   stale: int = 0         # of the chosen runs behind `values`, how many are stale
+  seeds: tuple = ()      # the seeds behind `values`, in the same order
+  mark: str = ""         # "" | EQUALS_BASELINE | INACTIVE (`cell_mark`)
+  reason: str = ""       # why, in one line (the runs' own words)
 
   @property
   def se(self) -> float | None:
     """The standard error of the mean, std / sqrt(n)."""
     return None if self.std is None else self.std / math.sqrt(len(self.values))
+
+  @property
+  def by_seed(self) -> dict:
+    """{seed: score} (what a paired test pairs on)."""
+    return dict(zip(self.seeds, self.values))
+
+  @property
+  def usable(self) -> bool:
+    """Has scores and is not marked: the reading tests it."""
+    return self.mean is not None and not self.mark
+
+
+EQUALS_BASELINE, INACTIVE = "equals_baseline", "inactive"
+MARKS = {EQUALS_BASELINE: "ᵃ", INACTIVE: "ᵇ"}
+LATEX_MARKS = {EQUALS_BASELINE: "a", INACTIVE: "b"}
+MARK_NOTES = {EQUALS_BASELINE: "compute the baseline's update exactly by construction",
+              INACTIVE: "ran a method whose own term could not act"}
+
+
+def run_mark(run: dict) -> tuple[str, str]:
+  """(mark, reason) of one finished run from its summary: EQUALS_BASELINE where a preflight
+  finding says the run computes the baseline's update exactly (`equals_baseline`: e.g. a
+  domain penalty on clients that each hold one domain, a proximal term with one local
+  step), INACTIVE where a preflight finding says the method's term cannot act (e.g. a
+  penalty schedule that never reaches its target within the run's local steps) or where
+  the run's activity record says a scheduled weight was never at its target
+  (`activity.weight_at_target` = 0); ("", "") otherwise, and for runs that record neither."""
+  sm = run["summary"]
+  findings = sm.get("preflight") or []
+  same = [f for f in findings if f.get("equals_baseline")]
+  if same:
+    return EQUALS_BASELINE, f"`{same[0].get('field', '')}`: {same[0].get('message', '')}"
+  if findings:
+    return INACTIVE, f"`{findings[0].get('field', '')}`: {findings[0].get('message', '')}"
+  at_target = (sm.get("activity") or {}).get("weight_at_target")
+  if at_target is not None and at_target == 0:
+    return INACTIVE, "the scheduled penalty weight was never at its target value (`activity.weight_at_target` 0)"
+  return "", ""
+
+
+def cell_mark(runs) -> tuple[str, str]:
+  """(mark, reason) of a cell from its chosen runs: EQUALS_BASELINE when any run equals the
+  baseline by construction, else INACTIVE when any run's term could not act (a cell mixing
+  such runs with others is not the method's measurement either); the reason says how many
+  of the runs."""
+  marks = [run_mark(r) for r in runs]
+  for kind in (EQUALS_BASELINE, INACTIVE):
+    hit = [reason for m, reason in marks if m == kind]
+    if hit:
+      return kind, f"{len(hit)} of {len(marks)} runs: {hit[0]}"
+  return "", ""
 
 
 def chosen_entries(entries, results, rule: str, metric: str) -> dict:
@@ -112,22 +175,24 @@ def per_seed(entries, chosen: dict) -> dict:
   return out
 
 
-def summarize(values, expected: int, ddof: int, stale: int = 0) -> Cell:
+def summarize(values, expected: int, ddof: int, stale: int = 0, seeds=(), mark: str = "", reason: str = "") -> Cell:
   values = tuple(values)
   if not values:
-    return Cell(None, None, values, expected, stale)
+    return Cell(None, None, values, expected, stale, tuple(seeds), mark, reason)
   std = float(np.std(values, ddof=ddof)) if len(values) > ddof else None
   # The correctly rounded mean (`statistics.mean` sums exactly): accuracies on a test split
   # of n images are multiples of 1/n, so a mean of seeds often sits on a printed rounding
   # boundary, where a floating-point sum's last bit would decide the third decimal.
-  return Cell(float(statistics.mean(values)), std, values, expected, stale)
+  return Cell(float(statistics.mean(values)), std, values, expected, stale, tuple(seeds), mark, reason)
 
 
 def cell(entries, results, rule: str, metric: str, ddof: int, stale=frozenset()) -> Cell:
   chosen = chosen_entries(entries, results, rule, metric)
   seeds = per_seed(entries, {k: rule_scores(results[e.key], rule, metric)["test"] for k, e in chosen.items()})
   n_stale = sum(e.key in stale for e in chosen.values())
-  return summarize([seeds[s] for s in sorted(seeds)], len({e.axes["seed"] for e in entries}), ddof, n_stale)
+  mark, reason = cell_mark([results[e.key] for e in chosen.values()])
+  return summarize([seeds[s] for s in sorted(seeds)], len({e.axes["seed"] for e in entries}), ddof, n_stale,
+                   sorted(seeds), mark, reason)
 
 
 # ---------------------------------------------------------------------------- tables
@@ -144,7 +209,7 @@ class Table:
 
 
 def lam_order(lams) -> list[float]:
-  """Lambdas from homogeneous to heterogeneous, 1, 0.1, 0 (seed 001's order), everywhere."""
+  """Lambdas from homogeneous to heterogeneous, 1, 0.1, 0 (Bai et al.'s order), everywhere."""
   return sorted(dict.fromkeys(float(l) for l in lams), reverse=True)
 
 
@@ -194,28 +259,33 @@ def build_table(sweep, exp, results, grid_name: str, rule: str, metric: str, ddo
 
 
 def leaders(table: Table, alpha: float = stats.ALPHA) -> dict:
-  """column -> (best method, runner-up method, Welch test of best vs runner-up, bold?): the
-  best mean is bold only where its lead over the runner-up is significant. Ties: the first
-  row wins the tie and the lead is 0, so nothing is bold."""
+  """column -> (best method, runner-up method, the test of best vs runner-up, bold?): the
+  best mean is bold only where its lead over the runner-up is significant (the paired test
+  where the two cells hold the same seeds, else Welch's). Marked cells do not compete.
+  Ties: the first row wins the tie and the lead is 0, so nothing is bold."""
   out = {}
   for col in table.columns:
     ranked = sorted(((c.mean, -i, m) for i, (_, m, _) in enumerate(table.rows)
-                     for c in [table.cells[(m, col)]] if c is not None and c.mean is not None), reverse=True)
+                     for c in [table.cells[(m, col)]] if c is not None and c.usable), reverse=True)
     if len(ranked) < 2:
       continue
     best, second = ranked[0][2], ranked[1][2]
-    outcome, w = stats.compare(table.cells[(best, col)].values, table.cells[(second, col)].values, alpha)
-    out[col] = (best, second, w, outcome == "higher")
+    w = stats.pair_test(table.cells[(best, col)].by_seed, table.cells[(second, col)].by_seed)
+    out[col] = (best, second, w, w is not None and w["p"] < alpha and w["diff"] > 0)
   return out
 
 
 def format_cell(c: Cell | None, digits: int, latex: bool = False) -> str:
+  """"mean ± std (n=k)" (std over seeds, as Bai et al. print), "-" not applicable, "-ᵃ" /
+  "-ᵇ" marked (`cell_mark`), "X" no finished run."""
   if c is None:
     return "-"
+  if c.mark:
+    return "-" + (f"$^{LATEX_MARKS[c.mark]}$" if latex else MARKS[c.mark])
   if c.mean is None:
     return "X"
   pm = " $\\pm$ " if latex else " ± "
-  s = f"{c.mean:.{digits}f}" + (f"{pm}{c.se:.{digits}f}" if c.se is not None else "")
+  s = f"{c.mean:.{digits}f}" + (f"{pm}{c.std:.{digits}f}" if c.std is not None else "")
   s += f" (n={len(c.values)})" if len(c.values) >= c.expected else f" (n={len(c.values)}/{c.expected})"
   if c.stale:
     s += "$^\\dagger$" if latex else "†"
@@ -235,8 +305,16 @@ def column_label(col) -> str:
 
 def table_notes(table: Table) -> list[str]:
   """The lines under a table: what a cell is, what bold means, the stale mark."""
-  notes = ["Cells: mean ± standard error over seeds (n seeds; n=k/m: k of m finished). Bold: the column's best mean, "
-           f"only where Welch's t-test puts it above the runner-up at p < {stats.ALPHA} (two-sided)."]
+  notes = ["Cells: mean ± standard deviation over seeds, as Bai et al. print them (n seeds; n=k/m: k of m finished); "
+           "the reading's tests use the standard error of a difference (SE). Bold: the column's best mean, only where "
+           f"the test over seeds (paired by seed where both cells ran the same seeds, else Welch's) puts it above the "
+           f"runner-up at p < {stats.ALPHA} (two-sided)."]
+  for kind in (EQUALS_BASELINE, INACTIVE):
+    hit = [(m, col, c) for (m, col), c in table.cells.items() if c is not None and c.mark == kind]
+    if hit:
+      label = {m: lab for _, m, lab in table.rows}
+      notes.append(f"-{MARKS[kind]}: the cell's runs {MARK_NOTES[kind]}; shown as '-' and left out of the reading's "
+                   "tests: " + "; ".join(f"{label[m]} ({column_label(col)}) {c.reason}" for m, col, c in hit) + ".")
   if any(c is not None and c.stale for c in table.cells.values()):
     notes.append("†: at least one of the cell's runs ran under other code than the current fedjax_dg (a stale job, "
                  "included with --allow-stale); rerun before citing it.")
@@ -259,7 +337,7 @@ def identical_cells(table: Table) -> list[tuple[tuple, list]]:
     by_values = {}
     for _, m, _ in table.rows:
       c = table.cells.get((m, col))
-      if c is not None and c.mean is not None and len(c.values) > 1:
+      if c is not None and c.usable and len(c.values) > 1:
         by_values.setdefault(tuple(c.values), []).append(label[m])
     for labels in by_values.values():
       if len(labels) > 1:
@@ -289,6 +367,8 @@ def to_latex(table: Table, digits: int = 3, caption: str = "") -> str:
   out = ["\\begin{table}[t]", "\\centering"]
   if caption:
     notes = _tex(" ".join(table_notes(table))).replace("±", "$\\pm$").replace("†", "$^\\dagger$")
+    for kind, sup in MARKS.items():
+      notes = notes.replace(sup, f"$^{LATEX_MARKS[kind]}$")
     out.append("\\caption{" + _tex(caption) + " " + notes + "}")
   out += ["\\begin{tabular}{ll" + "c" * len(table.columns) + "}", "\\toprule",
           " & Method & " + " & ".join(_column_label(c, True) for c in table.columns) + " \\\\", "\\midrule"]
@@ -396,7 +476,15 @@ def report_settings(sweep) -> dict:
   r = sweep.get("report", {})
   metric = r.get("metric", "") or sweep.base.data.get("select_metric", "accuracy")
   return {"metric": metric, "ddof": int(r.get("std_ddof", 1)), "digits": int(r.get("digits", 3)),
-          "table_grid": sweep.get("table", {}).get("grid", "table")}
+          "table_grid": sweep.get("table", {}).get("grid", "table"),
+          "in_domain_grid": sweep.get("table", {}).get("in_domain_grid", ""),
+          "margin": float(r.get("margin", stats.MARGIN))}
+
+
+def grid_for(st: dict, rule: str) -> str:
+  """The grid a rule's table is built from: the in-domain grid for in-domain selection where
+  the sweep names one, else the table grid."""
+  return st["in_domain_grid"] if rule == "in_domain" and st["in_domain_grid"] else st["table_grid"]
 
 
 def ready(data, allow_stale: bool = False) -> None:
@@ -410,7 +498,8 @@ def ready(data, allow_stale: bool = False) -> None:
 
 def tables(data, rule: str):
   st = report_settings(data.sweep)
-  return build_table(data.sweep, data.exp, data.results, st["table_grid"], rule, st["metric"], st["ddof"], data.stale)
+  return build_table(data.sweep, data.exp, data.results, grid_for(st, rule), rule, st["metric"], st["ddof"],
+                     data.stale)
 
 
 def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None, data=None, allow_stale: bool = False,
@@ -509,7 +598,7 @@ def _rounds_done(workdir: str) -> int:
   return max((int(r["round"]) for r in records), default=0)
 
 
-def time_left(sweep, exp: sweep_lib.Expansion, workers: int) -> str:
+def time_left(sweep, exp: sweep_lib.Expansion, workers: int, pilot=None) -> str:
   """`bench status`: an estimate of the run time the sweep still needs. A finished job's cost
   is its share of its program's wall time (`wall_shares`: a batch program's time split over
   its runs) per round; a job still to run costs its rounds left (all of them unless it is
@@ -517,7 +606,9 @@ def time_left(sweep, exp: sweep_lib.Expansion, workers: int) -> str:
   finished jobs with its algorithm, number of clients and local work per round. A seeds phase
   waiting for its search (`select_from`) counts its seeds in every cell of the search, each at
   the cost of the cell's own config. Jobs with no finished counterpart are named, not
-  guessed. Wall time assumes `workers` equally busy workers."""
+  guessed. Wall time assumes `workers` equally busy workers. `pilot` (a results file's
+  `fedjax_dg.bench.results.Data`, e.g. an earlier edition's) adds its finished runs to the
+  per-round costs, so a sweep that has run nothing yet gets an estimate before it starts."""
   from fedjax_dg import rundir
   from fedjax_dg.bench import launch
   done, left = {}, []  # left: (what, job config, fraction of its rounds left)
@@ -549,10 +640,12 @@ def time_left(sweep, exp: sweep_lib.Expansion, workers: int) -> str:
   if not left:
     return "time left: none (every job has finished)"
   per_round = collections.defaultdict(list)
-  for key, share in wall_shares(done).items():
-    if share > 0:
-      config = exp.jobs[key].config
-      per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
+  sources = [(wall_shares(done), exp)] + ([(wall_shares(pilot.results), pilot.exp)] if pilot is not None else [])
+  for shares, e in sources:
+    for key, share in shares.items():
+      if share > 0:
+        config = e.jobs[key].config
+        per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
   seconds, missing, unknown = collections.Counter(), collections.Counter(), collections.Counter()
   for what, config, frac in left:
     costs = per_round.get(_work_key(config))

@@ -13,7 +13,7 @@ small test domain). S_IN-test is the in-domain test split (`in_test`). Every per
 is the metric at the round the run's selection rule picks (held-out-domain validation by
 default), and a performance is the mean over trial seeds (and folds), so each ratio is
 a ratio of means; the spread reported is the standard deviation of the per-seed ratios.
-Smaller is harder (seed 001: R_DG = 1 means no domain shift).
+Smaller is harder (Bai et al.: R_DG = 1 means no domain shift).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def ratio(num: dict, den: dict, ddof: int) -> dict:
 
 
 def _dataset_stats(entries, results) -> dict:
-  """n (examples in every split of a centralised ERM run), D (training domains, as seed 001's
+  """n (examples in every split of a centralised ERM run), D (training domains, as Bai et al.'s
   Table 6 counts them: PACS D = 2), C (FedAvg's clients)."""
   out = {"n": None, "D": None, "C": None}
   for e in entries:

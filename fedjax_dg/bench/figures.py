@@ -1,21 +1,23 @@
 """Figures (matplotlib, Agg), each written as a PNG next to the CSV it is drawn from.
 
-  fig2_clients      seed 001 Fig. 2: held-out-domain-selected test metric vs the number of
+  fig2_clients      Bai et al. Fig. 2: held-out-domain-selected test metric vs the number of
                     clients C, one line per method, one column per lambda (C = 1: the
                     method's centralised counterpart, drawn in every panel); top row at a
                     fixed number of local epochs per round (`figures.clients_grid`), bottom
                     row at a fixed number of local steps per round
                     (`figures.clients_steps_grid`: steps x rounds the same at every C, so
                     the curve is about clients, not the step budget)
-  fig3_rounds       seed 001 Fig. 3: the same vs communication rounds at fixed total local
+  fig3_rounds       Bai et al. Fig. 3: the same vs communication rounds at fixed total local
                     computation (rounds x local epochs constant), one panel per (C, lambda)
-  fig4_curves_C<c>  seed 001 Fig. 4 style: test metric vs round (fig4_heldout_val_C<c>: the
-                    held-out validation domain's),
-                    one row per method group (the baseline, grey, in each), one column per
-                    lambda (mean over seeds of each seed's selected trial)
+  fig4_curves_C<c>  Bai et al. Fig. 4 style: test metric vs round (fig4_heldout_val_C<c>: the
+                    held-out validation domain's), small multiples: one row per method group
+                    split into panels of at most `PER_PANEL` methods (the baseline, grey and
+                    dashed, in each), one column per lambda (mean over seeds of each seed's
+                    selected trial); at C = 100 a group's 5-7 overlapping bands in one panel
+                    could not be read
   runs/<method>_C<c>_lam<l>_seed<s>_trial<t>_<key>  one run: every split's metric vs round
 Points and lines are means over trial seeds with ±1 standard deviation (`ddof` as in
-collect) as bands. Lambda runs 1, 0.1, 0 (seed 001's order) in every figure. Colours are
+collect) as bands. Lambda runs 1, 0.1, 0 (Bai et al.'s order) in every figure. Colours are
 the Okabe-Ito colour-blind-safe palette, cycled with line styles and markers; legends
 show the methods' display names (`sweep.table.display`). PNGs carry no software or date
 metadata, so the same numbers give the same bytes.
@@ -37,6 +39,7 @@ LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 BASELINE_COLOUR = "#7F7F7F"
 FIGURE_KEYS = ("clients_grid", "clients_steps_grid", "rounds_grid", "curves_grid", "per_run_grid")
+PER_PANEL = 3  # methods a Fig. 4 panel draws beside the baseline
 
 
 def _plt():
@@ -88,7 +91,8 @@ def _lam(v):
 
 
 def point_rows(entries, results, keys: tuple, rule: str, metric: str, ddof: int, stale=frozenset()) -> list[dict]:
-  """One row per distinct value of the axes `keys`: mean, std, standard error, n over seeds."""
+  """One row per distinct value of the axes `keys`: mean, std, standard error, n over seeds
+  (and, not written to the CSV, the per-seed values and the cell's mark, `collect.cell_mark`)."""
   groups = {}
   for e in entries:
     groups.setdefault(tuple(_lam(e.axes[k]) if k == "lam" else e.axes[k] for k in keys), []).append(e)
@@ -97,7 +101,7 @@ def point_rows(entries, results, keys: tuple, rule: str, metric: str, ddof: int,
     c = collect.cell(es, results, rule, metric, ddof, stale)
     if c.mean is not None:
       rows.append({**dict(zip(keys, k)), "mean": c.mean, "std": c.std, "se": c.se, "n": len(c.values),
-                   "stale": c.stale, "_values": c.values})
+                   "stale": c.stale, "_values": c.values, "_mark": c.mark})
   return rows
 
 
@@ -260,7 +264,7 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
     axes[i][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # one per group
   fig.suptitle(f"{SPLIT_LABELS[split]} {metric} vs round (mean ± std over seeds of each seed's selected trial)",
                fontsize=9)
-  fig.tight_layout()
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # the title above the first row's titles
   save(fig, path, dpi=110)
   plt.close(fig)
 
@@ -385,6 +389,7 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
     grid_groups = [(gr, [m for m in ms if m in g.methods]) for gr, ms in groups]
     grid_groups = [(gr, ([baseline] if baseline in g.methods and baseline not in ms else []) + ms)
                    for gr, ms in grid_groups if ms]
+    grid_groups = small_multiples(grid_groups, baseline)
     for C in [int(c) for c in g.client_counts if int(c) > 1]:
       rows = curve_rows(exp, results, f.curves_grid, C, rule, metric)
       if rows:
@@ -397,6 +402,20 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
     made.append(os.path.join(out_dir, "runs", run_name(axes, key) + ".png"))
     plot_run(results[key]["records"], made[-1], metric, run_title(axes, names))
   return made
+
+
+def small_multiples(groups: list, baseline: str, per_panel: int = PER_PANEL) -> list:
+  """[(group, methods)] split so that each row draws at most `per_panel` methods besides the
+  baseline, which every row keeps first: ("DG adapted", [b, m1..m6]) -> ("DG adapted 1/2",
+  [b, m1, m2, m3]), ("DG adapted 2/2", [b, m4, m5, m6])."""
+  out = []
+  for group, members in groups:
+    others = [m for m in members if m != baseline]
+    lead = [baseline] if baseline in members else []
+    chunks = [others[i:i + per_panel] for i in range(0, len(others), per_panel)] or [[]]
+    for k, chunk in enumerate(chunks):
+      out.append((group if len(chunks) == 1 else f"{group} {k + 1}/{len(chunks)}", lead + chunk))
+  return out
 
 
 def run_title(axes: dict, names: dict) -> str:

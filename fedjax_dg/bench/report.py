@@ -1,9 +1,16 @@
-"""REPORT.md from a sweep's finished runs or from its results file: setup, tables, Table 6,
-figures, timing, and the reading: seed 001's remarks 4.1, 4.2 (centralised vs federated;
-lambda = 1 vs 0.1, as seed 001 compares it), 4.7 and 4.8, and each seed paper's headline
-claim against FedAvg (FedIIR, FedOMG, FedDIM, FedLOE, FedGA), each stated as holds / does
-not hold / cannot tell from Welch's t-test over seeds (`fedjax_dg.bench.stats`), every
-sentence generated from the numbers by a template and citing the cells it rests on.
+"""REPORT.md from a sweep's finished runs or from its results file: setup, the deviations
+from Bai et al.'s protocol, tables, Table 6, figures, timing, and the reading: the remarks
+4.1, 4.2 (centralised vs federated; lambda = 1 vs 0.1, as Bai et al. compare it), 4.7 and
+4.8 of Bai, Bagchi and Inouye, "Benchmarking Algorithms for Federated Domain
+Generalization" (ICLR 2024), and each method paper's headline claim against FedAvg (FedIIR,
+FedOMG, FedDIM, FedLOE, FedGA), every sentence generated from the numbers by a template and
+citing the cells it rests on (`fedjax_dg.bench.stats`). Comparisons against the baseline
+within a column are paired by seed (the runs share their random numbers), Holm-adjusted
+within their family, with four outcomes (better / worse / equivalent within the margin /
+inconclusive) and the difference the family could have detected; comparisons across
+columns are Welch's, each with its detectable difference. Cells marked as equal to the
+baseline by construction, or as runs whose method could not act (`collect.cell_mark`), are
+left out of every test.
 
   python -m fedjax_dg.bench report --sweep configs/sweeps/quick.py      # from the runs
   python -m fedjax_dg.bench report --results experiments/report_quick/results.jsonl.gz
@@ -11,8 +18,11 @@ sentence generated from the numbers by a template and citing the cells it rests 
 from __future__ import annotations
 
 import collections
+import math
 import os
 import re
+
+import numpy as np
 
 from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
 
@@ -21,9 +31,9 @@ def _fmt(v, digits=3):
 
 
 def _point(r: dict) -> str:
-  """A figure point as the tables print a cell: mean ± standard error (n=seeds)."""
-  se = "" if r.get("se") is None else f" ± {r['se']:.3f}"
-  return f"{_fmt(r['mean'])}{se} (n={r['n']})"
+  """A figure point as the tables print a cell: mean ± standard deviation (n=seeds)."""
+  sd = "" if r.get("std") is None else f" ± {r['std']:.3f}"
+  return f"{_fmt(r['mean'])}{sd} (n={r['n']})"
 
 
 def _duration(seconds: float) -> str:
@@ -53,12 +63,22 @@ def _baseline() -> str:
 # ---------------------------------------------------------------------------- citations
 
 def cite_cell(names: dict, m: str, where: str, c) -> str:
-  """"FedLOE (C=20, λ=1) 0.608 ± 0.021 (n=3)": a method's cell, mean ± standard error."""
+  """"FedLOE (C=20, λ=1) 0.608 ± 0.036 (n=3)": a method's cell, mean ± standard deviation."""
   return f"{names.get(m, m)} ({where}) {collect.format_cell(c, 3)}"
 
 
-def _cmp_text(outcome: str, w) -> str:
-  return f"{outcome}, Welch {stats.fmt_p(w)}"
+def _cmp_text(outcome: str, w, alpha: float = stats.ALPHA) -> str:
+  return f"{outcome}, Welch {stats.fmt_p(w)}{stats.fmt_mdd(w, alpha)}"
+
+
+def _welch_text(w, alpha: float = stats.ALPHA) -> str:
+  """"p = 0.012, detectable 0.045" (the Welch test's difference detectable with 80% power
+  at its level), "untestable"."""
+  return stats.fmt_p(w) + stats.fmt_mdd(w, alpha)
+
+
+def _usable(c) -> bool:
+  return c is not None and c.usable
 
 
 def _headline(title: str, v: str) -> str:
@@ -71,36 +91,52 @@ def _bullets(lines):
 
 # ---------------------------------------------------------------------------- remarks
 
-def remark_4_1(table: collect.Table, baseline: str, names: dict) -> tuple[str, list[str]]:
-  """FedAvg-ERM is a strong baseline: in each column, does any method beat it significantly?
-  The claim is about the whole column ("no method is above it"), so a column's comparisons
-  are one family: their p-values are Holm-adjusted (family-wise error 0.05), since with 20
-  methods a column would otherwise show a chance "significantly above" more often than not.
-  A column supports the remark when no method is significantly above the baseline and no
-  method it cannot test (fewer than two seeds, or the baseline has fewer) has a higher mean;
-  such a column is "cannot tell"."""
+COLUMN_LABELS = {"supports": "columns with every method decided and none above it",
+                 "against": "columns with a method above it",
+                 "inconclusive": "columns with none above it but some undecided"}
+
+
+def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
+               ) -> tuple[str, list[str]]:
+  """FedAvg-ERM is a strong baseline: in each column, does any method beat it? A column's
+  comparisons of every method with the baseline are one family (`stats.against_baseline`:
+  paired by seed, Holm-adjusted, equivalence at +-margin). A column supports the remark when
+  no method is better and every method is decided (worse, or equivalent within the margin);
+  it is against it when a method is better; "inconclusive" when none is better but some
+  comparison is inconclusive (the data allow a method above the baseline by more than the
+  margin); "cannot tell" when a method it cannot test (fewer than two seeds) has a higher
+  mean, or nothing is testable. Each line gives the column's detectable differences."""
   lines, outcomes = [], []
   for col in table.columns:
     base = table.cells.get((baseline, col))
-    if base is None or base.mean is None:
+    if not _usable(base):
       continue
-    others = [(m, c) for _, m, _ in table.rows for c in [table.cells.get((m, col))]
-              if m != baseline and c is not None and c.mean is not None]
-    above, below, same, untested, untested_above = [], [], [], [], False
-    for (m, c), (o, w, adj) in zip(others, stats.compare_family([(c.values, base.values) for _, c in others])):
-      untested_above |= o == "cannot tell" and c.mean > base.mean
-      {"higher": above, "lower": below, "no difference": same, "cannot tell": untested}[o].append(
-          f"{names.get(m, m)} {collect.format_cell(c, 3)}" + (f" ({stats.fmt_p(w, adj)})" if w else ""))
-    testable = bool(above or below or same)
-    outcomes.append("lower" if above else "cannot tell" if untested_above or not testable else "higher")
-    where = collect.column_label(col)
-    text = f"{where}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
-    text += (f"significantly above it: {', '.join(above)}" if above else "no method significantly above it")
-    text += (f"; significantly below it: {', '.join(below)}" if below else "")
-    text += (f"; no difference: {len(same)}" if same else "")
-    text += (f"; untestable: {', '.join(untested)}" if untested else "")
+    others = [(m, c) for _, m, _ in table.rows for c in [table.cells.get((m, col))] if m != baseline and _usable(c)]
+    res = stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
+    by = {k: [] for k in ("better", "worse", "equivalent", "inconclusive", "cannot tell")}
+    for (m, c), r in zip(others, res):
+      by[r["outcome"]].append((m, c, r))
+    untested_above = any(c.mean > base.mean for _, c, _ in by["cannot tell"])
+    testable = any(by[k] for k in ("better", "worse", "equivalent", "inconclusive"))
+    outcomes.append("against" if by["better"] else "cannot tell" if untested_above or not testable
+                    else "inconclusive" if by["inconclusive"] else "supports")
+    cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
+    text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
+    text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
+             else "no method significantly above it")
+    text += f"; significantly below it: {', '.join(cite(*x) for x in by['worse'])}" if by["worse"] else ""
+    text += (f"; equivalent within ±{margin:g}: {', '.join(names.get(m, m) for m, _, _ in by['equivalent'])}"
+             if by["equivalent"] else "")
+    text += (f"; inconclusive: {', '.join(names.get(m, m) for m, _, _ in by['inconclusive'])}"
+             if by["inconclusive"] else "")
+    text += (f"; untestable: {', '.join(f'{names.get(m, m)} {collect.format_cell(c, 3)}' for m, c, _ in by['cannot tell'])}"
+             if by["cannot tell"] else "")
+    mdds = sorted(r["mdd"] for _, _, r in sum(by.values(), []) if r["mdd"] is not None)
+    if mdds:
+      text += (f"; detectable (80% power at Holm's first level {stats.ALPHA:g}/{len(mdds)}): "
+               f"{mdds[0]:.3f} to {mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}")
     lines.append(text)
-  return stats.verdict(outcomes, "higher", "all"), lines
+  return stats.verdict_powered(outcomes, "supports", margin, COLUMN_LABELS), lines
 
 
 def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: dict) -> tuple[str, list[str]]:
@@ -111,19 +147,19 @@ def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: di
   fl_cols = [c for c in table.columns if c[1] is not None]
   for m in [m for m in methods if any(r[1] == m for r in table.rows)] + [baseline]:
     cen = table.cells.get((m, (1, None)))
-    if cen is None or cen.mean is None:
+    if not _usable(cen):
       continue
     parts = []
     for col in fl_cols:
       c = table.cells.get((m, col))
-      if c is None or c.mean is None:
+      if not _usable(c):
         continue
       o, w = stats.compare(cen.values, c.values)
       if m != baseline:
         outcomes.append(o)
       word = {"higher": "degrades", "lower": "improves", "no difference": "no difference",
               "cannot tell": "cannot tell"}[o]
-      parts.append(f"{collect.column_label(col)} {collect.format_cell(c, 3)}: {word} ({stats.fmt_p(w)})")
+      parts.append(f"{collect.column_label(col)} {collect.format_cell(c, 3)}: {word} ({_welch_text(w)})")
     ref = " (the baseline, for comparison)" if m == baseline else ""
     lines.append(f"{names.get(m, m)}{ref}: C=1 {collect.format_cell(cen, 3)}; " + "; ".join(parts))
   return stats.verdict(outcomes, "higher", "most"), lines
@@ -132,19 +168,19 @@ def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: di
 def remark_4_2_lambda(table: collect.Table, methods, names: dict, hi: float = 1.0, lo: float = 0.1
                       ) -> tuple[str, list[str]]:
   """...and degrade from homogeneous (lambda = 1) to heterogeneous (lambda = 0.1) clients,
-  the two columns seed 001 compares; supports where lambda = 1 is significantly higher."""
+  the two columns Bai et al. compares; supports where lambda = 1 is significantly higher."""
   lines, outcomes = [], []
   for C in sorted({c[0] for c in table.columns if c[1] is not None}):
     for m in methods:
       a, b = table.cells.get((m, (C, hi))), table.cells.get((m, (C, lo)))
-      if a is None or b is None or a.mean is None or b.mean is None:
+      if not (_usable(a) and _usable(b)):
         continue
       o, w = stats.compare(a.values, b.values)
       outcomes.append(o)
       word = {"higher": "degrades", "lower": "improves", "no difference": "no difference",
               "cannot tell": "cannot tell"}[o]
       lines.append(f"{names.get(m, m)} at C={C}: λ={hi:g} {collect.format_cell(a, 3)} vs λ={lo:g} "
-                   f"{collect.format_cell(b, 3)}: {word} ({stats.fmt_p(w)})")
+                   f"{collect.format_cell(b, 3)}: {word} ({_welch_text(w)})")
   return stats.verdict(outcomes, "higher", "most"), lines
 
 
@@ -152,6 +188,7 @@ def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
   """Accuracy falls with the number of clients: per (lambda, method), the smallest C against
   the largest; supports where the smallest C is significantly higher."""
   lines, outcomes = [], []
+  rows = [r for r in rows if not r.get("_mark")]
   for lam, m in dict.fromkeys((r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if r["lam"] == lam and r["method"] == m), key=lambda r: r["num_clients"])
     if len(pts) < 2:
@@ -160,7 +197,7 @@ def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
     outcomes.append(o)
     word = {"higher": "falls", "lower": "rises", "no difference": "no difference", "cannot tell": "cannot tell"}[o]
     lines.append(f"λ={lam:g} {names.get(m, m)}: " + ", ".join(f"C={r['num_clients']} {_point(r)}" for r in pts)
-                 + f"; C={pts[0]['num_clients']} vs C={pts[-1]['num_clients']}: {word} ({stats.fmt_p(w)})")
+                 + f"; C={pts[0]['num_clients']} vs C={pts[-1]['num_clients']}: {word} ({_welch_text(w)})")
   return stats.verdict(outcomes, "higher", "most"), lines
 
 
@@ -171,6 +208,7 @@ def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
   picked by its mean first, so its two tests use a Bonferroni level, alpha divided by the
   number of interior schedules it was picked from."""
   lines, outcomes = [], []
+  rows = [r for r in rows if not r.get("_mark")]
   for C, lam, m in dict.fromkeys((r["num_clients"], r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if (r["num_clients"], r["lam"], r["method"]) == (C, lam, m)),
                  key=lambda r: r["num_rounds"])
@@ -186,13 +224,21 @@ def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
     where = f"C={C}" + ("" if lam is None else f" λ={lam:g}")
     lines.append(f"{where} {names.get(m, m)}: " + ", ".join(f"R={r['num_rounds']} {_point(r)}" for r in pts)
                  + f"; best interior R={mid['num_rounds']} (of {len(pts) - 2}, Bonferroni p < {alpha:.3g}) vs "
-                 f"R={pts[0]['num_rounds']}: {_cmp_text(*res[0])}, vs R={pts[-1]['num_rounds']}: {_cmp_text(*res[1])}")
+                 f"R={pts[0]['num_rounds']}: {_cmp_text(*res[0], alpha)}, vs R={pts[-1]['num_rounds']}: "
+                 f"{_cmp_text(*res[1], alpha)}")
   return stats.verdict(outcomes, "higher", "all"), lines
 
 
-def seed_paper_claims(table: collect.Table, baseline: str, names: dict) -> list[tuple[str, str, list[str]]]:
-  """Each seed paper's headline claim, "our method beats FedAvg", in every federated column:
-  [(claim, verdict, lines)] for the methods the table holds."""
+CLAIM_WORDS = {"better": "holds", "worse": "does not hold (below the baseline)", "inconclusive": "inconclusive",
+               "cannot tell": "cannot tell"}
+
+
+def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
+                      ) -> list[tuple[str, str, list[str]]]:
+  """Each method paper's headline claim, "our method beats FedAvg", in every federated
+  column: [(claim, verdict, lines)] for the methods the table holds. A claim's comparisons
+  (one per column) are one family (`stats.against_baseline`: paired by seed, Holm over the
+  columns, equivalence at +-margin, the detectable difference at alpha / columns)."""
   from fedjax_dg import algorithms
   out = []
   for m, spec in algorithms.METHODS.items():  # the methods whose paper claims they beat FedAvg
@@ -201,19 +247,18 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict) -> list[
     who = f"{names.get(m, m)} ({spec.claim})"
     if not any(r[1] == m for r in table.rows):
       continue
-    lines, outcomes = [], []
-    for col in [c for c in table.columns if c[1] is not None]:
-      a, b = table.cells.get((m, col)), table.cells.get((baseline, col))
-      if a is None or b is None or a.mean is None or b.mean is None:
-        continue
-      o, w = stats.compare(a.values, b.values)
-      outcomes.append(o)
-      word = {"higher": "holds", "lower": "does not hold (below the baseline)", "no difference": "no difference",
-              "cannot tell": "cannot tell"}[o]
+    cols = [c for c in table.columns if c[1] is not None
+            and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
+    res = stats.against_baseline([(table.cells[(m, c)].by_seed, table.cells[(baseline, c)].by_seed) for c in cols],
+                                 margin=margin)
+    lines = []
+    for col, r in zip(cols, res):
+      a, b = table.cells[(m, col)], table.cells[(baseline, col)]
+      word = CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")
       lines.append(f"{collect.column_label(col)}: {names.get(m, m)} {collect.format_cell(a, 3)} vs "
-                   f"{names.get(baseline, baseline)} {collect.format_cell(b, 3)}: {word} ({stats.fmt_p(w)})")
-    out.append((f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}", stats.verdict(outcomes, "higher"),
-                lines))
+                   f"{names.get(baseline, baseline)} {collect.format_cell(b, 3)}: {word} ({stats.fmt_powered(r)})")
+    out.append((f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}",
+                stats.verdict_powered([r["outcome"] for r in res], "better", margin), lines))
   return out
 
 
@@ -278,7 +323,7 @@ def setup_lines(data, st) -> list[str]:
            f"{c.optimizer} lr {c.lr:g}, batch {c.batch_size}, "
            + (f"{c.local_steps} local steps" if c.local_steps else f"{c.local_epochs} local epoch(s)")
            + f" per round; server lr {b.server.lr:g}",
-           f"metric: test {st['metric']}; model selection on the held-out domain (seed 001 Sec. 4.3) unless a "
+           f"metric: test {st['metric']}; model selection on the held-out domain (Bai et al. Sec. 4.3) unless a "
            "table says otherwise"]
   search = sweep.get("search", {})
   trial_grids = {n: int(g.get("num_trials", 0)) for n, g in sweep.grids.items() if int(g.get("num_trials", 0)) > 1}
@@ -306,17 +351,22 @@ def _value(v) -> str:
 
 
 def selected_hyperparameters(data, grid: str, names: dict) -> str:
-  """Seed 001 Table 7's counterpart: for each cell of a `select_from` grid, the search trial
-  its seeds ran at and that trial's values (the method's defaults for trial 0); "" when the
-  grid has no search behind it."""
+  """Bai et al.'s Table 7 counterpart: for each cell of a `select_from` grid, the search
+  trial its seeds ran at and that trial's values (the method's defaults for trial 0),
+  marked "no effect" where the cell's runs equal the baseline by construction or their
+  method's term could not act (`collect.cell_mark`); "" when the grid has no search behind
+  it."""
   sweep, exp = data.sweep, data.exp
   if not sweep.grids.get(grid, {}).get("select_from", ""):
     return ""
-  cells = {}
+  cells, runs = {}, collections.defaultdict(list)
   for e in sweep_lib.grid_entries(exp, grid):  # winners are chosen per fold
     a = e.axes
     lam = None if a["lam"] is None else float(a["lam"])
-    cells.setdefault((a["method"], a["num_clients"], lam, tuple(a["test_domains"])), (a["trial"], a["overrides"]))
+    k = (a["method"], a["num_clients"], lam, tuple(a["test_domains"]))
+    cells.setdefault(k, (a["trial"], a["overrides"]))
+    if e.key in data.results:
+      runs[k].append(data.results[e.key])
   folds = len({k[3] for k in cells}) > 1
   order = {m: i for i, m in enumerate(dict.fromkeys(k[0] for k in cells))}
   rows = ["| method | column |" + (" test domains |" if folds else "") + " trial | values |",
@@ -324,6 +374,9 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
   for (m, C, lam, test), (trial, over) in sorted(
       cells.items(), key=lambda kv: (order[kv[0][0]], *_column_key(kv[0][1:3]), kv[0][3])):
     vals = ", ".join(f"`{k}` {_value(v)}" for k, v in sorted(over.items())) or "the defaults"
+    mark, reason = collect.cell_mark(runs[(m, C, lam, test)])
+    if mark:  # the method's own values did nothing in these runs
+      vals += f" — no effect{collect.MARKS[mark]}: the runs {collect.MARK_NOTES[mark]} ({reason})"
     rows.append(f"| {names.get(m, m)} | {collect.column_label((C, lam))} |"
                 + (f" {','.join(map(str, test))} |" if folds else "") + f" {trial} | {vals} |")
   return "\n".join(rows)
@@ -334,7 +387,7 @@ def round_times(data, grid: str) -> str:
   method and number of clients, from the jobs behind the table (the grid and the search it
   selects from): each job's median non-compiling round (`timing.median_round_s`) divided
   by the runs that shared its compiled program, then the mean over jobs and lambdas.
-  Evaluation, checkpoints and compilation are left out, as in seed 001. "" when no job
+  Evaluation, checkpoints and compilation are left out, as in Bai et al. "" when no job
   recorded its round times."""
   sweep, exp, results = data.sweep, data.exp, data.results
   g = sweep.grids.get(grid, {})
@@ -364,27 +417,159 @@ def round_times(data, grid: str) -> str:
 
 def _at_defaults(sweep, grid: str) -> str:
   g = sweep.grids.get(grid, {})
-  searched = int(g.get("num_trials", 0)) > 1 or g.get("select_from", "")
-  return "" if searched else " Each method at its default hyperparameters (no search)."
+  if g.get("select_from", ""):
+    return (" Each point's seeds ran at the trial the search grid "
+            f"`{g.select_from}` selected for its cell ({g.get('select_rule', 'heldout_domain')} validation).")
+  if int(g.get("num_trials", 0)) > 1:
+    return f" Each point's seeds chose among {int(g.num_trials)} search trials by held-out validation."
+  return " Each method at its default hyperparameters (no search)."
+
+
+def _seeds(sweep, grid: str) -> str:
+  g = sweep.grids.get(grid, {})
+  seeds = tuple(g.get("seeds", ()))
+  return f" n = {len(seeds)} seeds per point" + (" (fewer where a run did not finish)." if seeds else ".")
 
 
 def figure_caption(name: str, sweep, metric: str) -> str:
-  """What a report figure shows, what its bands are and which runs it rests on."""
+  """What a report figure shows and what it depends on: the selection behind each point,
+  defaults or searched hyperparameters, the seeds, and that the bands are standard
+  deviations over seeds (not standard errors)."""
   f = sweep.get("figures", {})
-  band = "mean ± 1 standard deviation over seeds (bands)"
+  band = "mean ± 1 standard deviation over seeds (bands; not standard errors)"
   if name.startswith("fig2_clients"):
-    return (f"Fig. 2: test {metric} at the held-out-selected round against the number of clients C, {band}; top "
-            "row one local epoch per round, bottom row (where drawn) a fixed number of local steps per round."
-            + _at_defaults(sweep, f.get("clients_grid", "")))
+    return (f"Fig. 2: test {metric} at each run's held-out-selected round against the number of clients C, {band}; "
+            "top row one local epoch per round, bottom row (where drawn) a fixed number of local steps per round."
+            + _at_defaults(sweep, f.get("clients_grid", "")) + _seeds(sweep, f.get("clients_grid", "")))
   if name.startswith("fig3_rounds"):
-    return (f"Fig. 3: test {metric} at the held-out-selected round against the number of rounds R at a fixed total "
-            f"of local epochs (R x E; E annotated), {band}." + _at_defaults(sweep, f.get("rounds_grid", "")))
+    return (f"Fig. 3: test {metric} at each run's held-out-selected round against the number of rounds R at a fixed "
+            f"total of local epochs (R x E; E annotated), {band}." + _at_defaults(sweep, f.get("rounds_grid", ""))
+            + _seeds(sweep, f.get("rounds_grid", "")))
   m = re.match(r"fig4_(curves|heldout_val)_C(\d+)", name)
   if m:
     split = "test-domain" if m.group(1) == "curves" else "held-out validation domain"
-    return (f"Fig. 4: {split} {metric} against rounds at C = {m.group(2)}, {band} of each seed's selected trial; "
-            "one method group per row, the baseline grey and dashed in every row.")
+    return (f"Fig. 4: {split} {metric} at every evaluated round (no round selected) at C = {m.group(2)}, {band} of "
+            "each seed's run at its cell's selected trial; at most three methods a panel, the baseline grey and "
+            "dashed in every panel." + _at_defaults(sweep, f.get("curves_grid", ""))
+            + _seeds(sweep, f.get("curves_grid", "")))
   return name
+
+
+# Bai et al. 2024, App. E i: the methods of their Fig. 2.
+BAI_FIG2 = ("fedavg", "feddg", "fedadg", "fedsr")
+
+
+def deviations(data, st: dict) -> list[str]:
+  """Where this report's protocol departs from Bai et al.'s (ICLR 2024), from the sweep
+  config and the runs themselves, then the sweep's own `report.deviations` lines: the model,
+  the seeds per cell, the search's seeds, whether the split varies with the seed, the local
+  steps a client takes per round at each number of clients, the methods of Fig. 2, how the
+  in-domain table chooses its trial, and each method's overrides."""
+  sweep, b = data.sweep, data.sweep.base
+  out = []
+  if not str(b.model.name).startswith("resnet"):
+    out.append(f"model `{b.model.name}`" + (f" (hidden {tuple(b.model.hidden)})" if b.model.get("hidden", ()) else "")
+               + " where Bai et al. train a ResNet-50 on image data (their App. D.1): absolute accuracies are not "
+               "comparable with theirs, only orderings and effects")
+  g = sweep.grids.get(st["table_grid"], {})
+  if g:
+    n = len(tuple(g.get("seeds", ())))
+    out.append(f"{n} seeds per table cell (Bai et al.: 3); cells print mean ± standard deviation as theirs do, the "
+               "tests use the standard error of a paired difference (or Welch's across columns), named SE")
+    src = sweep.grids.get(g.get("select_from", ""), {})
+    if src:
+      k = len(tuple(src.get("seeds", ())))
+      sel = sweep.get("report", {}).get("selection_grid", "")
+      out.append(f"the search ran {k} seed{'s' * (k > 1)} per trial" + (
+          f"; grid `{sel}` repeats its trials at a second seed to measure the variance of choosing the winner "
+          "('Selection variance')" if sel in sweep.grids else
+          ": the variance of choosing the winner is not in the cells' spread" if k == 1 else ""))
+  if "data.seed" not in tuple(sweep.get("seed_fields", ("seed",))):
+    out.append("the image subsample and the splits (`data.seed`) are the same in every run: the split's variance is "
+               "not in the spread (the partition over clients does vary with the seed)")
+  else:
+    out.append("the image subsample and the splits vary with the seed (`data.seed` tied to it): the spread includes "
+               "the split's variance")
+  steps = local_steps_per_round(data, st["table_grid"])
+  if steps:
+    out.append("local work per round: " + ", ".join(
+        f"C={C}: about {rows:.0f} training rows a client, {k} local step{'s' * (k != 1)} a round, {k * R} in all"
+        for C, (rows, k, R) in sorted(steps.items())) + " (one local epoch per round; the step budget falls with C)")
+  fig2 = sweep.grids.get(sweep.get("figures", {}).get("clients_grid", ""), {})
+  if fig2:
+    drawn = tuple(fig2.get("methods", ()))
+    extra, missing = [m for m in drawn if m not in BAI_FIG2], [m for m in BAI_FIG2 if m not in drawn]
+    if extra or missing:
+      names = collect.display_names(sweep)
+      out.append("Fig. 2 draws " + ", ".join(names.get(m, m) for m in drawn) + " where Bai et al. draw "
+                 + ", ".join(names.get(m, m) for m in BAI_FIG2))
+  if st["in_domain_grid"] and st["in_domain_grid"] in sweep.grids:
+    out.append(f"the in-domain table's seeds ran at the trial the in-domain validation chose (grid "
+               f"`{st['in_domain_grid']}`), as in Bai et al.'s App. F")
+  elif g:
+    out.append("the in-domain table reuses the trial the held-out domain chose; only its round is chosen by in-domain "
+               "validation (Bai et al. choose the trial in-domain too)")
+  for m, over in sorted(sweep.get("method_overrides", {}).items()):
+    flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
+    out.append(f"`{m}` runs with " + ", ".join(f"`{k}={v}`" for k, v in sorted(flat.items()))
+               + " (the sweep's docstring gives why)")
+  out += [str(x) for x in sweep.get("report", {}).get("deviations", ())]
+  return out
+
+
+def local_steps_per_round(data, grid: str) -> dict:
+  """{C: (mean training rows a client, local steps a round, rounds)} from the grid's finished
+  runs (their recorded client sizes), for runs at one local epoch a round and no fixed
+  step count; {} when none recorded its sizes."""
+  out = {}
+  for e in sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ():
+    C = int(e.axes["num_clients"])
+    run = data.results.get(e.key)
+    config = data.exp.jobs[e.key].config
+    if C in out or run is None or not run["summary"].get("client_sizes") or int(config.client.local_steps):
+      continue
+    rows = float(np.mean(run["summary"]["client_sizes"]))
+    per_epoch = math.ceil(rows / int(config.client.batch_size))
+    out[C] = (rows, per_epoch * int(config.client.local_epochs), int(config.num_rounds))
+  return out
+
+
+def selection_variance(data, src: str, rule: str, metric: str) -> list[str]:
+  """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
+  it alone would select in each cell; how often that winner differs between seeds, and by
+  how much the search runs' own test score differs between the winners (mean over the
+  search's seeds), per column. [] when it ran one seed (or `src` is not a grid)."""
+  if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
+    return []
+  cells = collections.defaultdict(lambda: collections.defaultdict(dict))  # cell -> trial -> seed -> (val, test)
+  for e in sweep_lib.grid_entries(data.exp, src):
+    run = data.results.get(e.key)
+    sc = collect.rule_scores(run, rule, metric) if run else None
+    if sc is None or sc["val"] is None or sc["test"] is None:
+      continue
+    a = e.axes
+    cells[(a["method"], a["num_clients"], None if a["lam"] is None else float(a["lam"]))][a["trial"]][a["seed"]] = (
+        sc["val"], sc["test"])
+  per_col = collections.defaultdict(lambda: [0, 0, []])
+  for (m, C, lam), trials in cells.items():
+    seeds = sorted({s for t in trials.values() for s in t})
+    full = {t: v for t, v in trials.items() if set(v) == set(seeds)}
+    if len(seeds) < 2 or not full:
+      continue
+    winners = {s: max(sorted(full), key=lambda t: full[t][s][0]) for s in seeds}
+    col = per_col[(C, lam)]
+    col[1] += 1
+    if len(set(winners.values())) > 1:
+      col[0] += 1
+      tests = [float(np.mean([full[w][s][1] for s in seeds])) for w in set(winners.values())]
+      col[2].append(max(tests) - min(tests))
+  lines = []
+  for col in sorted(per_col, key=_column_key):
+    k, n, gaps = per_col[col]
+    lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
+                 + (f"; the search runs' test {metric} at the two winners differs by {float(np.median(gaps)):.3f} "
+                    f"(median; largest {max(gaps):.3f})" if gaps else ""))
+  return lines
 
 
 # ---------------------------------------------------------------------------- the report
@@ -428,28 +613,41 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   table = collect.tables(data, "heldout_domain") if st["table_grid"] in sweep.grids else None
   if table is not None:
     md.append("- " + late_selection_line(late_selection(data, st["table_grid"], "heldout_domain", st["metric"])))
-  md.append("")
+  md += ["", "## Deviations from Bai et al. 2024", "",
+         "Where this report's protocol departs from Bai, Bagchi and Inouye, \"Benchmarking Algorithms for Federated "
+         "Domain Generalization\" (ICLR 2024), read from the sweep config and the runs:", ""]
+  md += [f"- {l}" for l in deviations(data, st)] + [""]
   for rule in collect.RULES:
     if f"table_{rule}" in texts:
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
   if "difficulty" in texts:
-    md += ["## Dataset difficulty (seed 001 Table 6)", "", texts["difficulty"], ""]
+    md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
+  sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
+  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"]) if table is not None else []
+  if sv:
+    md += ["## Selection variance", "", f"Grid `{sel_grid}` runs the search's trials at "
+           f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds; each seed alone would select the trial with its best "
+           "held-out validation score. Where the winners differ, the cell would read differently under the other "
+           "winner by about the difference given (the search runs' own test scores, mean over the seeds).", ""]
+    md += [f"- {l}" for l in sv] + [""]
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
     with open(os.path.join(out_dir, "hyperparameters.md"), "w") as fh:
       fh.write(hp + "\n")
-    md += ["## Selected hyperparameters (seed 001 Table 7)", "",
+    md += ["## Selected hyperparameters (Bai et al. Table 7)", "",
            f"Each cell's seeds ran at the search trial with the best held-out validation score; its values are in "
            f"[hyperparameters.md](hyperparameters.md) ({hp.count(chr(10)) - 1} cells; trial 0 is the method's "
-           f"defaults).", ""]
+           "defaults; \"no effect\" marks values whose runs equal the baseline by construction or whose method's "
+           "term could not act).", ""]
   rt = round_times(data, st["table_grid"]) if st["table_grid"] in sweep.grids else ""
   if rt:
     backends = ", ".join(tm["backends"]) or "-"
-    md += ["## Training time per round (seed 001 Table 13)", "", rt, "",
-           f"Seconds per communication round of one run on {backends} (mean over the table's jobs, all lambdas; "
-           "the number of jobs in brackets): each job's median round without compilation, evaluation or "
-           "checkpoints, divided by the runs that shared its compiled program. The machine's load is not "
-           "controlled: compare methods within one report, not across machines.", ""]
+    md += ["## Training time per round (Bai et al. Table 13)", "", rt, "",
+           f"Seconds per communication round of one run on {backends}: the mean over the jobs of the table grid "
+           "and of the search it selects from (most of them search jobs), all lambdas, their number in brackets; "
+           "each job's median round without compilation, evaluation or checkpoints, divided by the runs that "
+           "shared its compiled program. The machine's load is not controlled: compare methods within one report, "
+           "not across machines.", ""]
   if pngs:
     md += ["## Figures", ""]
     for p in pngs:
@@ -475,11 +673,22 @@ def reading(data, table, st, names: dict, baseline: str) -> list[str]:
   r, f = sweep.get("report", {}), sweep.get("figures", {})
   dg = [m for g, ms in sweep.get("table", {}).get("groups", ()) if g == r.get("dg_group", "DG adapted") for m in ms]
   dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
+  margin = st["margin"]
   md = ["## Reading", "",
-        f"Each verdict is generated from the held-out-domain table and figures above by Welch's t-test over seeds "
-        f"(two-sided, p < {stats.ALPHA}, no correction for the number of comparisons except where a line says so): a "
-        "comparison is 'no difference' where p >= 0.05 and 'cannot tell' where a cell has fewer than two seeds; each "
-        "verdict counts the testable comparisons that support it. Cells: mean ± standard error (n).", ""]
+        "Each verdict is generated from the held-out-domain table and figures above. Cells: mean ± standard deviation "
+        "over seeds (n). A method against the baseline in one column (remark 4.1, the method papers' claims) is "
+        "compared seed by seed: runs with the same seed share the partition, the cohorts and the initial model, so "
+        "the paired t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's "
+        "signed-rank p as a check; where the seeds differ, Welch's test. The comparisons a claim rests on are one "
+        f"family, Holm-adjusted at {stats.ALPHA:g}. Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
+        f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted: a difference that small is below the "
+        "spread of one method across learning-rate draws), or 'inconclusive' (the data allow a difference larger than "
+        f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
+        "family's strictest Holm level and the measured variance, so an inconclusive comparison says only that no "
+        "difference that large was present. Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
+        f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
+        "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "
+        "in the tables are left out of every test.", ""]
 
   def section(title, res):
     v, lines = res
@@ -487,8 +696,8 @@ def reading(data, table, st, names: dict, baseline: str) -> list[str]:
 
   if table is not None:
     md += section("Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; "
-                  "Holm over each column's methods)",
-                  remark_4_1(table, baseline, names))
+                  "paired by seed, Holm over each column's methods)",
+                  remark_4_1(table, baseline, names, margin))
     if any(c[0] == 1 for c in table.columns):
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons)",
                     remark_4_2_federated(table, dg_in, baseline, names))
@@ -508,6 +717,6 @@ def reading(data, table, st, names: dict, baseline: str) -> list[str]:
                   "schedule significantly above both ends, Bonferroni over the interior schedules)",
                   remark_4_8(rows, names))
   if table is not None:
-    for claim, v, lines in seed_paper_claims(table, baseline, names):
+    for claim, v, lines in seed_paper_claims(table, baseline, names, margin):
       md += [_headline(claim, v), "", _bullets(lines), ""]
   return md

@@ -1,14 +1,50 @@
-"""Significance over trial seeds: Welch's unequal-variance t-test between two cells, and the
-verdict words the report's reading is written in.
+"""Significance over trial seeds, with power: paired and Welch t-tests, what a test could
+have detected, equivalence within a margin, and how many seeds a cell needs.
 
-A comparison of two cells (each a tuple of per-seed scores) is one of
-  "higher"         the first cell's mean is above the second's and Welch's two-sided p < alpha
-  "lower"          below, with p < alpha
-  "no difference"  p >= alpha
-  "cannot tell"    a cell has fewer than two seeds (no variance to test with)
-A comparison is uncorrected for multiple comparisons unless its caller adjusts the p-values
-of a family of tests (`holm`): the reading makes dozens of comparisons at alpha = 0.05, so
-expect about one in twenty uncorrected "higher" / "lower" among truly equal cells.
+Which runs pair. Runs with the same `seed` share the random numbers that do not depend on
+the method: `experiment.py` splits `PRNGKey(seed)` into (init, server, rounds) keys, round t
+draws its cohort from `fold_in(rounds key, t)` (the cohort's choice of clients, and each
+member's key `fold_in(k_clients, client id)`, never depend on the method), and the partition
+of the training data over clients is drawn from `seed` alone (`partition.*_partition(...,
+seed)`), as is the image subsample and the split into train / in-domain validation / test
+when a sweep ties `data.seed` to the seed (`seed_fields = ("seed", "data.seed")`). So within
+one column (one C and lambda) of a table whose methods run the same seeds:
+  - every method shares the partition, the cohorts and each client's batch order (a client
+    draws its batches from the first half of its key, `base.local_loop`) with FedAvg;
+  - methods whose model has FedAvg's parameter tree (every method on the plain classifier:
+    IRM, VREx, MMD, CORAL, GroupDRO, Mixup, Fish, FedProx, SCAFFOLD, AFL, FedDG, FedGMA,
+    FedIIR, FedDIM, FedOMG, FedGA, FedLOE) also share the initial model; FedSR (a
+    probabilistic featurizer) and FedADG (a generator and a discriminator beside the
+    classifier) initialise a different tree from the same key, so they share the partition
+    and the cohorts but not the initial weights;
+  - a multi-stage method (FedLOE) shares the cohort of round t with FedAvg's round t.
+The differences of such runs, seed by seed, have the variance of the method effect plus
+what the shared randomness does not cancel, so they are tested by the paired t-test
+(`paired`), with Wilcoxon's signed-rank test as a check that does not assume normal
+differences. Cells of different columns (C = 1 against C = 20, lambda = 1 against 0.1) do
+not share a partition or a cohort: they are compared by Welch's unequal-variance t-test
+(`welch`); so is any pair whose seeds differ (`pair_test`).
+
+Outcomes. A comparison of a cell against the baseline is one of
+  "better" / "worse"   the (Holm-adjusted, within its family) two-sided p < alpha
+  "equivalent"         not better or worse, and the two one-sided tests (Schuirmann 1987)
+                       put the difference inside +-margin at the same level
+  "inconclusive"       neither: the data allow a difference larger than the margin
+  "cannot tell"        a cell has fewer than two seeds
+and each states the minimum detectable difference (`mdd`): the true difference the test
+would find with 80% power at the family's corrected level, given the measured variance.
+The default margin, 0.02 in accuracy, is below the spread of the method means of a column
+of Bai et al.'s tables (0.09 to 0.18 on rotated Fashion-MNIST) and about the run-to-run
+difference of one method between two learning-rate draws, so two methods within it are not
+told apart by anything the benchmark measures; a caller with another metric passes its own.
+
+Families. The comparisons a claim rests on (every method against the baseline in one
+column) are one family: p-values are Holm-adjusted (Holm 1979), and the equivalence tests'
+p-values too; the detectable difference is computed at alpha / m, Holm's first and
+strictest step, so it is the difference each comparison of the family could surely see.
+
+The older three words ("higher", "lower", "no difference", "cannot tell": `compare`,
+`verdict`) remain for the Welch comparisons of figures and between columns.
 """
 from __future__ import annotations
 
@@ -17,34 +53,190 @@ import math
 import numpy as np
 
 ALPHA = 0.05
+POWER = 0.8
+MARGIN = 0.02  # equivalence margin in accuracy; see the module docstring for why
+TARGET_MDD = 0.03  # the detectable difference a planned cell should reach
 
+
+# ---------------------------------------------------------------------------- tests
 
 def welch(a, b) -> dict | None:
-  """Welch's t-test of mean(a) - mean(b): {"diff", "t", "df", "p"} (two-sided), None where a
-  cell has fewer than two values. Two constant cells: p = 1 if their means are equal, else 0
-  (identical runs are "no difference"; two different constants differ for certain)."""
+  """Welch's t-test of mean(a) - mean(b).
+
+  Args:
+    a: the first cell's per-seed scores.
+    b: the second cell's.
+
+  Returns:
+    {"kind": "welch", "diff", "se", "t", "df", "p" (two-sided)}, None where a cell has
+    fewer than two values. Two constant cells: p = 1 if their means are equal, else 0
+    (identical runs are "no difference"; two different constants differ for certain).
+  """
   a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
   if len(a) < 2 or len(b) < 2:
     return None
   diff = float(a.mean() - b.mean())
   va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
   if va + vb == 0.0:
-    return {"diff": diff, "t": 0.0 if diff == 0.0 else math.copysign(math.inf, diff), "df": float("nan"),
-            "p": 1.0 if diff == 0.0 else 0.0}
+    return {"kind": "welch", "diff": diff, "se": 0.0, "t": 0.0 if diff == 0.0 else math.copysign(math.inf, diff),
+            "df": float("nan"), "p": 1.0 if diff == 0.0 else 0.0}
   from scipy import stats
   res = stats.ttest_ind(a, b, equal_var=False)
   df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))  # Welch-Satterthwaite
-  return {"diff": diff, "t": float(res.statistic), "df": float(df), "p": float(res.pvalue)}
+  return {"kind": "welch", "diff": diff, "se": math.sqrt(va + vb), "t": float(res.statistic), "df": float(df),
+          "p": float(res.pvalue)}
 
 
-def compare(a, b, alpha: float = ALPHA) -> tuple[str, dict | None]:
-  """("higher" | "lower" | "no difference" | "cannot tell", the test) for cell a against b."""
-  w = welch(a, b)
-  if w is None:
-    return "cannot tell", None
-  if w["p"] >= alpha:
-    return "no difference", w
-  return ("higher" if w["diff"] > 0 else "lower"), w
+def paired(a, b) -> dict | None:
+  """The paired t-test of the per-seed differences a[i] - b[i], with Wilcoxon's signed-rank
+  test of the same differences as a nonparametric check.
+
+  Args:
+    a: the first cell's scores, one per seed.
+    b: the second cell's, for the same seeds in the same order.
+
+  Returns:
+    {"kind": "paired", "diff" (mean difference), "sd" (of the differences), "se" (sd /
+    sqrt(n), the standard error the test uses), "t", "df" (n - 1), "p" (two-sided),
+    "wilcoxon_p" (two-sided, exact where SciPy can be), "n"}; None with fewer than two
+    pairs. Constant differences: p = 1 if they are all 0, else 0.
+
+  Raises:
+    ValueError: when a and b differ in length.
+  """
+  a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+  if len(a) != len(b):
+    raise ValueError(f"paired: {len(a)} and {len(b)} values; a paired test needs one of each per seed")
+  if len(a) < 2:
+    return None
+  d = a - b
+  n, diff, sd = len(d), float(d.mean()), float(d.std(ddof=1))
+  from scipy import stats
+  wp = 1.0 if not np.any(d != 0) else float(stats.wilcoxon(d).pvalue)
+  if sd == 0.0:
+    return {"kind": "paired", "diff": diff, "sd": 0.0, "se": 0.0,
+            "t": 0.0 if diff == 0.0 else math.copysign(math.inf, diff), "df": float(n - 1),
+            "p": 1.0 if diff == 0.0 else 0.0, "wilcoxon_p": wp, "n": n}
+  se = sd / math.sqrt(n)
+  t = diff / se
+  return {"kind": "paired", "diff": diff, "sd": sd, "se": se, "t": t, "df": float(n - 1),
+          "p": float(2.0 * stats.t.sf(abs(t), n - 1)), "wilcoxon_p": wp, "n": n}
+
+
+def pair_test(a_by_seed: dict, b_by_seed: dict) -> dict | None:
+  """`paired` where both cells hold the same seeds (the runs share their random numbers,
+  module docstring), else `welch`.
+
+  Args:
+    a_by_seed: {seed: score} of the first cell.
+    b_by_seed: {seed: score} of the second.
+
+  Returns:
+    The test's record (None where it cannot be computed).
+  """
+  if set(a_by_seed) == set(b_by_seed):
+    seeds = sorted(a_by_seed)
+    return paired([a_by_seed[s] for s in seeds], [b_by_seed[s] for s in seeds])
+  return welch([a_by_seed[s] for s in sorted(a_by_seed)], [b_by_seed[s] for s in sorted(b_by_seed)])
+
+
+# ---------------------------------------------------------------------------- power
+
+def power_of(delta: float, se: float, df: float, alpha: float) -> float:
+  """The two-sided t-test's power at a true difference `delta`.
+
+  Args:
+    delta: the true difference.
+    se: the test's standard error.
+    df: its degrees of freedom.
+    alpha: its level.
+
+  Returns:
+    P(|T| > t_{1 - alpha/2, df}) for T noncentral t with df degrees of freedom and
+    noncentrality delta / se.
+  """
+  from scipy import stats
+  crit = stats.t.ppf(1.0 - alpha / 2.0, df)
+  nc = abs(delta) / se
+  # The far tail (|T| beyond the critical value on the other side) is below 1e-12 wherever
+  # SciPy's series returns NaN for it (large noncentrality): counted as 0 there.
+  far = float(stats.nct.cdf(-crit, df, nc))
+  return float(stats.nct.sf(crit, df, nc)) + (0.0 if math.isnan(far) else far)
+
+
+def mdd(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float | None:
+  """The minimum detectable difference: the smallest true difference the two-sided t-test
+  at level `alpha` finds with probability `power`, at standard error `se`.
+
+  Args:
+    se: the test's standard error (paired: sd of the differences / sqrt(n)).
+    df: its degrees of freedom.
+    alpha: the level (a family's corrected level, e.g. alpha / m).
+    power: the probability of finding the difference.
+
+  Returns:
+    The difference (0 where se is 0: any difference is certain), None where df is not a
+    finite positive number.
+  """
+  if se == 0.0:
+    return 0.0
+  if not (df > 0 and math.isfinite(df)):
+    return None
+  from scipy import optimize, stats
+  lo = stats.t.ppf(1.0 - alpha / 2.0, df)  # power at nc = crit is about 1/2 < `power`
+  hi = lo + 2.0 * stats.norm.ppf(power) + 1.0
+  while power_of(hi, 1.0, df, alpha) < power:
+    hi *= 2.0
+  nc = optimize.brentq(lambda x: power_of(x, 1.0, df, alpha) - power, 0.0, hi, xtol=1e-12)
+  return float(nc * se)
+
+
+def seeds_needed(sd: float, target: float = TARGET_MDD, alpha: float = ALPHA, power: float = POWER,
+                 most: int = 1000) -> int:
+  """How many seeds a paired comparison needs for its detectable difference to be at most
+  `target`, given a pilot's standard deviation of the per-seed differences.
+
+  Args:
+    sd: the pilot's standard deviation of paired differences.
+    target: the detectable difference to reach.
+    alpha: the level (a family's corrected level).
+    power: the power.
+    most: the search's upper end.
+
+  Returns:
+    The smallest n >= 2 with mdd(sd / sqrt(n), n - 1, alpha, power) <= target.
+
+  Raises:
+    ValueError: when `most` seeds do not reach the target.
+  """
+  for n in range(2, most + 1):
+    if mdd(sd / math.sqrt(n), n - 1, alpha, power) <= target:
+      return n
+  raise ValueError(f"seeds_needed: {most} seeds do not bring the detectable difference to {target} at sd {sd}")
+
+
+# ---------------------------------------------------------------------------- equivalence
+
+def tost(t: dict, margin: float = MARGIN) -> float:
+  """Schuirmann's two one-sided tests of |difference| < margin.
+
+  Args:
+    t: a test record (`paired` or `welch`).
+    margin: the equivalence margin.
+
+  Returns:
+    The larger of the two one-sided p-values (H0: diff <= -margin; H0: diff >= margin);
+    below alpha, the difference lies within +-margin at level alpha. With se 0 the
+    difference is known: 0 inside the margin, else 1.
+  """
+  if t["se"] == 0.0:
+    return 0.0 if abs(t["diff"]) < margin else 1.0
+  from scipy import stats
+  if not (t["df"] > 0 and math.isfinite(t["df"])):
+    return 1.0
+  p_low = stats.t.sf((t["diff"] + margin) / t["se"], t["df"])
+  p_high = stats.t.cdf((t["diff"] - margin) / t["se"], t["df"])
+  return float(max(p_low, p_high))
 
 
 def holm(p_values) -> list[float]:
@@ -57,6 +249,56 @@ def holm(p_values) -> list[float]:
     running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
     adjusted[i] = running
   return adjusted
+
+
+def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power: float = POWER) -> list[dict]:
+  """One family of comparisons against a baseline, each paired where the seeds match.
+
+  Args:
+    pairs: [(cell {seed: score}, baseline {seed: score})].
+    alpha: the family-wise level.
+    margin: the equivalence margin.
+    power: the power the detectable difference is stated at.
+
+  Returns:
+    One dict per pair: {"outcome" ("better" | "worse" | "equivalent" | "inconclusive" |
+    "cannot tell"), "test" (the record, or None), "holm_p", "tost_p" (Holm-adjusted over
+    the family's testable comparisons), "mdd" (at alpha / m, m the testable comparisons),
+    "margin"}.
+  """
+  tests = [pair_test(a, b) for a, b in pairs]
+  idx = [i for i, t in enumerate(tests) if t is not None]
+  m = len(idx)
+  adj = dict(zip(idx, holm([tests[i]["p"] for i in idx])))
+  adj_eq = dict(zip(idx, holm([tost(tests[i], margin) for i in idx])))
+  out = []
+  for i, t in enumerate(tests):
+    if t is None:
+      out.append({"outcome": "cannot tell", "test": None, "holm_p": None, "tost_p": None, "mdd": None,
+                  "margin": margin})
+      continue
+    if adj[i] < alpha:
+      o = "better" if t["diff"] > 0 else "worse"
+    elif adj_eq[i] < alpha:
+      o = "equivalent"
+    else:
+      o = "inconclusive"
+    out.append({"outcome": o, "test": t, "holm_p": adj[i], "tost_p": adj_eq[i],
+                "mdd": mdd(t["se"], t["df"], alpha / m, power), "margin": margin})
+  return out
+
+
+# ---------------------------------------------------------------------------- Welch words
+
+def compare(a, b, alpha: float = ALPHA) -> tuple[str, dict | None]:
+  """("higher" | "lower" | "no difference" | "cannot tell", the Welch test) for cell a
+  against cell b (unpaired cells: different columns)."""
+  w = welch(a, b)
+  if w is None:
+    return "cannot tell", None
+  if w["p"] >= alpha:
+    return "no difference", w
+  return ("higher" if w["diff"] > 0 else "lower"), w
 
 
 def compare_family(pairs, alpha: float = ALPHA) -> list[tuple[str, dict | None, float | None]]:
@@ -100,11 +342,68 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   return word + counts
 
 
+def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None) -> str:
+  """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
+  claim predicts. "holds" when every testable comparison supports it, "holds in part" when
+  some do, "does not hold" when none does and at least one decides against it (the other
+  direction, or equivalence within the margin), "inconclusive" when every testable
+  comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
+  when none is testable. The counts of each outcome follow in brackets, each named by
+  `labels` (outcome -> words; default: better, worse, equivalent within +-margin,
+  inconclusive)."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  untestable = len(outcomes) - len(testable)
+  if not testable:
+    return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
+  k = sum(o == supports for o in testable)
+  if k == len(testable):
+    word = "holds"
+  elif k:
+    word = "holds in part"
+  elif all(o == "inconclusive" for o in testable):
+    word = "inconclusive"
+  else:
+    word = "does not hold"
+  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
+                      "inconclusive": "inconclusive"}
+  counts = ", ".join(f"{sum(o == w for o in testable)} {label}" for w, label in labels.items()
+                     if any(o == w for o in testable))
+  return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
+
+
+# ---------------------------------------------------------------------------- text
+
+def _p(p: float) -> str:
+  return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
 def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
   """"p = 0.012", or with a family's Holm-adjusted p beside it, "p = 0.012, Holm p = 0.210"."""
   if w is None:
     return "untestable"
-  text = "p < 0.001" if w["p"] < 0.001 else f"p = {w['p']:.3f}"
+  text = _p(w["p"])
   if holm_p is not None:
     text += ", Holm p < 0.001" if holm_p < 0.001 else f", Holm p = {holm_p:.3f}"
   return text
+
+
+def fmt_powered(c: dict) -> str:
+  """A comparison against the baseline in words: "paired diff +0.012 (SE 0.004), p = 0.020,
+  Holm p = 0.210, Wilcoxon p = 0.031, TOST Holm p = 0.400, detectable 0.025", or
+  "untestable"."""
+  t = c["test"]
+  if t is None:
+    return "untestable"
+  text = f"{t['kind']} diff {t['diff']:+.3f} (SE {t['se']:.3f}), {_p(t['p'])}, Holm {_p(c['holm_p'])}"
+  if t["kind"] == "paired":
+    text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
+  text += f", TOST Holm {_p(c['tost_p'])}"
+  return text + (f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -")
+
+
+def fmt_mdd(w: dict | None, alpha: float = ALPHA, power: float = POWER) -> str:
+  """", detectable 0.045" for a Welch comparison at level alpha ("" when untestable)."""
+  if w is None:
+    return ""
+  d = mdd(w["se"], w["df"], alpha, power)
+  return ", detectable -" if d is None else f", detectable {d:.3f}"

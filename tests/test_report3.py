@@ -1,0 +1,127 @@
+"""The third edition's preparation: its sweep config (seeds from the second edition's
+measured paired variance, the split tied to the seed, a second search seed, the in-domain
+grid, the learning-rate range) and `bench status`'s estimate from a pilot's results."""
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from fedjax_dg.bench import collect, results as results_lib, stats, sweep as sweep_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_report2 import sweep_config, write_run  # noqa: E402
+
+PATH = os.path.join(ROOT, "configs", "sweeps", "report_fmnist3.py")
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("report_fmnist3_cfg", PATH)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def test_the_third_edition_config():
+  mod = _module()
+  s = sweep_lib.load_config_file(PATH)
+  g = s.grids
+  assert tuple(s.seed_fields) == ("seed", "data.seed")
+  assert tuple(g.table.seeds) == tuple(range(1, 21)) and g.table.select_from == "search"
+  assert g.table_in.select_rule == "in_domain" and s.table.in_domain_grid == "table_in"
+  assert not set(g.table.seeds) & (set(g.search.seeds) | set(g.search2.seeds))  # fresh seeds at the winners
+  assert tuple(g.search2.seeds) == (0, mod.SECOND_SEARCH_SEED) and s.report.selection_grid == "search2"
+  assert g.search2.num_trials == g.search.num_trials and set(g.search2.methods) == set(g.search.methods)
+  assert tuple(s.search.distributions.client.lr) == ("log_uniform", 3e-4, 3e-2)
+  assert "clients" not in g and "clients_steps" not in g and s.figures.clients_grid == ""
+  assert s.report.out == "experiments/report_fmnist3"
+  sl = mod.get_config("slice")
+  assert tuple(sl.grids.search2.seeds) == (0, 100) and sl.table.in_domain_grid == "table_in"
+  with pytest.raises(ValueError, match="variant"):
+    mod.get_config("other")
+
+
+@pytest.mark.slow
+def test_the_seed_count_rests_on_the_second_editions_paired_variance():
+  """The docstring's pilot numbers, recomputed from the second edition's results file with
+  numpy: per column, the root mean square over methods of the standard deviation of the
+  per-seed differences from FedAvg-ERM; and what 20 seeds detect at 0.05 / 19."""
+  data = results_lib.read(os.path.join(ROOT, "experiments", "report_fmnist", collect.RESULTS_FILE))
+  t = collect.tables(data, "heldout_domain")
+  pooled = {}
+  for col in t.columns:
+    base = t.cells[("fedavg", col)]
+    sds = [np.std(np.subtract(c.values, base.values), ddof=1) for _, m, _ in t.rows
+           for c in [t.cells.get((m, col))] if m != "fedavg" and c is not None and c.mean is not None]
+    pooled[col] = math.sqrt(np.mean(np.square(sds)))
+  doc = _module().__doc__.replace("\n", " ")
+  want = {(1, None): 0.071, (20, 1.0): 0.035, (20, 0.1): 0.029, (20, 0.0): 0.033, (100, 1.0): 0.091,
+          (100, 0.1): 0.042, (100, 0.0): 0.043}
+  assert {c: round(v, 3) for c, v in pooled.items()} == want
+  for v in want.values():
+    assert f"{v:.3f}".lstrip("0") in doc or f"{v:.3f}" in doc
+  detect = {c: stats.mdd(pooled[c] / math.sqrt(20), 19, 0.05 / 19) for c in pooled}
+  assert re.search(rf"{detect[(20, 1.0)]:.3f} / {detect[(20, 0.1)]:.3f} / {detect[(20, 0.0)]:.3f} at C = 20", doc)
+  assert f"{detect[(100, 0.1)]:.3f} / {detect[(100, 0.0)]:.3f} at C = 100" in doc
+  assert f"{detect[(100, 1.0)]:.3f} at C = 100, lambda = 1" in doc
+  assert f"{stats.mdd(pooled[(1, None)] / math.sqrt(20), 19, 0.05 / 6):.3f} at C = 1" in doc
+  needed = {c: stats.seeds_needed(pooled[c], 0.03, 0.05 / (6 if c == (1, None) else 19)) for c in pooled}
+  assert (needed[(20, 0.1)], needed[(20, 1.0)], needed[(100, 0.1)], needed[(100, 1.0)], needed[(1, None)]) == \
+      (19, 26, 35, 140, 71)
+
+
+def test_status_estimates_a_sweep_that_has_not_started_from_a_pilot(tmp_path):
+  """With no finished job of its own, the estimate is each job's rounds times the pilot's
+  per-round time of its algorithm, number of clients and local work (by hand)."""
+  pilot_s = sweep_config(tmp_path / "pilot", methods=("fedavg", "irm"), client_counts=(4,), lams=(1.0,), seeds=(0,))
+  pilot_exp = sweep_lib.expand(pilot_s)
+  walls = {"fedavg": 100.0, "irm": 300.0}
+  for e in pilot_exp.entries:
+    wd = pilot_exp.jobs[e.key].workdir
+    write_run(wd, {1: {"heldout_val": 0.5, "in_val": 0.5, "in_test": 0.5, "test": 0.5}})
+    sm = json.load(open(os.path.join(wd, "summary.json")))
+    sm["wall_time_s"] = walls[e.axes["method"]]
+    json.dump(sm, open(os.path.join(wd, "summary.json"), "w"))
+  pilot = results_lib.from_runs(pilot_s, pilot_exp)
+  s = sweep_config(tmp_path / "new", methods=("fedavg", "irm", "fediir"), client_counts=(4,), lams=(1.0, 0.0),
+                   seeds=(0, 1, 2))
+  s.base.num_rounds = 4  # the pilot ran 2 rounds: twice its time per job
+  exp = sweep_lib.expand(s)
+  assert collect.time_left(s, exp, workers=2).endswith("18 jobs (fedavg C=4: 6, fediir C=4: 6, irm C=4: 6).")
+  text = collect.time_left(s, exp, workers=2, pilot=pilot)
+  total = 6 * 4 * (100.0 / 2) + 6 * 4 * (300.0 / 2)
+  assert total == 4800.0  # 1.3 h of run time, 40 min at two workers
+  assert text.startswith("time left (estimate): 1.3 h of run time, 40 min of wall time at 2 worker(s): 18 to run 1.3 h")
+  assert text.endswith("Not counted, no finished job like them yet: 6 jobs (fediir C=4: 6).")
+
+
+def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path):
+  """Two search seeds, three trials: at lambda = 1 seed 0 prefers trial 1 and seed 100 trial
+  2 (a change; the search runs' mean test scores at the two winners, 0.45 and 0.60, differ
+  by 0.15); at lambda = 0 both prefer trial 0 (no change)."""
+  from fedjax_dg.bench import report
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0, 0.0), seeds=(0, 100),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  exp = sweep_lib.expand(s)
+  val = {(1.0, 0): (0.5, 0.7, 0.6), (1.0, 100): (0.5, 0.6, 0.8), (0.0, 0): (0.9, 0.7, 0.6), (0.0, 100): (0.9, 0.6, 0.8)}
+  test = {(1.0, 0): (0.1, 0.40, 0.55), (1.0, 100): (0.1, 0.50, 0.65), (0.0, 0): (0.3, 0.3, 0.3),
+          (0.0, 100): (0.3, 0.3, 0.3)}
+  for e in exp.entries:
+    k = (float(e.axes["lam"]), e.axes["seed"])
+    t = e.axes["trial"]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": val[k][t], "in_val": 0.5, "in_test": 0.5,
+                                            "test": test[k][t]}})
+  data = results_lib.from_runs(s, exp)
+  lines = report.selection_variance(data, "table", "heldout_domain", "accuracy")
+  assert lines == ["C=4, λ=1: the winner changes between search seeds in 1 of 1 cells; the search runs' test "
+                   "accuracy at the two winners differs by 0.150 (median; largest 0.150)",
+                   "C=4, λ=0: the winner changes between search seeds in 0 of 1 cells"]
+  s1 = sweep_config(tmp_path / "one", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,))
+  assert report.selection_variance(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
+                                   "accuracy") == []

@@ -1,0 +1,148 @@
+"""Reports show activity: cells whose runs equal the baseline by construction or whose
+method could not act print "-ᵃ" / "-ᵇ" with a footnote, are left out of the reading's tests,
+and hyperparameters.md marks their values as having had no effect; and the in-domain table
+takes its trial from in-domain validation. On synthetic runs that carry the runner's
+`preflight` and `activity` summary fields."""
+import json
+import os
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from fedjax_dg.bench import collect, report, results as results_lib, stats, sweep as sweep_lib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_report2 import TEST, fill, sweep_config, write_run  # noqa: E402
+
+
+def _amend(workdir, **fields):
+  path = os.path.join(workdir, "summary.json")
+  summary = json.load(open(path))
+  summary.update(fields)
+  json.dump(summary, open(path, "w"))
+
+
+def _mark_runs(exp, method, lam, **fields):
+  for e in exp.entries:
+    a = e.axes
+    if a["method"] == method and a["num_clients"] == 4 and a["lam"] is not None and float(a["lam"]) == lam:
+      _amend(exp.jobs[e.key].workdir, **fields)
+
+
+EQUAL = {"level": "warning", "field": "algorithm.irm.penalty_weight", "equals_baseline": True,
+         "message": "every client holds one domain: the penalty is 0 and IRM computes FedAvg's update"}
+NEVER = {"level": "warning", "field": "algorithm.irm.anneal_steps", "equals_baseline": False,
+         "message": "the weight never reaches its target within the run's 2 local steps"}
+
+
+def test_run_and_cell_marks_from_preflight_and_activity():
+  run = lambda **sm: {"summary": sm}  # noqa: E731
+  assert collect.run_mark(run()) == ("", "")
+  assert collect.run_mark(run(preflight=[EQUAL]))[0] == collect.EQUALS_BASELINE
+  assert collect.run_mark(run(preflight=[NEVER])) == (collect.INACTIVE, f"`{NEVER['field']}`: {NEVER['message']}")
+  assert collect.run_mark(run(preflight=[], activity={"weight_at_target": 0.0}))[0] == collect.INACTIVE
+  assert collect.run_mark(run(preflight=[], activity={"weight_at_target": 0.25}))[0] == ""
+  # Equal to the baseline outranks inactive; the reason counts the runs.
+  mark, reason = collect.cell_mark([run(preflight=[NEVER]), run(preflight=[EQUAL]), run()])
+  assert mark == collect.EQUALS_BASELINE and reason.startswith("1 of 3 runs: `algorithm.irm.penalty_weight`")
+  assert collect.cell_mark([run(), run()]) == ("", "")
+
+
+def test_marked_cells_print_a_dash_with_a_footnote_and_leave_the_tests(tmp_path):
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  # IRM at lambda = 0 (one domain a client) equals FedAvg by construction; at lambda = 1 its
+  # schedule never reached the target. In the unmarked fixture IRM is significantly below
+  # FedAvg-ERM at lambda = 1 (paired) and inconclusive at lambda = 0.
+  _mark_runs(exp, "irm", 0.0, preflight=[EQUAL])
+  _mark_runs(exp, "irm", 1.0, preflight=[NEVER], activity={"weight_at_target": 0.0})
+  data = results_lib.from_runs(s, exp)
+  t = collect.tables(data, "heldout_domain")
+  md = collect.to_markdown(t)
+  row = next(l for l in md.splitlines() if l.startswith("|  | IRM |") or l.startswith("| DG adapted | IRM |"))
+  cells = [c.strip() for c in row.split("|")[1:-1]]
+  assert cells[2:] == ["0.720 ± 0.020 (n=3)", "-ᵇ", "0.410 ± 0.010 (n=3)", "-ᵃ"]
+  assert ("-ᵃ: the cell's runs compute the baseline's update exactly by construction" in md
+          and "IRM (C=4, λ=0) 3 of 3 runs: `algorithm.irm.penalty_weight`: every client holds one domain" in md)
+  assert "-ᵇ: the cell's runs ran a method whose own term could not act" in md and "IRM (C=4, λ=1) 3 of 3 runs" in md
+  tex = collect.to_latex(t, caption="x")
+  assert "-$^a$" in tex and "-$^b$" in tex and "ᵃ" not in tex
+  # Remark 4.1: IRM is not among a marked column's comparisons; FedIIR alone is tested there.
+  _, lines = report.remark_4_1(t, "fedavg", collect.display_names(s))
+  line1 = next(l for l in lines if l.startswith("C=4, λ=1:"))
+  assert "IRM" not in line1 and "significantly above it: FedIIR" in line1
+  assert "level 0.05/1" in line1  # a family of one: the marked cell is not counted
+  line0 = next(l for l in lines if l.startswith("C=4, λ=0:"))
+  assert "IRM" not in line0 and "equivalent within ±0.02: FedIIR" in line0
+  # The paired test FedIIR would have had in a family of two is now alone (Holm p = p).
+  res = stats.against_baseline([(t.cells[("fediir", (4, 1.0))].by_seed, t.cells[("fedavg", (4, 1.0))].by_seed)])
+  assert f"Holm p = {res[0]['test']['p']:.3f}" in line1
+  # Remark 4.2 (lambda 1 vs 0.1) had IRM's one comparison; now none is testable.
+  v, lines = report.remark_4_2_lambda(t, ["irm"], collect.display_names(s))
+  assert v == "cannot tell" and lines == []
+  # Bold never goes to a marked cell: at lambda = 0, IRM (0.47) led FedAvg (0.42) before.
+  assert collect.leaders(t)[(4, 0.0)][0] != "irm"
+  # A marked cell is not "equal seed for seed" with the baseline in the notes either.
+  assert not any("IRM" in labels for labels, _ in collect.identical_cells(t))
+
+
+def test_hyperparameters_mark_values_without_effect(tmp_path):
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(4,), lams=(0.0,), seeds=(0,),
+                   num_trials=2)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg", "irm"), "client_counts": (4,), "lams": (0.0,), "seeds": (1, 2),
+                   "select_from": "table"}
+  s.table.grid = "seeds"
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": (0.5, 0.7)[e.axes["trial"]], "in_val": 0.3,
+                                            "in_test": 0.9, "test": 0.4}})
+  exp2 = sweep_lib.expand(s)
+  fill(exp2, {("fedavg", 4, 0.0): (0.5, 0.6, 0.7), ("irm", 4, 0.0): (0.5, 0.6, 0.7)},
+       keys={e.key for e in exp2.entries if e.grid == "seeds"})
+  for e in exp2.entries:
+    if e.grid == "seeds" and e.axes["method"] == "irm":
+      _amend(exp2.jobs[e.key].workdir, preflight=[EQUAL])
+  hp = report.selected_hyperparameters(results_lib.from_runs(s, exp2), "seeds", collect.display_names(s))
+  fedavg, irm = hp.splitlines()[2:4]
+  assert "no effect" not in fedavg
+  assert irm.startswith("| IRM | C=4, λ=0 | 1 | `client.lr` ")
+  assert irm.endswith("— no effectᵃ: the runs compute the baseline's update exactly by construction (2 of 2 runs: "
+                      "`algorithm.irm.penalty_weight`: every client holds one domain: the penalty is 0 and IRM "
+                      "computes FedAvg's update) |")
+
+
+def test_the_in_domain_table_takes_its_trial_from_in_domain_validation(tmp_path):
+  """A search of three trials where the held-out domain prefers trial 1 and in-domain
+  validation trial 2: the held-out table's seeds run at trial 1, the in-domain table's (grid
+  `table_in`) at trial 2, and its cell is the mean of those runs' test scores."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.search = s.grids.table.to_dict()
+  s.grids.table = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2),
+                   "select_from": "search", "select_rule": "heldout_domain"}
+  s.grids.table_in = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2),
+                      "select_from": "search", "select_rule": "in_domain"}
+  s.table = ml_collections.ConfigDict({**s.table.to_dict(), "in_domain_grid": "table_in"})
+  exp = sweep_lib.expand(s)
+  for e in sweep_lib.grid_entries(exp, "search"):
+    t = e.axes["trial"]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": (0.5, 0.7, 0.6)[t], "in_val": (0.3, 0.4, 0.9)[t],
+                                            "in_test": 0.9, "test": 0.1}})
+  exp2 = sweep_lib.expand(s)
+  trials = {g: {e.axes["trial"] for e in sweep_lib.grid_entries(exp2, g)} for g in ("table", "table_in")}
+  assert trials == {"table": {1}, "table_in": {2}}
+  for g in ("table", "table_in"):
+    for e in sweep_lib.grid_entries(exp2, g):
+      v = {1: 0.40, 2: 0.80}[e.axes["trial"]] + 0.01 * e.axes["seed"]
+      write_run(exp2.jobs[e.key].workdir, {1: {"heldout_val": 0.5, "in_val": 0.5, "in_test": 0.9, "test": v}})
+  data = results_lib.from_runs(s, exp2)
+  held, ind = (collect.tables(data, rule).cells[("fedavg", (4, 1.0))] for rule in ("heldout_domain", "in_domain"))
+  assert held.values == pytest.approx((0.41, 0.42)) and ind.values == pytest.approx((0.81, 0.82))
+  assert np.isclose(ind.mean, 0.815)
+  st = collect.report_settings(s)
+  assert any("in-domain validation chose (grid `table_in`)" in l for l in report.deviations(data, st))
