@@ -54,14 +54,13 @@ Model: the MLP (one hidden layer of 256). Measured on this project's 2-core CPU 
 CPU-hour estimate of the whole sweep, and for the DomainBed CNN's cost.
 """
 import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rotated_fashion_mnist  # noqa: E402  (configs/rotated_fashion_mnist.py)
-import sweep_common  # noqa: E402
+from fedjax_dg.bench import sweep_helpers
+from fedjax_dg.bench.sweep import load_config_file
+
+CONFIGS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # configs/
 
 TABLE_METHODS = ("fedavg", "irm", "fish", "mixup", "mmd", "coral", "groupdro", "fedprox", "scaffold", "afl",
                  "feddg", "fedadg", "fedsr", "fedgma", "fediir", "feddim", "fedomg", "fediir+omg", "fedloe",
@@ -87,10 +86,10 @@ def get_config(variant: str = "full"):
   search -> seeds -> collect -> report end to end in minutes."""
   if variant not in ("full", "slice"):
     raise ValueError(f"configs/sweeps/report_fmnist.py: variant must be 'full' or 'slice', got {variant!r}")
-  s = sweep_common.skeleton("FedDG benchmark on rotated Fashion-MNIST (seed 001's protocol)",
+  s = sweep_helpers.skeleton("FedDG benchmark on rotated Fashion-MNIST (seed 001's protocol)",
                             "runs/sweeps/report_fmnist" + ("" if variant == "full" else "_slice"))
   b = s.base
-  fm = rotated_fashion_mnist.get_config()
+  fm = load_config_file(os.path.join(CONFIGS, "rotated_fashion_mnist.py"))  # the data set's own config
   b.data = fm.data
   b.data.max_per_domain = 2000
   b.data.test_domains = (5,)             # 75 degrees
