@@ -63,6 +63,8 @@ _HYPHENATED = {"--batch-memory": "--batch_memory", "--max-batch": "--max_batch",
 # --- report flags (staleness, the results file) -------------------------------------------
 _ALLOW_STALE = flags.DEFINE_bool("allow_stale", False, "collect / figures / report: use jobs run under other code "
                                  "than the current fedjax_dg (marked with a dagger) instead of refusing them.")
+_PILOT = flags.DEFINE_string("pilot", None, "status: a results file of an earlier sweep (e.g. an earlier edition's "
+                             "results.jsonl.gz) whose finished runs price the jobs before any has run.")
 _RESULTS = flags.DEFINE_string("results", None, "report / collect / figures: regenerate from this results file "
                                "(results.jsonl.gz) alone; --sweep is then not needed (--out defaults to its folder).")
 
@@ -181,7 +183,11 @@ def main(argv) -> int:
       if _SEARCH.value:
         print(collect.search_progress(sweep, exp))
       workers = _WORKERS.value if _WORKERS.value is not None else int(sweep.get("launch", {}).get("workers", 1))
-      print(collect.time_left(sweep, exp, workers))
+      pilot = None
+      if _PILOT.value:
+        from fedjax_dg.bench import results as results_lib
+        pilot = results_lib.read(_PILOT.value)
+      print(collect.time_left(sweep, exp, workers, pilot=pilot))
     elif cmd == "run":
       cache = ""
       if lc.get("compilation_cache", False):

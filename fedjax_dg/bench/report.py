@@ -659,23 +659,25 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
     label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
     md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds).", ""]
     md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in failed] + [""]
-  md += reading(data, table, st, names, baseline)
+  md += reading(data, table, st, names, baseline, with_figures=bool(pngs))
   path = os.path.join(out_dir, "REPORT.md")
   with open(path, "w") as fh:
     fh.write("\n".join(md))
   return path
 
 
-def reading(data, table, st, names: dict, baseline: str) -> list[str]:
-  """The reading: one generated verdict per remark and per seed-paper claim, with the
-  comparisons (cells cited, Welch's p) it rests on."""
+def reading(data, table, st, names: dict, baseline: str, with_figures: bool = True) -> list[str]:
+  """The reading: one generated verdict per remark and per method paper's claim, with the
+  comparisons (cells cited, p-values) it rests on; `with_figures`: whether the report drew
+  figures its verdicts may cite."""
   sweep, exp, results = data.sweep, data.exp, data.results
   r, f = sweep.get("report", {}), sweep.get("figures", {})
   dg = [m for g, ms in sweep.get("table", {}).get("groups", ()) if g == r.get("dg_group", "DG adapted") for m in ms]
   dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
   margin = st["margin"]
   md = ["## Reading", "",
-        "Each verdict is generated from the held-out-domain table and figures above. Cells: mean ± standard deviation "
+        f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above. "
+        "Cells: mean ± standard deviation "
         "over seeds (n). A method against the baseline in one column (remark 4.1, the method papers' claims) is "
         "compared seed by seed: runs with the same seed share the partition, the cohorts and the initial model, so "
         "the paired t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's "
