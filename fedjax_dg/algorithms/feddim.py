@@ -233,7 +233,8 @@ SPEC = MethodSpec(
     "feddim", "seed 004 (Alg. 1)",
     lambda ctx, hp: feddim_client(ctx.model, ctx.sched, ctx.client_opt, hp.lam, hp.momentum, ctx.num_classes,
                                   ctx.prepared, hp.variant),
-    HParams, prepare=lambda ctx, hp: ctx.store,  # the setup exchange reads every client's rows sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
+    HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
+    prepare=lambda ctx, hp: ctx.store,  # the setup exchange reads every client's rows
     check=_check, setup_bytes=_setup_bytes, claim="seed 004",
     not_for_models=(("gpt2", "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
                              "2e12 numbers per client) and it needs an untied linear head"),))
