@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg.data.augment import to_float
@@ -254,6 +255,74 @@ def erm_objective(model):
     del rng
     return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask), {}
   return objective
+
+
+def padding_probe(input_shape, label_shape=(), num_classes: int = 2, num_domains: int = 1) -> tuple:
+  """Two batches that differ only in their padding rows, for `check_padding`.
+
+  Each batch has four rows: the same two real rows (`mask` 1) and two padding rows
+  (`mask` 0) filled with different inputs, labels and domains in the two batches. Inputs
+  are integer-valued floats in {1, 2, 3} (valid pixels and valid token ids alike).
+
+  Args:
+    input_shape: the shape of one input row (`Model.input_shape`).
+    label_shape: the shape of one label row: `()`, or `(T,)` for per-token labels.
+    num_classes: classes of the head; labels are drawn below it.
+    num_domains: domains of the data set; domain ids are drawn below it.
+
+  Returns:
+    `(batch_a, batch_b)`, two `Batch`es of four rows (NumPy arrays) with `mask = [1, 1, 0, 0]`.
+  """
+  rng = np.random.default_rng(0)
+  real, pad_a, pad_b = (rng.integers(1, 4, (2,) + tuple(input_shape)).astype(np.float32) for _ in range(3))
+  pad_b = np.where(pad_b == pad_a, pad_a % 3 + 1, pad_b)  # every padded value differs between the batches
+  last_class, last_domain = max(num_classes - 1, 0), max(num_domains - 1, 0)
+  labels = lambda *v: np.broadcast_to(np.asarray(v, np.int32).reshape((-1,) + (1,) * len(label_shape)),
+                                      (len(v),) + tuple(label_shape))
+  mask = np.asarray([1.0, 1.0, 0.0, 0.0], np.float32)
+  real_y, real_d = (0, min(1, last_class)), (0, min(1, last_domain))
+  batch = lambda pad, y_pad, d_pad: Batch(np.concatenate([real, pad]), labels(*real_y, y_pad, y_pad),
+                                          np.asarray(real_d + (d_pad, d_pad), np.int32), mask, 0)
+  return batch(pad_a, 0, 0), batch(pad_b, last_class, last_domain)
+
+
+def check_padding(name: str, objective, params, input_shape, label_shape=(), num_classes: int = 2,
+                  num_domains: int = 1) -> None:
+  """Refuses a client objective whose loss reads the padding rows of its batch.
+
+  The engine's batches have a fixed size, so a batch holds padding rows (`batch.mask`
+  0) wherever a client's data runs out; a loss written as a plain `.mean()` over the rows
+  trains on them. This evaluates `objective` once, outside any trace, on the two batches
+  of `padding_probe` (the same real rows, different padding) and compares the losses: a
+  masked objective gives equal losses (the padded terms are multiplied by 0), an
+  unmasked one does not. The two losses must agree to a relative 1e-5: an unmasked
+  mean moves by a share of order 1/2 of a per-row loss difference, far beyond rounding.
+  If either loss is not finite the check cannot tell, and passes.
+
+  Args:
+    name: the method's `algorithm.name`, for the error.
+    objective: `objective(params, batch, rng) -> (loss, aux)`.
+    params: concrete parameters the objective trains.
+    input_shape: the shape of one input row.
+    label_shape: the shape of one label row (`(T,)` for per-token labels).
+    num_classes: classes of the head.
+    num_domains: domains of the data set.
+
+  Raises:
+    ValueError: one line naming the method and `batch.mask`, when the loss depends on
+      the padded rows.
+  """
+  batch_a, batch_b = padding_probe(input_shape, label_shape, num_classes, num_domains)
+  rng = jax.random.PRNGKey(0)
+  loss_a, loss_b = (float(objective(params, b, rng)[0]) for b in (batch_a, batch_b))  # eager: no program compiled
+  if math.isfinite(loss_a) and math.isfinite(loss_b) and abs(loss_a - loss_b) <= 1e-5 * max(1.0, abs(loss_a)):
+    return
+  if not (math.isfinite(loss_a) or math.isfinite(loss_b)):
+    return
+  raise ValueError(f"algorithm.name={name!r}: the client objective's loss depends on the padding rows of its batch "
+                   f"({loss_a:.6g} vs {loss_b:.6g} with different padding): weight every per-example term by "
+                   "batch.mask (1 for real rows, 0 for padding), e.g. jnp.sum(ce * batch.mask) / "
+                   "jnp.maximum(jnp.sum(batch.mask), 1.0) instead of ce.mean()")
 
 
 def in_chunks(fn, x, chunk: int = 256):

@@ -73,7 +73,7 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
     def update(global_params, extra, client_state, data, rng):
       params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
       return send(params, global_params, client_state, {"train_loss": loss})
-    return ClientSide(update, **fields)
+    return ClientSide(update, objective=make_objective, **fields)
   if "init" in fields:
     raise ValueError("objective_client: keep_optimizer uses the client state for the optimizer state")
 
@@ -81,7 +81,7 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
     params, opt_state, loss = local_train_from(global_params, opt_state, make_objective(global_params, extra),
                                                client_opt, data, rng, sched)
     return send(params, global_params, opt_state, {"train_loss": loss})
-  return ClientSide(update_keep, init=client_opt.init, **fields)
+  return ClientSide(update_keep, init=client_opt.init, objective=make_objective, **fields)
 
 
 def keeps_optimizer(ctx) -> bool:

@@ -373,6 +373,7 @@ class ClientSide(NamedTuple):
   finish: Callable | None = None
   report_aggregation: str = "mean"
   stat_aggregation: str = "mean"
+  objective: Callable | None = None
 
   @property
   def sends_side(self) -> bool:
