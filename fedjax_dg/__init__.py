@@ -41,7 +41,8 @@ _EXPORTS = {
     "Algorithm": "fedjax_dg.algorithms.base",
     "ClientData": "fedjax_dg.algorithms.base",
 }
-_RENAMED = {"register_method": ("fedjax_dg.algorithms", "register")}
+_RENAMED = {"register_method": ("fedjax_dg.algorithms", "register"),
+            "register_rule": ("fedjax_dg.algorithms", "register_rule")}
 
 __all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
 

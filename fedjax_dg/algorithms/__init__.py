@@ -26,7 +26,23 @@ RULES: dict[str, RuleSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-  """Adds a method (a new method file needs this one line)."""
+  """Adds a method: `config.algorithm.name = spec.name` then builds it, alone or with any
+  server rule (`<name>+<rule>`), and `config.algorithm.<spec.key>` holds its
+  hyperparameters. Exported as `fedjax_dg.register_method`; a method file in the package
+  needs this one line in `fedjax_dg/algorithms/__init__.py`.
+
+  Registering a name again replaces the method. When the method is built (`Builder`), its
+  client objective is checked once for reading padded rows (`base.check_padding`).
+
+  Args:
+    spec: the method's record.
+
+  Returns:
+    `spec`, so the call can decorate or assign.
+
+  Raises:
+    ValueError: the name holds '+', which joins a method and a server rule.
+  """
   if "+" in spec.name:
     raise ValueError(f"method name {spec.name!r}: '+' joins a method and a server rule")
   METHODS[spec.name] = spec
@@ -34,6 +50,24 @@ def register(spec: MethodSpec) -> MethodSpec:
 
 
 def register_rule(rule: RuleSpec) -> RuleSpec:
+  """Adds a server rule: `config.algorithm.name = "<method>+<rule.name>"` then runs any
+  composable method's clients with it, and `config.algorithm.<rule.name>` holds its
+  hyperparameters. Exported as `fedjax_dg.register_rule`.
+
+  Registering a name again replaces the rule. `compose` refuses, when a method is built,
+  a rule whose `needs` the method's clients do not provide.
+
+  Args:
+    rule: the rule's record: `RuleSpec(name, build)` with `build(ctx, hp) -> ServerRule`.
+
+  Returns:
+    `rule`, so the call can decorate or assign.
+
+  Raises:
+    ValueError: the name is empty or holds '+'.
+  """
+  if not isinstance(rule.name, str) or not rule.name or "+" in rule.name:
+    raise ValueError(f"server rule name {rule.name!r}: a non-empty name without '+' ('+' joins a method and a rule)")
   RULES[rule.name] = rule
   return rule
 

@@ -8,6 +8,27 @@ FedAvg at `eta_g = 1`), `sgd(eta_g, momentum)` FedAvgM, `adam` FedAdam, `yogi` F
 These four are server rules (`fedavg`, `avgm`, `adam`, `yogi`) that any client side pairs
 with (`fedprox+adam`). Centralised ERM is FedAvg's client alone with all training data, and
 mini-batch SGD sends one minibatch gradient that the server steps with the local optimizer.
+
+FedAdam and FedYogi are optax's `adam` and `yogi` on the pseudo-gradient, not Reddi,
+Charles, Zaheer, Garrett, Rush, Konecny, Kumar and McMahan, "Adaptive Federated
+Optimization" (ICLR 2021), Algorithm 2 as printed. With `Delta_t = sum_c p_c Delta_c`:
+
+  Reddi et al.  m_t = b1 m_{t-1} + (1 - b1) Delta_t, from m_{-1} = 0
+                v_t = b2 v_{t-1} + (1 - b2) Delta_t^2                       (FedAdam)
+                v_t = v_{t-1} - (1 - b2) Delta_t^2 sign(v_{t-1} - Delta_t^2)  (FedYogi)
+                from v_{-1} = tau^2, and theta_{t+1} = theta_t + eta_g m_t / (sqrt(v_t) + tau)
+  optax         the same moments from m = v = 0 (adam) or m = v = 1e-6 (yogi), each divided
+                by its bias correction `1 - b^t` before the step, with `tau = server.eps`
+
+The two differ most in the first rounds. FedAdam's first step is `eta_g (1 - b1) Delta_1 /
+(sqrt(b2 tau^2 + (1 - b2) Delta_1^2) + tau)` in Algorithm 2 and `eta_g Delta_1 / (|Delta_1|
++ tau)` in optax: where `|Delta_1| >> tau` Algorithm 2's is `(1 - b1) / sqrt(1 - b2)` times
+optax's (about 3.2 at b1 = 0.9, b2 = 0.999), where `|Delta_1| << tau` it is smaller. As `t`
+grows the corrections go to 1 and the two forms differ only by the moments' start.
+We use optax's form because it is the server optimizer every other rule's `server.*`
+fields already describe (one `make_optimizer` for client and server, its step size a
+run-time value that batches vary and hypergradients differentiate); runs compared with
+FedOpt's published numbers should read `server.lr` and `server.eps` with this in mind.
 """
 from __future__ import annotations
 
