@@ -24,6 +24,9 @@ EXTRA = (
     "fedjax_dg.algorithms.base.ClientOutput", "fedjax_dg.algorithms.base.Stacked",
     "fedjax_dg.algorithms.base.ServerRule", "fedjax_dg.algorithms.base.LocalSchedule",
     "fedjax_dg.algorithms.base.check_padding", "fedjax_dg.algorithms.base.padding_probe",
+    "fedjax_dg.algorithms.base.make_schedule", "fedjax_dg.algorithms.base.local_train",
+    "fedjax_dg.algorithms.base.erm_objective", "fedjax_dg.algorithms.base.masked_cross_entropy",
+    "fedjax_dg.algorithms.fedavg.objective_client",
     "fedjax_dg.engine.round.make_round", "fedjax_dg.engine.round.init_round_state",
     "fedjax_dg.engine.round.RoundState",
 )

@@ -236,6 +236,20 @@ class LocalSchedule(NamedTuple):
 
 def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: int, n_min: int,
                   unroll: int | bool = 1, augment: Callable | None = None) -> LocalSchedule:
+  """The local loop's `LocalSchedule`: `local_steps` steps, or `local_epochs` epochs.
+
+  Args:
+    batch_size: `B`, rows per local step.
+    local_steps: steps per round for every client (`> 0`), or 0 for epochs.
+    local_epochs: passes over each client's data per round (with `local_steps = 0`).
+    n_max: the largest client's example count (the compiled loop's length in epoch mode).
+    n_min: the smallest client's example count (the permutations a step stream needs).
+    unroll: `lax.scan`'s `unroll`.
+    augment: `(rng, x) -> x` on every training batch, or None.
+
+  Returns:
+    The `LocalSchedule`.
+  """
   if local_steps > 0:
     return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll, augment)
   return LocalSchedule(local_epochs * math.ceil(n_max / batch_size), batch_size, local_epochs,
@@ -327,15 +341,33 @@ def slot_view(batch: "Batch", num_domains: int):
 
 def masked_cross_entropy(logits, labels, mask):
   """Mean cross-entropy over the real examples of a padded batch (`R_c(theta; zeta)`);
-  per-token labels `[B, T]`: over the labelled tokens of the real rows (WILDS's Py150 loss)."""
+  per-token labels `[B, T]`: over the labelled tokens of the real rows (WILDS's Py150 loss).
+
+  Args:
+    logits: `[B, K]` (or `[B, T, V]`).
+    labels: `[B]` integer labels (or `[B, T]`, `IGNORE` where unlabelled).
+    mask: `[B]`, 1 for real rows, 0 for padding (`Batch.mask`).
+
+  Returns:
+    `sum(ce * mask) / max(sum(mask), 1)`, a scalar.
+  """
   labels, mask, (logits,), _ = tokens_as_examples(labels, mask, logits)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def erm_objective(model):
-  """`R_c(theta; zeta)`: the plain local objective. Signature of every objective:
-  `objective(params, batch, rng) -> (loss, aux_dict)`."""
+  """`R_c(theta; zeta)`: the plain local objective, the masked cross-entropy of the model.
+
+  Every client objective has the signature `objective(params, batch, rng) -> (loss,
+  aux_dict)`, and its loss must weight each row by `batch.mask` (`Batch`).
+
+  Args:
+    model: the `Model`.
+
+  Returns:
+    `objective(params, batch, rng) -> (loss, {})`.
+  """
   def objective(params, batch, rng):
     del rng
     return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask), {}
@@ -493,7 +525,25 @@ def gradient_step(objective, optimizer, grad_correction: Callable | None = None)
 def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
                 grad_correction: Callable | None = None):
   """Local training by `optimizer` on `objective` from a fresh optimizer state (FedAvg's
-  client: every round restarts momentum and Adam's moments); returns `(params, mean_loss)`."""
+  client: every round restarts momentum and Adam's moments).
+
+  A client side that calls `local_train` itself (rather than through
+  `fedavg.objective_client`) is not checked for reading padded rows: its objective must
+  weight every row by `batch.mask`.
+
+  Args:
+    params: the parameters training starts from (the broadcast model).
+    objective: `objective(params, batch, rng) -> (loss, aux)`.
+    optimizer: the local optax optimizer.
+    data: the client's padded data.
+    rng: the key of the batch order and each step's randomness.
+    sched: the local schedule.
+    grad_correction: maps the raw gradient to the one the optimizer sees (SCAFFOLD's
+      `- c_i + c`), or None.
+
+  Returns:
+    `(params, mean_loss)`: the trained parameters and the loss averaged over the real rows seen.
+  """
   params, _, loss = local_train_from(params, optimizer.init(params), objective, optimizer, data, rng, sched,
                                      grad_correction)
   return params, loss

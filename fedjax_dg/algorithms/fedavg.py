@@ -82,14 +82,33 @@ def server_optimizer(kind: str, server_config, values=None) -> optax.GradientTra
 def objective_client(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule,
                      keep_optimizer: bool = False, **fields) -> ClientSide:
   """The FedAvg client on the objective `make_objective(global_params, extra)`: local
-  training from the broadcast model, sends `Delta_c`. `fields` complete the ClientSide
-  (a broadcast `extra` and the server state it comes from: FedIIR's `g~`, AFL's `beta`).
+  training from the broadcast model, sends `Delta_c = theta_c - theta`.
 
-  `keep_optimizer`: the local optimizer's state (momentum, Adam's moments and step count)
-  is the client's persistent state and carries over from round to round, instead of
-  restarting with each round as FedAvg's does. With one client holding every training
-  domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
-  centralised run: that is centralised ERM (`keeps_optimizer(ctx)`)."""
+  This is where a method hands the library its client objective: the result carries
+  `make_objective` (`ClientSide.objective`), and building the method checks once that the
+  objective's loss ignores a batch's padded rows (`base.check_padding`).
+
+  Args:
+    make_objective: `(global_params, extra) -> objective(params, batch, rng) -> (loss,
+      aux)`; `extra` is what `broadcast` sends (FedIIR's `g~`, AFL's `beta`), else `()`.
+      The loss must weight each row by `batch.mask`.
+    client_opt: the local optax optimizer (`ctx.client_opt`).
+    sched: the local schedule (`ctx.sched`).
+    keep_optimizer: the local optimizer's state (momentum, Adam's moments and step count)
+      is the client's persistent state and carries over from round to round, instead of
+      restarting with each round as FedAvg's does. With one client holding every training
+      domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
+      centralised run: that is centralised ERM (`keeps_optimizer(ctx)`).
+    **fields: the rest of the `ClientSide` (a broadcast `extra` and the server state it
+      comes from: FedIIR's `g~`, AFL's `beta`).
+
+  Returns:
+    The `ClientSide`.
+
+  Raises:
+    ValueError: `keep_optimizer` with an `init` in `fields` (the client state holds the
+      optimizer state).
+  """
   if not keep_optimizer:
     def update(global_params, extra, client_state, data, rng):
       params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
