@@ -124,3 +124,13 @@ def test_the_checker_finds_what_it_looks_for(package):
   assert _problems(mod.members["f"]) == ["Args: does not describe ['b']"]
   assert _problems(mod.members["C"]) == ["a class without an Attributes: section"]
   assert _problems(mod.members["g"]) == ["no docstring"]
+
+
+def test_register_rule_refuses_a_name_that_cannot_follow_plus():
+  from fedjax_dg.algorithms.spec import RuleSpec
+  for bad in ("", "adam+omg"):
+    with pytest.raises(ValueError, match="server rule name") as err:
+      fedjax_dg.register_rule(RuleSpec(bad, lambda ctx, hp: None))
+    assert "\n" not in str(err.value)
+  from fedjax_dg import algorithms
+  assert "" not in algorithms.RULES and "adam+omg" not in algorithms.RULES
