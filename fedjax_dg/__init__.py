@@ -3,15 +3,16 @@
 The entry points, importable from the package (each loads its module on first use, so
 `import fedjax_dg` stays light):
 
-  default_config()                    the default experiment config (an ml_collections ConfigDict)
-  train_and_evaluate(config, workdir) a whole run: data, clients, rounds, evaluation, selection
-  run_fold(config, fold, workdir)     the same on a fold you built
-  load_fold, pack, build_method, local_schedule, cohort_size   the run's pieces (`fedjax_dg.api`)
-  make_round, init_round_state        the round engine
-  build_model, Model, SplitModel      models (a featurizer and a classifier)
-  DomainDataset, Fold, register_dataset   data types and custom datasets
-  register_method, MethodSpec         custom methods (`fedjax_dg.algorithms.spec`)
-  Algorithm, ClientData               the engine's contract
+- `default_config()`: the default experiment config (an ml_collections ConfigDict).
+- `train_and_evaluate(config, workdir)`: a whole run: data, clients, rounds, evaluation, selection.
+- `run_fold(config, fold, workdir)`: the same on a fold you built.
+- `load_fold`, `pack`, `build_method`, `local_schedule`, `cohort_size`: the run's pieces (`fedjax_dg.api`).
+- `make_round`, `init_round_state`: the round engine.
+- `build_model`, `Model`, `SplitModel`, `Classifier`: models (a featurizer and a classifier).
+- `DomainDataset`, `Fold`, `register_dataset`: data types and custom datasets.
+- `register_method`, `MethodSpec`: custom methods (`fedjax_dg.algorithms.spec`).
+- `register_rule`: custom server rules (a `RuleSpec`; `<method>+<rule>` in `algorithm.name`).
+- `Algorithm`, `ClientData`: the engine's contract.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ _EXPORTS = {
     "Algorithm": "fedjax_dg.algorithms.base",
     "ClientData": "fedjax_dg.algorithms.base",
 }
-_RENAMED = {"register_method": ("fedjax_dg.algorithms", "register")}
+_RENAMED = {"register_method": ("fedjax_dg.algorithms", "register"),
+            "register_rule": ("fedjax_dg.algorithms", "register_rule")}
 
 __all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
 

@@ -55,7 +55,17 @@ def pack(config, fold: splits.Fold) -> store_lib.ClientStore:
 
 def local_schedule(config, counts, unroll: int | bool = 1, augment=None) -> LocalSchedule:
   """The clients' local loop from `config.client` (`batch_size`, `local_steps` or
-  `local_epochs`) and the clients' example counts (`store.counts`)."""
+  `local_epochs`) and the clients' example counts.
+
+  Args:
+    config: the experiment config.
+    counts: the clients' example counts (`store.counts`).
+    unroll: `lax.scan`'s `unroll` for the local loop.
+    augment: `(rng, x) -> x` applied to every training batch, or None.
+
+  Returns:
+    The `LocalSchedule`.
+  """
   c = config.client
   n_max, n_min = int(max(counts)), int(min(counts))
   return make_schedule(int(c.batch_size), int(c.local_steps), int(c.local_epochs), n_max, n_min, unroll, augment)
@@ -77,9 +87,26 @@ def local_steps(config, counts) -> int:
 def build_method(config, model, store: store_lib.ClientStore, fold: splits.Fold | None = None,
                  sched: LocalSchedule | None = None):
   """The engine's `Algorithm` for `config.algorithm.name` (a method, or `method+rule`) with
-  its hyperparameters from `config.algorithm.<method>`: `model`'s clients on `store`, the
-  local schedule from `config.client` unless `sched` is given. `fold` gives the domains
-  (methods that work per domain read them); without it every client is one domain."""
+  its hyperparameters from `config.algorithm.<method>`.
+
+  Building checks the config, and checks the method's client objective once for reading
+  the padded rows of a batch (`algorithms.base.check_padding`).
+
+  Args:
+    config: the experiment config.
+    model: the model the clients train (FedSR expects `algorithms.model_for(config, model)`).
+    store: the packed client store (`pack`).
+    fold: the data splits; they give the domains (methods that work per domain read
+      them). None: every client is one domain.
+    sched: the local schedule (default: `local_schedule(config, store.counts)`).
+
+  Returns:
+    The `Algorithm`.
+
+  Raises:
+    ValueError: one line for a bad config field, an unknown method or rule, a rule the
+      method's clients cannot feed, or a client objective whose loss reads padded rows.
+  """
   config_lib.validate(config)
   num_clients = int(store.counts.shape[0])
   sched = sched or local_schedule(config, store.counts)
@@ -90,5 +117,13 @@ def build_method(config, model, store: store_lib.ClientStore, fold: splits.Fold 
 
 
 def cohort_size(config, num_clients: int) -> int:
-  """Clients sampled per round: `config.cohort_size`, else `cohort_fraction * num_clients`."""
+  """Clients sampled per round: `config.cohort_size`, else `cohort_fraction * num_clients`.
+
+  Args:
+    config: the experiment config.
+    num_clients: `C`, the clients holding training data.
+
+  Returns:
+    The cohort size.
+  """
   return config_lib.cohort_size(config, num_clients)

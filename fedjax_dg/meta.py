@@ -69,28 +69,56 @@ TEST_SPLITS = ("test", "in_test")          # refused by name
 
 class AggregationWeights(NamedTuple):
   """Log-multipliers of the aggregation weights (zeros: the method's own) and the global
-  shrink factor (1: none)."""
+  shrink factor (1: none).
+
+  Attributes:
+    client: `[C]` log-multiplier of each client's weight.
+    domain: `[D]` log-multiplier of each domain's weight, by dataset domain id.
+    shrink: `[]` the factor the global model is multiplied by after every server update.
+  """
   client: jax.Array  # [C]
   domain: jax.Array  # [D], dataset domain ids
   shrink: jax.Array  # []
 
 
 class Meta(NamedTuple):
-  """The outer variables: hyperparameter values by dotted name, and aggregation weights."""
+  """The outer variables: hyperparameter values by dotted name, and aggregation weights.
+
+  Attributes:
+    hparams: `{"client.lr": x, "method.mu": y, ...}`: values that replace those fields of
+      `state.hparams`.
+    weights: the `AggregationWeights`, or None: the method's own aggregation.
+  """
   hparams: dict = {}
   weights: AggregationWeights | None = None
 
 
 class Objective(NamedTuple):
-  """`fn(params, data, state) -> scalar` on the model after the rounds; `data = (x, y)` of
-  the validation split `split` (None: `fn` reads no data)."""
+  """The outer objective on the model after the rounds.
+
+  Attributes:
+    fn: `fn(params, data, state) -> scalar`; `data = (x, y)` of the split `split`.
+    split: the validation split `fn` reads (`OUTER_SPLITS`); None: `fn` reads no data.
+  """
   fn: Callable
   split: str | None = "heldout_val"
 
 
 class Problem(NamedTuple):
   """The inner problem: the rounds, the clients' data, and the data an outer objective may
-  read. Build it with `problem(...)` or `from_config(...)`."""
+  read. Build it with `problem(...)` or `from_config(...)`.
+
+  Attributes:
+    round_fn: the engine's round (`make_round`, a differentiable strategy).
+    store: the `ClientStore` of device arrays.
+    base_weights: `[C]` the method's own aggregation weights `p_c`.
+    domain_shares: `[C, D]` the share of client c's examples from domain d.
+    params_of: server state -> model parameters.
+    splits: `{name: (x, y)}` of the validation splits an objective may read (only `OUTER_SPLITS`).
+    hparams: the default run-time hyperparameters (the builder's).
+    strategy: the engine strategy of `round_fn`.
+    model: the model (`model.apply(params, x)`), when known.
+  """
   round_fn: Callable       # engine RoundFn (a differentiable strategy)
   store: Any               # ClientStore of device arrays
   base_weights: jax.Array  # [C] the method's own aggregation weights p_c
@@ -103,14 +131,30 @@ class Problem(NamedTuple):
 
 
 def check_strategy(strategy: str, field: str = "engine.strategy") -> None:
-  """One line for a strategy that cannot be differentiated."""
+  """One line for a strategy that cannot be differentiated.
+
+  Args:
+    strategy: the engine strategy.
+    field: the config field the error names.
+
+  Raises:
+    ValueError: `strategy` is not in `DIFFERENTIABLE_STRATEGIES` ("host_loop").
+  """
   if strategy not in DIFFERENTIABLE_STRATEGIES:
     raise ValueError(f"{field}: {strategy!r} cannot be differentiated through rounds (host_loop dispatches "
                      f"clients from a Python loop); use one of {DIFFERENTIABLE_STRATEGIES}")
 
 
 def check_split(split: str | None, field: str = "objective.split") -> None:
-  """One line for an outer objective that would read a test split or an unknown one."""
+  """One line for an outer objective that would read a test split or an unknown one.
+
+  Args:
+    split: the split's name, or None (no data).
+    field: the field the error names.
+
+  Raises:
+    ValueError: `split` is a test split (`TEST_SPLITS`) or not in `OUTER_SPLITS`.
+  """
   if split is None or split in OUTER_SPLITS:
     return
   if split in TEST_SPLITS:
@@ -124,7 +168,16 @@ def _is_count(v) -> bool:
 
 def check_rounds(rounds: int, truncate: int | None) -> None:
   """One line for a round count that is not a positive integer (`True` and `2.0` are not),
-  or a truncation outside [1, rounds]."""
+  or a truncation outside [1, rounds].
+
+  Args:
+    rounds: the number of rounds differentiated through.
+    truncate: K, the last rounds the gradient flows through, or None: all.
+
+  Raises:
+    ValueError: `rounds` is not a positive integer, or `truncate` is not an integer in
+      `[1, rounds]`.
+  """
   if not _is_count(rounds) or rounds < 1:
     raise ValueError(f"rounds: must be a positive integer, got {rounds!r}")
   if truncate is not None and not (_is_count(truncate) and 1 <= truncate <= rounds):
@@ -133,7 +186,15 @@ def check_rounds(rounds: int, truncate: int | None) -> None:
 
 
 def domain_shares(store, num_domains: int | None = None) -> np.ndarray:
-  """`[C, D]`: the share of each client's examples from each domain (rows sum to 1)."""
+  """The share of each client's examples from each domain.
+
+  Args:
+    store: the `ClientStore` (its `domain` and `counts`).
+    num_domains: `D` (default: the largest domain id in the store plus one).
+
+  Returns:
+    `[C, D]` float64 shares; each row sums to 1.
+  """
   dom, counts = np.asarray(store.domain), np.asarray(store.counts)
   D = int(num_domains if num_domains is not None else dom.max() + 1)
   real = np.arange(dom.shape[1])[None, :] < counts[:, None]
@@ -143,9 +204,27 @@ def domain_shares(store, num_domains: int | None = None) -> np.ndarray:
 
 def problem(builder, store, num_clients: int, cohort_size: int, strategy: str = "vmap", *, chunk_size: int = 1,
             splits: dict | None = None, num_domains: int | None = None, model=None, **engine) -> Problem:
-  """The inner problem for `builder` (an `algorithms.Builder`, or an `Algorithm`) on the
-  client store `store`; `splits` `{name: (x, y)}` of validation data for the objective
-  (test splits refused); `engine`: `make_round`'s keyword arguments (dropout, ...)."""
+  """The inner problem for `builder` on the client store `store`.
+
+  Args:
+    builder: an `algorithms.Builder`, or an `Algorithm`.
+    store: the `ClientStore` (arrays; inputs in host memory are refused).
+    num_clients: `C`.
+    cohort_size: clients per round.
+    strategy: a differentiable engine strategy ("vmap", "chunked", "sequential").
+    chunk_size: clients per chunk ("chunked").
+    splits: `{name: (x, y)}` of validation data for the objective (test splits refused).
+    num_domains: `D` of `domain_shares` (default: from the store).
+    model: the model, kept in the problem for objectives that need it.
+    **engine: `make_round`'s keyword arguments (dropout, straggler_fraction, buckets).
+
+  Returns:
+    The `Problem`.
+
+  Raises:
+    ValueError: a strategy that cannot be differentiated, a test or unknown split, or
+      inputs in host memory.
+  """
   check_strategy(strategy)
   splits = dict(splits or {})
   for name in splits:
@@ -165,9 +244,21 @@ def problem(builder, store, num_clients: int, cohort_size: int, strategy: str = 
 
 
 def from_config(config, fold=None):
-  """`(problem, state, round_key)` for the run `config` describes, built as the runner
-  builds it (`plan.prepare`; round `t` uses `fold_in(round_key, t)`); the objective may
-  read the fold's held-out validation domain and in-domain validation split."""
+  """The problem for the run `config` describes, built as the runner builds it
+  (`plan.prepare`); the objective may read the fold's held-out validation domain and
+  in-domain validation split.
+
+  Args:
+    config: the experiment config.
+    fold: the data (default: `load_fold(config)`).
+
+  Returns:
+    `(problem, state, round_key)`: round `t` uses `fold_in(round_key, t)`; `state` is the
+    run's initial `RoundState`.
+
+  Raises:
+    ValueError: a strategy that cannot be differentiated, or `engine.host_store` set.
+  """
   from fedjax_dg import folds as folds_lib, plan as plan_lib
   from fedjax_dg.engine import init_round_state
   if config.engine.strategy != "auto":
@@ -193,9 +284,20 @@ def from_config(config, fold=None):
 
 
 def init_meta(p: Problem, hparams=(), weights: bool = True) -> Meta:
-  """The outer variables at the run's own values: `hparams` names (e.g. `("client.lr",
-  "method.mu")`) take their values from the problem's defaults; `weights`: zero
-  log-multipliers and shrink 1."""
+  """The outer variables at the run's own values.
+
+  Args:
+    p: the problem.
+    hparams: dotted names of the hyperparameters to differentiate (e.g. `("client.lr",
+      "method.mu")`); their values come from the problem's defaults.
+    weights: include the aggregation weights: zero log-multipliers and shrink 1.
+
+  Returns:
+    The `Meta`.
+
+  Raises:
+    ValueError: a name the round state does not hold.
+  """
   values = {name: _lookup(p.hparams, name) for name in hparams}
   w = None
   if weights:
@@ -214,7 +316,17 @@ def _lookup(tree, name: str):
 
 
 def check_meta(p: Problem, meta: Meta, state: RoundState) -> None:
-  """One line for an outer variable the problem does not have."""
+  """One line for an outer variable the problem does not have.
+
+  Args:
+    p: the problem.
+    meta: the outer variables.
+    state: the round state they apply to.
+
+  Raises:
+    ValueError: client states in host memory, an unknown hyperparameter name, a weight of
+      the wrong shape, a NaN or infinite value, or weights that give every client zero.
+  """
   if isinstance(state.clients, HostClientStates):
     raise ValueError("state.clients: client states in host memory cannot be differentiated; "
                      "use init_round_state(host_states=False)")
@@ -243,7 +355,15 @@ def _check_finite(field: str, value) -> None:
 
 
 def with_hparams(state: RoundState, values: dict) -> RoundState:
-  """`state` with the dotted `values` written into `state.hparams`."""
+  """`state` with the dotted `values` written into `state.hparams`.
+
+  Args:
+    state: the round state.
+    values: `{"group.field": value}`; each value is cast to the stored dtype.
+
+  Returns:
+    The new `RoundState` (`state` itself when `values` is empty).
+  """
   if not values:
     return state
   hp = {g: dict(d) for g, d in state.hparams.items()}
@@ -254,12 +374,28 @@ def with_hparams(state: RoundState, values: dict) -> RoundState:
 
 
 def client_weights(p: Problem, w: AggregationWeights):
-  """`[C]`: `p_c exp(client_c) sum_d s_cd exp(domain_d)`."""
+  """Each client's aggregation weight `p_c exp(client_c) sum_d s_cd exp(domain_d)`.
+
+  Args:
+    p: the problem (its `base_weights` `p_c` and `domain_shares` `s_cd`).
+    w: the `AggregationWeights`.
+
+  Returns:
+    `[C]` weights.
+  """
   return p.base_weights * jnp.exp(w.client) * (p.domain_shares @ jnp.exp(w.domain))
 
 
 def shrink(state: RoundState, gamma) -> RoundState:
-  """The round state with the server's parameters multiplied by `gamma`."""
+  """The round state with the server's parameters multiplied by `gamma`.
+
+  Args:
+    state: the round state.
+    gamma: the shrink factor (FedLAW's global `gamma`).
+
+  Returns:
+    The new `RoundState`.
+  """
   server = state.server
   params = jax.tree.map(lambda a: (gamma * a).astype(a.dtype), server.params)
   return state._replace(server=server._replace(params=params))
@@ -269,9 +405,24 @@ def shrink(state: RoundState, gamma) -> RoundState:
 
 
 def rounds(p: Problem, meta: Meta, state: RoundState, round_key, first, num: int, remat: bool = True):
-  """The round state after `num` rounds from `state` with the outer variables `meta`;
-  round `t` (counted from 0 at the run's start) uses `fold_in(round_key, t)`, the first
-  of these rounds being `first`. Differentiable in `meta` and `state`."""
+  """The round state after `num` rounds from `state` with the outer variables `meta`.
+  Differentiable in `meta` and `state`.
+
+  Args:
+    p: the problem.
+    meta: the outer variables.
+    state: the round state to start from.
+    round_key: round `t` (counted from 0 at the run's start) uses `fold_in(round_key, t)`.
+    first: the index `t` of the first of these rounds.
+    num: the number of rounds (an integer >= 0).
+    remat: each round is a `jax.checkpoint` (the backward pass recomputes one round at a time).
+
+  Returns:
+    The `RoundState` after the rounds.
+
+  Raises:
+    ValueError: `num` is not an integer >= 0.
+  """
   if not _is_count(num) or num < 0:
     raise ValueError(f"num: the number of rounds must be an integer >= 0, got {num!r}")
   state = with_hparams(state, meta.hparams)
@@ -291,10 +442,27 @@ def _value(p: Problem, objective: Objective, state: RoundState):
 
 def hypergradient(p: Problem, objective: Objective, rounds_: int, truncate: int | None = None,
                   remat: bool = True, jit: bool = True):
-  """`fn(meta, state, round_key, first=0) -> (value, grad, final_state)`: the objective
-  after `rounds_` rounds from `state` (rounds `first .. first + rounds_ - 1`) and its
-  gradient with respect to `meta` (a `Meta` shaped like it), through all rounds or, with
-  `truncate=K`, through the last K. Checks its arguments before anything compiles."""
+  """The objective after `rounds_` rounds and its gradient with respect to the outer variables.
+
+  Args:
+    p: the problem.
+    objective: the outer objective.
+    rounds_: the number of rounds.
+    truncate: K: the gradient flows through the last K rounds only (the first
+      `rounds_ - K` run forward); None: through all.
+    remat: each differentiated round is a `jax.checkpoint`.
+    jit: compile the whole computation as one program.
+
+  Returns:
+    `fn(meta, state, round_key, first=0) -> (value, grad, final_state)`: the objective
+    after rounds `first .. first + rounds_ - 1` from `state`, and its gradient with respect
+    to `meta` (a `Meta` shaped like it). `fn` checks its arguments (`check_meta`) before
+    anything compiles.
+
+  Raises:
+    ValueError: a test or unknown split, a split the problem lacks, or a bad round count
+      or truncation.
+  """
   check_split(objective.split)
   if objective.split is not None and objective.split not in p.splits:
     raise ValueError(f"objective.split: {objective.split!r} is not among the problem's splits {sorted(p.splits)}")
@@ -319,14 +487,31 @@ def hypergradient(p: Problem, objective: Objective, rounds_: int, truncate: int 
 
 
 def one_step(p: Problem, objective: Objective, remat: bool = False, jit: bool = True):
-  """The online estimator: `fn(meta, state, round_key, t) -> (value, grad, next_state)`,
-  the gradient of the objective after round `t` alone from `state`."""
+  """The online estimator: the gradient of the objective after one round from `state`.
+
+  Args:
+    p: the problem.
+    objective: the outer objective.
+    remat: the round is a `jax.checkpoint`.
+    jit: compile it as one program.
+
+  Returns:
+    `fn(meta, state, round_key, t) -> (value, grad, next_state)`, for round `t` alone.
+  """
   h = hypergradient(p, objective, 1, remat=remat, jit=jit)
   return lambda meta, state, round_key, t: h(meta, state, round_key, t)
 
 
 def validation_loss(model, split: str = "heldout_val") -> Objective:
-  """The mean cross-entropy of the model on `split` (the held-out validation domain)."""
+  """The mean cross-entropy of the model on `split` (the held-out validation domain).
+
+  Args:
+    model: the model (`model.apply(params, x)`).
+    split: the validation split to read.
+
+  Returns:
+    The `Objective`.
+  """
   def fn(params, data, state):
     x, y = data
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y).mean()

@@ -6,6 +6,9 @@ the specs (`spec.py`): config defaults, range checks, random search, the documen
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import ml_collections
 import numpy as np
 
@@ -13,8 +16,9 @@ from fedjax_dg.algorithms import (afl, dg, fedadg, fedavg, feddg, feddim, fedga,
                                   fedprox, fedsam, fedsr, fish, groupdro, learned, scaffold)
 import jax.numpy as jnp
 
-from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, make_optimizer, make_schedule, optimizer_values
-from fedjax_dg.algorithms.spec import (SEED_FIELDS, Context, MethodSpec, RuleSpec, StaticView, compose, continuous,
+from fedjax_dg.algorithms.base import (Algorithm, ClientOutput, Stacked, check_padding, make_optimizer, make_schedule,
+                                       optimizer_values)
+from fedjax_dg.algorithms.spec import (SEED_FIELDS, ClientSide, Context, MethodSpec, RuleSpec, StaticView, compose, continuous,
                                        defaults, hparam_fields, read, run_time_values, sample, with_values)
 
 METHODS: dict[str, MethodSpec] = {}
@@ -22,7 +26,23 @@ RULES: dict[str, RuleSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-  """Adds a method (a new method file needs this one line)."""
+  """Adds a method: `config.algorithm.name = spec.name` then builds it, alone or with any
+  server rule (`<name>+<rule>`), and `config.algorithm.<spec.key>` holds its
+  hyperparameters. Exported as `fedjax_dg.register_method`; a method file in the package
+  needs this one line in `fedjax_dg/algorithms/__init__.py`.
+
+  Registering a name again replaces the method. When the method is built (`Builder`), its
+  client objective is checked once for reading padded rows (`base.check_padding`).
+
+  Args:
+    spec: the method's record.
+
+  Returns:
+    `spec`, so the call can decorate or assign.
+
+  Raises:
+    ValueError: the name holds '+', which joins a method and a server rule.
+  """
   if "+" in spec.name:
     raise ValueError(f"method name {spec.name!r}: '+' joins a method and a server rule")
   METHODS[spec.name] = spec
@@ -30,6 +50,24 @@ def register(spec: MethodSpec) -> MethodSpec:
 
 
 def register_rule(rule: RuleSpec) -> RuleSpec:
+  """Adds a server rule: `config.algorithm.name = "<method>+<rule.name>"` then runs any
+  composable method's clients with it, and `config.algorithm.<rule.name>` holds its
+  hyperparameters. Exported as `fedjax_dg.register_rule`.
+
+  Registering a name again replaces the rule. `compose` refuses, when a method is built,
+  a rule whose `needs` the method's clients do not provide.
+
+  Args:
+    rule: the rule's record: `RuleSpec(name, build)` with `build(ctx, hp) -> ServerRule`.
+
+  Returns:
+    `rule`, so the call can decorate or assign.
+
+  Raises:
+    ValueError: the name is empty or holds '+'.
+  """
+  if not isinstance(rule.name, str) or not rule.name or "+" in rule.name:
+    raise ValueError(f"server rule name {rule.name!r}: a non-empty name without '+' ('+' joins a method and a rule)")
   RULES[rule.name] = rule
   return rule
 
@@ -195,6 +233,14 @@ class Builder:
     self._prepared = owner.prepare(ctx, self.hp) if owner.prepare else None  # once, outside any trace
     self._rule_prepared = self.rule.prepare(ctx, self.rule_hp) if stage is None and self.rule.prepare else None
     self.ctx = ctx._replace(config=static_view(config), store=None, tune_store=None, heldout_val=None)
+    if stage is None:  # once, outside any trace, with the config's own values
+      label_shape = tuple(ctx.store.y.shape[2:]) if ctx.store is not None else ()
+      padding_check(self.spec.name, self._client_side(self.hparams), self.ctx, label_shape)
+
+  def _client_side(self, values):
+    ctx = self.ctx._replace(client_opt=make_optimizer(self.config.client, values=values["client"]), values=values,
+                            prepared=self._prepared)
+    return self.spec.client(ctx, with_values(self.hp, values["method"]))
 
   def __call__(self, values=None) -> Algorithm:
     values = self.hparams if values is None else values
@@ -203,10 +249,40 @@ class Builder:
     if self.stage is not None:
       return self.stage.build(ctx._replace(prepared=self._prepared), hp)
     spec, rule = self.spec, self.rule
-    alg = compose(self.config.algorithm.name, spec.client(ctx._replace(prepared=self._prepared), hp),
+    alg = compose(self.config.algorithm.name, self._client_side(values),
                   rule.build(ctx._replace(prepared=self._rule_prepared), rule_hp))
     return alg._replace(sends=spec.sends + rule.sends, receives=spec.receives + rule.receives,
                         leaks_data=spec.leaks_data, setup_bytes=self._setup_bytes)
+
+
+def padding_check(name: str, client: ClientSide, ctx: Context, label_shape=()) -> None:
+  """`check_padding` of a client side's objective (`ClientSide.objective`, which
+  `objective_client` sets), at the parameters `ctx.model.init` gives (pretrained weights
+  not loaded) and the broadcast of a fresh server state. A client side without an
+  objective (a method with its own local loop) is not checked.
+
+  Args:
+    name: the method's name, for the error.
+    client: the method's client side, built with concrete values.
+    ctx: the builder's context (its model, classes and domains).
+    label_shape: the shape of one label row (`(T,)` for per-token labels).
+
+  Raises:
+    ValueError: one line naming the method and `batch.mask`, when the objective's loss
+      depends on the padded rows of its batch.
+  """
+  if client.objective is None:
+    return
+  model = ctx.model
+  if dataclasses.is_dataclass(model) and getattr(model, "load", None) is not None:
+    model = dataclasses.replace(model, load=None)
+  rng = jax.random.PRNGKey(0)
+  params = model.init(rng)
+  trained = client.nets_init(rng, params) if client.nets_init else params
+  extra = client.broadcast(client.side_init(rng, params), jnp.asarray(0, jnp.int32)) if client.broadcast else ()
+  num_classes = getattr(getattr(model.module, "classifier", None), "num_classes", 2)
+  check_padding(name, client.objective(trained, extra), trained, model.input_shape, label_shape, num_classes,
+                ctx.num_domains)
 
 
 def build(ctx: Context) -> Algorithm:

@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dg.data.augment import to_float
@@ -34,20 +35,34 @@ from fedjax_dg.objectives import domain_slots, slot_mask
 
 
 class ClientData(NamedTuple):
-  """One client's padded examples; rows `>= count` are padding."""
-  x: jax.Array       # [N_max, ...]
-  y: jax.Array       # [N_max]
-  domain: jax.Array  # [N_max]
-  count: jax.Array   # scalar int
-  client_id: Any = 0  # the client's index in [0, C)
-  # A straggler's share of its local work (engine.straggler_fraction): with `work = u` in
-  # [0, 1] the client takes only its first `floor(u K_c) + 1` steps that touch data
-  # (`real_steps`); None (or 1): all of them.
+  """One client's padded examples; rows `>= count` are padding.
+
+  Every client holds `N_max` rows (the largest client's count) so that clients stack into
+  one array; a full pass over a client's data (a statistic, a loss) must weight its rows by
+  `mask` (or read only the first `count`).
+
+  Attributes:
+    x: inputs `[N_max, ...]` (uint8 images, floats, or token ids).
+    y: labels `[N_max]` (or `[N_max, T]`: per-token labels, `IGNORE` where none).
+    domain: each row's domain id `[N_max]`.
+    count: the number of real rows (a scalar int); rows `>= count` are padding.
+    client_id: the client's index in `[0, C)`.
+    work: a straggler's share of its local work (`engine.straggler_fraction`): with
+      `work = u` in [0, 1] the client takes only its first `floor(u K_c) + 1` steps that
+      touch data (`real_steps`); None (or 1): all of them.
+    step_cap: epoch mode: compile only the first `step_cap` steps of each epoch (a Python
+      int, set by the engine inside the traced client function for local-step buckets), or
+      None: all. The engine sets a cap >= `ceil(count / B)`, so the steps left out are
+      exactly the no-op steps past the client's data: the same result at the cost of the
+      client's own steps.
+    mask: (property) `[N_max]` float, 1 for the real rows, 0 for padding.
+  """
+  x: jax.Array
+  y: jax.Array
+  domain: jax.Array
+  count: jax.Array
+  client_id: Any = 0
   work: Any = None
-  # Epoch mode: compile only the first `step_cap` steps of each epoch (a Python int, set by
-  # the engine inside the traced client function for local-step buckets), or None: all.
-  # The engine sets a cap >= `ceil(count / B)`, so the steps left out are exactly the no-op
-  # steps past the client's data: the same result at the cost of the client's own steps.
   step_cap: Any = None
 
   @property
@@ -57,26 +72,94 @@ class ClientData(NamedTuple):
 
 
 class Batch(NamedTuple):
+  """One local step's minibatch, as a client objective `objective(params, batch, rng)` sees it.
+
+  A batch always has `B` rows (the compiled loop's shape), so where a client's data runs
+  out (the last batch of an epoch, a client smaller than `B`) some rows are padding: their
+  `mask` is 0 and their values are a copy of another row. A loss must weight every
+  per-example term by `mask`, e.g. `jnp.sum(ce * batch.mask) / jnp.maximum(jnp.sum(batch.mask), 1.0)`
+  (`masked_cross_entropy`), never a plain `ce.mean()`; the library refuses, when a method is
+  built, a client objective whose loss depends on the padded rows (`check_padding`).
+
+  Attributes:
+    x: inputs `[B, ...]`, as floats (uint8 images scaled to [0, 1]), augmented if the run augments.
+    y: labels `[B]` (or `[B, T]` per-token labels).
+    domain: domain ids `[B]`.
+    mask: `[B]` float, 1 for real examples, 0 for padding.
+    step: the local step index within the round (for annealed penalties).
+  """
   x: jax.Array
   y: jax.Array
   domain: jax.Array
-  mask: jax.Array  # [B] float, 1 for real examples
-  step: Any = 0    # the local step index within the round (for annealed penalties)
+  mask: jax.Array
+  step: Any = 0
 
 
 class ClientOutput(NamedTuple):
-  message: Any   # sent to the server (counted for communication)
-  state: Any     # the client's new persistent state (stays on the client)
-  metrics: Any   # dict of scalars, averaged over the cohort with the same weights
+  """What `client_update` returns.
+
+  Attributes:
+    message: sent to the server (counted for communication): `Delta_c`, or
+      `(Delta_c, side_message)`.
+    state: the client's new persistent state (stays on the client).
+    metrics: a dict of scalars, averaged over the cohort with the aggregation's weights.
+  """
+  message: Any
+  state: Any
+  metrics: Any
 
 
 class Stacked(NamedTuple):
+  """The aggregate a `"stack"` server rule receives: every cohort member's message.
+
+  Attributes:
+    messages: the members' messages, each leaf with a leading cohort axis `[M, ...]`.
+    weights: `[M]` aggregation weights; padding members have weight 0.
+    extras: per-client side messages a rule may read (FedGA's gaps), when sent; else None.
+  """
   messages: Any
   weights: jax.Array
-  extras: Any = None  # per-client side messages a rule may read (FedGA's gaps), when sent
+  extras: Any = None
 
 
 class Algorithm(NamedTuple):
+  """The engine's contract: a record of pure functions (the module docstring lists their
+  signatures; docs/concepts/algorithm-contract.md describes them in full).
+
+  Attributes:
+    name: the `algorithm.name` it was built from.
+    server_init: `(rng, params) -> server_state`.
+    client_init: `(params) -> client_state` of one client.
+    broadcast: `(server_state) -> broadcast`, what clients receive.
+    client_update: `(broadcast, client_state, data: ClientData, rng) -> ClientOutput`.
+    server_update: `(server_state, aggregate) -> server_state`.
+    params_of: `(server_state) -> model parameters` to evaluate.
+    aggregation: what `server_update` receives: "mean" (the weighted mean of the messages)
+      or "stack" (`Stacked`).
+    weighting: "examples" (`p_c = n_c / sum n`) or "uniform".
+    client_stat: optional pre-round phase, for methods whose local objective needs a
+      cohort statistic at the current global model (FedIIR's mean head gradient): every
+      sampled client computes `client_stat(broadcast, client_state, data, rng)`, the
+      engine takes the uniform mean over the cohort, and `server_prepare(server_state,
+      mean_stat)` runs before the round's broadcast. It costs one extra exchange per round.
+    server_prepare: see `client_stat`.
+    sends: what a client sends beyond the model and its update, for the communication and
+      privacy table (docs/methods/index.md; Bai, Bagchi and Inouye, "Benchmarking
+      Algorithms for Federated Domain Generalization", ICLR 2024, Table 12's "free of leakage").
+    receives: what a client receives beyond the model.
+    leaks_data: sends something computed per example (e.g. amplitude spectra).
+    setup_bytes: a one-off exchange before training (FedDG's amplitude bank).
+    stat_aggregation: how the pre-round stats reach `server_prepare`: "mean" (uniform over
+      the real members) or "stack" (`Stacked(stats, weights)`, weight 1 per real member,
+      0 for padding).
+    client_report: optional post-round phase (FedLOE's stage 2: logits of every collected
+      head): after `server_update`, every member computes `client_report(broadcast(new
+      server_state), its new client_state, data, rng')` (`rng'` = `fold_in(rng, 1)`),
+      aggregated as `report_aggregation` says ("mean" or "stack", as `stat_aggregation`),
+      and `server_finish(server_state, aggregate)` ends the round. One more exchange per round.
+    server_finish: see `client_report`.
+    report_aggregation: see `client_report`.
+  """
   name: str
   server_init: Callable
   client_init: Callable
@@ -86,27 +169,13 @@ class Algorithm(NamedTuple):
   params_of: Callable
   aggregation: str = "mean"
   weighting: str = "examples"
-  # Optional pre-round phase, for methods whose local objective needs a cohort statistic
-  # at the current global model (FedIIR's mean head gradient): every sampled client
-  # computes `client_stat(broadcast, client_state, data, rng)`, the engine takes the
-  # uniform mean over the cohort, and `server_prepare(server_state, mean_stat)` runs
-  # before the round's broadcast. It costs one extra exchange per round.
   client_stat: Callable | None = None
   server_prepare: Callable | None = None
-  # What a client sends and receives beyond the model and its update, for the
-  # communication and privacy table (docs/methods/index.md; seed 001 Table 12's "free of leakage").
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
-  leaks_data: bool = False      # sends something computed per example (e.g. amplitude spectra)
-  setup_bytes: int = 0          # a one-off exchange before training (FedDG's amplitude bank)
-  # How the pre-round stats reach `server_prepare`: "mean" (uniform over the real members)
-  # or "stack" (`Stacked(stats, weights)`, weight 1 per real member, 0 for padding).
+  leaks_data: bool = False
+  setup_bytes: int = 0
   stat_aggregation: str = "mean"
-  # Optional post-round phase (FedLOE's stage 2: logits of every collected head): after
-  # `server_update`, every member computes `client_report(broadcast(new server_state),
-  # its new client_state, data, rng')` (`rng'` = `fold_in(rng, 1)`), aggregated as
-  # `report_aggregation` says ("mean" or "stack", as `stat_aggregation`), and
-  # `server_finish(server_state, aggregate)` ends the round. One more exchange per round.
   client_report: Callable | None = None
   server_finish: Callable | None = None
   report_aggregation: str = "mean"
@@ -119,13 +188,22 @@ class ServerRule(NamedTuple):
   where `aggregate` is the weighted mean of the updates (`aggregation="mean"`) or
   `Stacked(updates, weights)` (`"stack"`). FedAvg/FedOpt, FedOMG, ... are rules; any
   client objective pairs with any rule.
+
+  Attributes:
+    init: `(params) -> rule_state`.
+    apply: `(rule_state, params, aggregate) -> (params, rule_state)`.
+    aggregation: "mean" or "stack", what `apply` receives.
+    name: the rule's name (`+<name>` in `algorithm.name`).
+    needs: per-client signals the rule reads from `Stacked.extras` (FedGA's rule: the
+      generalisation gap); a client side that does not provide them is refused.
+    weighting: overrides the client side's weighting (FedOMG: data fractions); None keeps it.
   """
   init: Callable
   apply: Callable
   aggregation: str = "mean"
   name: str = ""
-  needs: tuple[str, ...] = ()   # per-client signals the rule reads from `Stacked.extras`
-  weighting: str | None = None  # overrides the client side's weighting (FedOMG: data fractions)
+  needs: tuple[str, ...] = ()
+  weighting: str | None = None
 
 
 class LocalSchedule(NamedTuple):
@@ -139,17 +217,39 @@ class LocalSchedule(NamedTuple):
   `epochs == 0`: exactly `num_steps` steps of `B` examples for every client, read from a
   stream of fresh permutations of its data. `passes` is the static number of
   permutations drawn.
+
+  Attributes:
+    num_steps: the compiled loop's length (local steps per round of the largest client).
+    batch_size: `B`, rows per local step.
+    epochs: local epochs (`> 0`), or 0 for a fixed number of steps.
+    passes: the static number of permutations of a client's data drawn per round.
+    unroll: `lax.scan`'s `unroll` for the local loop.
+    augment: `(rng, x) -> x` on float images, applied to every training batch; None: none.
   """
   num_steps: int
   batch_size: int
   epochs: int
   passes: int
   unroll: int | bool
-  augment: Callable | None = None  # `(rng, x) -> x` on float images, every training batch
+  augment: Callable | None = None
 
 
 def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: int, n_min: int,
                   unroll: int | bool = 1, augment: Callable | None = None) -> LocalSchedule:
+  """The local loop's `LocalSchedule`: `local_steps` steps, or `local_epochs` epochs.
+
+  Args:
+    batch_size: `B`, rows per local step.
+    local_steps: steps per round for every client (`> 0`), or 0 for epochs.
+    local_epochs: passes over each client's data per round (with `local_steps = 0`).
+    n_max: the largest client's example count (the compiled loop's length in epoch mode).
+    n_min: the smallest client's example count (the permutations a step stream needs).
+    unroll: `lax.scan`'s `unroll`.
+    augment: `(rng, x) -> x` on every training batch, or None.
+
+  Returns:
+    The `LocalSchedule`.
+  """
   if local_steps > 0:
     return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll, augment)
   return LocalSchedule(local_epochs * math.ceil(n_max / batch_size), batch_size, local_epochs,
@@ -241,19 +341,105 @@ def slot_view(batch: "Batch", num_domains: int):
 
 def masked_cross_entropy(logits, labels, mask):
   """Mean cross-entropy over the real examples of a padded batch (`R_c(theta; zeta)`);
-  per-token labels `[B, T]`: over the labelled tokens of the real rows (WILDS's Py150 loss)."""
+  per-token labels `[B, T]`: over the labelled tokens of the real rows (WILDS's Py150 loss).
+
+  Args:
+    logits: `[B, K]` (or `[B, T, V]`).
+    labels: `[B]` integer labels (or `[B, T]`, `IGNORE` where unlabelled).
+    mask: `[B]`, 1 for real rows, 0 for padding (`Batch.mask`).
+
+  Returns:
+    `sum(ce * mask) / max(sum(mask), 1)`, a scalar.
+  """
   labels, mask, (logits,), _ = tokens_as_examples(labels, mask, logits)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def erm_objective(model):
-  """`R_c(theta; zeta)`: the plain local objective. Signature of every objective:
-  `objective(params, batch, rng) -> (loss, aux_dict)`."""
+  """`R_c(theta; zeta)`: the plain local objective, the masked cross-entropy of the model.
+
+  Every client objective has the signature `objective(params, batch, rng) -> (loss,
+  aux_dict)`, and its loss must weight each row by `batch.mask` (`Batch`).
+
+  Args:
+    model: the `Model`.
+
+  Returns:
+    `objective(params, batch, rng) -> (loss, {})`.
+  """
   def objective(params, batch, rng):
     del rng
     return masked_cross_entropy(model.apply(params, batch.x), batch.y, batch.mask), {}
   return objective
+
+
+def padding_probe(input_shape, label_shape=(), num_classes: int = 2, num_domains: int = 1) -> tuple:
+  """Two batches that differ only in their padding rows, for `check_padding`.
+
+  Each batch has four rows: the same two real rows (`mask` 1) and two padding rows
+  (`mask` 0) filled with different inputs, labels and domains in the two batches. Inputs
+  are integer-valued floats in {1, 2, 3} (valid pixels and valid token ids alike).
+
+  Args:
+    input_shape: the shape of one input row (`Model.input_shape`).
+    label_shape: the shape of one label row: `()`, or `(T,)` for per-token labels.
+    num_classes: classes of the head; labels are drawn below it.
+    num_domains: domains of the data set; domain ids are drawn below it.
+
+  Returns:
+    `(batch_a, batch_b)`, two `Batch`es of four rows (NumPy arrays) with `mask = [1, 1, 0, 0]`.
+  """
+  rng = np.random.default_rng(0)
+  real, pad_a, pad_b = (rng.integers(1, 4, (2,) + tuple(input_shape)).astype(np.float32) for _ in range(3))
+  pad_b = np.where(pad_b == pad_a, pad_a % 3 + 1, pad_b)  # every padded value differs between the batches
+  last_class, last_domain = max(num_classes - 1, 0), max(num_domains - 1, 0)
+  labels = lambda *v: np.broadcast_to(np.asarray(v, np.int32).reshape((-1,) + (1,) * len(label_shape)),
+                                      (len(v),) + tuple(label_shape))
+  mask = np.asarray([1.0, 1.0, 0.0, 0.0], np.float32)
+  real_y, real_d = (0, min(1, last_class)), (0, min(1, last_domain))
+  batch = lambda pad, y_pad, d_pad: Batch(np.concatenate([real, pad]), labels(*real_y, y_pad, y_pad),
+                                          np.asarray(real_d + (d_pad, d_pad), np.int32), mask, 0)
+  return batch(pad_a, 0, 0), batch(pad_b, last_class, last_domain)
+
+
+def check_padding(name: str, objective, params, input_shape, label_shape=(), num_classes: int = 2,
+                  num_domains: int = 1) -> None:
+  """Refuses a client objective whose loss reads the padding rows of its batch.
+
+  The engine's batches have a fixed size, so a batch holds padding rows (`batch.mask`
+  0) wherever a client's data runs out; a loss written as a plain `.mean()` over the rows
+  trains on them. This evaluates `objective` once, outside any trace, on the two batches
+  of `padding_probe` (the same real rows, different padding) and compares the losses: a
+  masked objective gives equal losses (the padded terms are multiplied by 0), an
+  unmasked one does not. The two losses must agree to a relative 1e-5: an unmasked
+  mean moves by a share of order 1/2 of a per-row loss difference, far beyond rounding.
+  If either loss is not finite the check cannot tell, and passes.
+
+  Args:
+    name: the method's `algorithm.name`, for the error.
+    objective: `objective(params, batch, rng) -> (loss, aux)`.
+    params: concrete parameters the objective trains.
+    input_shape: the shape of one input row.
+    label_shape: the shape of one label row (`(T,)` for per-token labels).
+    num_classes: classes of the head.
+    num_domains: domains of the data set.
+
+  Raises:
+    ValueError: one line naming the method and `batch.mask`, when the loss depends on
+      the padded rows.
+  """
+  batch_a, batch_b = padding_probe(input_shape, label_shape, num_classes, num_domains)
+  rng = jax.random.PRNGKey(0)
+  loss_a, loss_b = (float(objective(params, b, rng)[0]) for b in (batch_a, batch_b))  # eager: no program compiled
+  if math.isfinite(loss_a) and math.isfinite(loss_b) and abs(loss_a - loss_b) <= 1e-5 * max(1.0, abs(loss_a)):
+    return
+  if not (math.isfinite(loss_a) or math.isfinite(loss_b)):
+    return
+  raise ValueError(f"algorithm.name={name!r}: the client objective's loss depends on the padding rows of its batch "
+                   f"({loss_a:.6g} vs {loss_b:.6g} with different padding): weight every per-example term by "
+                   "batch.mask (1 for real rows, 0 for padding), e.g. jnp.sum(ce * batch.mask) / "
+                   "jnp.maximum(jnp.sum(batch.mask), 1.0) instead of ce.mean()")
 
 
 def in_chunks(fn, x, chunk: int = 256):
@@ -339,7 +525,25 @@ def gradient_step(objective, optimizer, grad_correction: Callable | None = None)
 def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,
                 grad_correction: Callable | None = None):
   """Local training by `optimizer` on `objective` from a fresh optimizer state (FedAvg's
-  client: every round restarts momentum and Adam's moments); returns `(params, mean_loss)`."""
+  client: every round restarts momentum and Adam's moments).
+
+  A client side that calls `local_train` itself (rather than through
+  `fedavg.objective_client`) is not checked for reading padded rows: its objective must
+  weight every row by `batch.mask`.
+
+  Args:
+    params: the parameters training starts from (the broadcast model).
+    objective: `objective(params, batch, rng) -> (loss, aux)`.
+    optimizer: the local optax optimizer.
+    data: the client's padded data.
+    rng: the key of the batch order and each step's randomness.
+    sched: the local schedule.
+    grad_correction: maps the raw gradient to the one the optimizer sees (SCAFFOLD's
+      `- c_i + c`), or None.
+
+  Returns:
+    `(params, mean_loss)`: the trained parameters and the loss averaged over the real rows seen.
+  """
   params, _, loss = local_train_from(params, optimizer.init(params), objective, optimizer, data, rng, sched,
                                      grad_correction)
   return params, loss

@@ -8,6 +8,27 @@ FedAvg at `eta_g = 1`), `sgd(eta_g, momentum)` FedAvgM, `adam` FedAdam, `yogi` F
 These four are server rules (`fedavg`, `avgm`, `adam`, `yogi`) that any client side pairs
 with (`fedprox+adam`). Centralised ERM is FedAvg's client alone with all training data, and
 mini-batch SGD sends one minibatch gradient that the server steps with the local optimizer.
+
+FedAdam and FedYogi are optax's `adam` and `yogi` on the pseudo-gradient, not Reddi,
+Charles, Zaheer, Garrett, Rush, Konecny, Kumar and McMahan, "Adaptive Federated
+Optimization" (ICLR 2021), Algorithm 2 as printed. With `Delta_t = sum_c p_c Delta_c`:
+
+  Reddi et al.  m_t = b1 m_{t-1} + (1 - b1) Delta_t, from m_{-1} = 0
+                v_t = b2 v_{t-1} + (1 - b2) Delta_t^2                       (FedAdam)
+                v_t = v_{t-1} - (1 - b2) Delta_t^2 sign(v_{t-1} - Delta_t^2)  (FedYogi)
+                from v_{-1} = tau^2, and theta_{t+1} = theta_t + eta_g m_t / (sqrt(v_t) + tau)
+  optax         the same moments from m = v = 0 (adam) or m = v = 1e-6 (yogi), each divided
+                by its bias correction `1 - b^t` before the step, with `tau = server.eps`
+
+The two differ most in the first rounds. FedAdam's first step is `eta_g (1 - b1) Delta_1 /
+(sqrt(b2 tau^2 + (1 - b2) Delta_1^2) + tau)` in Algorithm 2 and `eta_g Delta_1 / (|Delta_1|
++ tau)` in optax: where `|Delta_1| >> tau` Algorithm 2's is `(1 - b1) / sqrt(1 - b2)` times
+optax's (about 3.2 at b1 = 0.9, b2 = 0.999), where `|Delta_1| << tau` it is smaller. As `t`
+grows the corrections go to 1 and the two forms differ only by the moments' start.
+We use optax's form because it is the server optimizer every other rule's `server.*`
+fields already describe (one `make_optimizer` for client and server, its step size a
+run-time value that batches vary and hypergradients differentiate); runs compared with
+FedOpt's published numbers should read `server.lr` and `server.eps` with this in mind.
 """
 from __future__ import annotations
 
@@ -61,19 +82,38 @@ def server_optimizer(kind: str, server_config, values=None) -> optax.GradientTra
 def objective_client(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule,
                      keep_optimizer: bool = False, **fields) -> ClientSide:
   """The FedAvg client on the objective `make_objective(global_params, extra)`: local
-  training from the broadcast model, sends `Delta_c`. `fields` complete the ClientSide
-  (a broadcast `extra` and the server state it comes from: FedIIR's `g~`, AFL's `beta`).
+  training from the broadcast model, sends `Delta_c = theta_c - theta`.
 
-  `keep_optimizer`: the local optimizer's state (momentum, Adam's moments and step count)
-  is the client's persistent state and carries over from round to round, instead of
-  restarting with each round as FedAvg's does. With one client holding every training
-  domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
-  centralised run: that is centralised ERM (`keeps_optimizer(ctx)`)."""
+  This is where a method hands the library its client objective: the result carries
+  `make_objective` (`ClientSide.objective`), and building the method checks once that the
+  objective's loss ignores a batch's padded rows (`base.check_padding`).
+
+  Args:
+    make_objective: `(global_params, extra) -> objective(params, batch, rng) -> (loss,
+      aux)`; `extra` is what `broadcast` sends (FedIIR's `g~`, AFL's `beta`), else `()`.
+      The loss must weight each row by `batch.mask`.
+    client_opt: the local optax optimizer (`ctx.client_opt`).
+    sched: the local schedule (`ctx.sched`).
+    keep_optimizer: the local optimizer's state (momentum, Adam's moments and step count)
+      is the client's persistent state and carries over from round to round, instead of
+      restarting with each round as FedAvg's does. With one client holding every training
+      domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
+      centralised run: that is centralised ERM (`keeps_optimizer(ctx)`).
+    **fields: the rest of the `ClientSide` (a broadcast `extra` and the server state it
+      comes from: FedIIR's `g~`, AFL's `beta`).
+
+  Returns:
+    The `ClientSide`.
+
+  Raises:
+    ValueError: `keep_optimizer` with an `init` in `fields` (the client state holds the
+      optimizer state).
+  """
   if not keep_optimizer:
     def update(global_params, extra, client_state, data, rng):
       params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
       return send(params, global_params, client_state, {"train_loss": loss})
-    return ClientSide(update, **fields)
+    return ClientSide(update, objective=make_objective, **fields)
   if "init" in fields:
     raise ValueError("objective_client: keep_optimizer uses the client state for the optimizer state")
 
@@ -81,7 +121,7 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
     params, opt_state, loss = local_train_from(global_params, opt_state, make_objective(global_params, extra),
                                                client_opt, data, rng, sched)
     return send(params, global_params, opt_state, {"train_loss": loss})
-  return ClientSide(update_keep, init=client_opt.init, **fields)
+  return ClientSide(update_keep, init=client_opt.init, objective=make_objective, **fields)
 
 
 def keeps_optimizer(ctx) -> bool:

@@ -12,6 +12,23 @@ initialised as the authors' code: `r_mu = 0`, `r_s = 1`). The model update goes 
 server rule (FedAvg's, or FedOMG's for FedSR+OMG). Evaluation uses the mean `mu`, or, with
 `eval_samples > 0`, the log of the softmax averaged over that many samples (fixed noise,
 so evaluation stays a deterministic function of the parameters).
+
+Where the loss departs from the authors' code (github.com/atuannguyen/FedSR,
+`src/methods/FedSR.py`, `Model.train_client`), both as the paper writes the regularisers
+(Nguyen, Torr and Lim, "FedSR: A Simple and Effective Domain Generalization Method for
+Federated Learning", NeurIPS 2022):
+
+- L2R: the code penalises the norm `mean_i ||z_i||` (`z.norm(dim=1).mean()`); here it is
+  its square, `mean_i ||z_i||^2`, the paper's `E ||z||_2^2`. The two weigh large
+  representations differently (the square's gradient grows with `||z||`), so `a_L2`
+  values do not carry over between them.
+- CMI: the code scales the representation's distribution by a learnable scalar `C`
+  (initialised at 1, trained with the reference by the client optimizer) before the KL
+  term, `KL(N(C mu, (C sigma)^2) || N(r_mu, r_sigma^2))`; here there is no `C` (it is 1),
+  as in the paper's KL between `p(z|x)` and the reference `r(z|y)`.
+
+The rest follows the code: `sigma` and `r_sigma` through softplus, `r_mu = 0`, `r_s = 1`
+at the start, the reference kept by each client and never aggregated.
 """
 from __future__ import annotations
 

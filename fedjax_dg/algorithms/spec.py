@@ -67,13 +67,31 @@ class Choice:
 
 def hparam(default, doc: str = "", *, ge=None, gt=None, le=None, lt=None, choices=None, integer: bool = False,
            search=None, static: bool | None = None):
-  """A hyperparameter field: the paper's `default`, the accepted range (`ge`/`gt`/`le`/`lt`
-  bounds or `choices`) and an optional random-search distribution `search`.
+  """A hyperparameter field of a method's (or rule's) frozen dataclass record.
 
-  `static`: whether the value decides the compiled program (a step count, a width, a
-  choice, a share of the data split off before training) rather than being a number read
-  when the round runs. By default a float without `choices` is a run-time value (it lives
-  in the round state's `hparams`, `continuous`) and anything else is static."""
+  Its default, accepted range and random-search distribution become the config default
+  (`config.algorithm.<method>.<field>`), its range check and its sweep distribution.
+
+  Args:
+    default: the paper's value.
+    doc: what the field means (and where its default comes from), for the docs' tables.
+    ge: accepted values are `>= ge` (None: no such bound).
+    gt: accepted values are `> gt`.
+    le: accepted values are `<= le`.
+    lt: accepted values are `< lt`.
+    choices: the accepted values, instead of bounds.
+    integer: the value must be an integer.
+    search: a random-search distribution (`LogUniform`, `Uniform`, `Choice`), or None:
+      random search leaves the field at its default.
+    static: whether the value decides the compiled program (a step count, a width, a
+      choice, a share of the data split off before training) rather than being a number
+      read when the round runs. None (default): a float without `choices` is a run-time
+      value (it lives in the round state's `hparams`, `continuous`) and anything else is
+      static.
+
+  Returns:
+    A `dataclasses.field` carrying the above as metadata.
+  """
   meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, integer=integer, search=search, static=static)
   return dataclasses.field(default=default, metadata=meta)
 
@@ -339,24 +357,32 @@ class Context(NamedTuple):
 class ClientSide(NamedTuple):
   """A method's client half.
 
-  update(params, extra, client_state, data, rng) -> ClientOutput(message, state, metrics)
-      `message` is `Delta_c` (a pytree shaped like the trained parameters), or
+  Attributes:
+    update: `(params, extra, client_state, data, rng) -> ClientOutput(message, state,
+      metrics)`. `message` is `Delta_c` (a pytree shaped like the trained parameters), or
       `(Delta_c, side_message)` when the client side has a `side_update` or `provides` a
       per-client signal to the rule.
-  init(params) -> client_state                  persistent per-client state (default none)
-  side_init(rng, params) -> side_state           what the client side keeps on the server
-  side_update(side_state, mean_side_message, round) -> side_state   after the server rule
-  broadcast(side_state, round) -> extra          sent with the parameters (None: nothing)
-  stat(params, extra, client_state, data, rng)   optional pre-round statistic at the global
-      model; `prepare(side_state, mean_stat, round) -> side_state` consumes its uniform mean
-  report(new_params, extra, client_state, data, rng)  optional post-round report at the
-      aggregated model; `finish(side_state, aggregate, round) -> side_state` consumes it
-      (`report_aggregation` "mean" or "stack"; `stat_aggregation` likewise for `stat`)
-  nets_init(rng, params) -> trained              what the rule trains (FedADG: model and
-      generator); `params_of(trained) -> params` is the model part
-  weighting                                       "examples" or "uniform" aggregation weights
-  provides                                        per-client signals in the side message
-      that a rule may need (FedGA's rule reads "generalisation_gap")
+    init: `(params) -> client_state`, persistent per-client state (default none).
+    side_init: `(rng, params) -> side_state`, what the client side keeps on the server.
+    side_update: `(side_state, mean_side_message, round) -> side_state`, after the server rule.
+    broadcast: `(side_state, round) -> extra`, sent with the parameters (None: nothing).
+    stat: `(params, extra, client_state, data, rng)`, an optional pre-round statistic at
+      the global model.
+    prepare: `(side_state, mean_stat, round) -> side_state`, consumes the uniform mean of `stat`.
+    nets_init: `(rng, params) -> trained`, what the rule trains (FedADG: model and generator).
+    params_of: `(trained) -> params`, the model part of `nets_init`'s result.
+    weighting: "examples" or "uniform" aggregation weights.
+    provides: per-client signals in the side message that a rule may need (FedGA's rule
+      reads "generalisation_gap").
+    report: `(new_params, extra, client_state, data, rng)`, an optional post-round report at
+      the aggregated model.
+    finish: `(side_state, aggregate, round) -> side_state`, consumes `report`'s aggregate.
+    report_aggregation: "mean" or "stack", how `report` is aggregated.
+    stat_aggregation: "mean" or "stack", how `stat` is aggregated.
+    objective: the client objective factory `(params, extra) -> objective(params, batch,
+      rng) -> (loss, aux)`, set by `fedavg.objective_client`; when present, building the
+      method checks once that the loss ignores the padded rows of a batch
+      (`base.check_padding`). None: the client side runs its own loop and masks itself.
   """
   update: Callable
   init: Callable = lambda params: ()
@@ -373,6 +399,7 @@ class ClientSide(NamedTuple):
   finish: Callable | None = None
   report_aggregation: str = "mean"
   stat_aggregation: str = "mean"
+  objective: Callable | None = None
 
   @property
   def sends_side(self) -> bool:
@@ -399,7 +426,21 @@ def _weighted_mean(tree, w):
 
 
 def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
-  """The algorithm `client` + `rule`; refuses a rule needing a signal the client does not send."""
+  """The algorithm `client` + `rule`: the engine's `Algorithm` from any client side and any
+  rule whose aggregation it can feed.
+
+  Args:
+    name: the `algorithm.name` (for the result and the error).
+    client: the method's client half.
+    rule: the server rule.
+
+  Returns:
+    The `Algorithm`, whose server state is a `ServerState(params, opt_state, side, round)`.
+
+  Raises:
+    ValueError: the rule needs a per-client signal (`rule.needs`) the client side does not
+      send (`client.provides`).
+  """
   for need in rule.needs:
     if need not in client.provides:
       raise ValueError(f"algorithm.name={name!r}: server rule {rule.name!r} needs the clients' {need}, "
@@ -478,61 +519,90 @@ def send(params, global_params, state, metrics, side=None) -> ClientOutput:
 
 @dataclasses.dataclass(frozen=True)
 class RuleSpec:
-  """A server rule: `build(ctx, hp) -> ServerRule`; its hyperparameters live under
-  `config.algorithm.<name>` (FedOMG's `kappa`, FedGMA's `tau`); `server.*` holds the
-  server optimizer's shared fields (`server.lr` is `eta_g` for every rule)."""
+  """A server rule, registered with `fedjax_dg.register_rule`.
+
+  Its hyperparameters live under `config.algorithm.<name>` (FedOMG's `kappa`, FedGMA's
+  `tau`); `server.*` holds the server optimizer's shared fields (`server.lr` is `eta_g` for
+  every rule).
+
+  Attributes:
+    name: the rule's name: `algorithm.name` is `<method>+<name>`.
+    build: `(ctx, hp) -> ServerRule`.
+    hparams: a frozen dataclass of `hparam` fields (default: none).
+    doc: one line for the docs' table of rules.
+    sends: what the rule sends clients beyond the model.
+    receives: what the rule needs from clients beyond their updates.
+    prepare: optional `(ctx, hp) -> constants`: the rule's data-derived constants, computed
+      once per run outside any trace and read by `build` as `ctx.prepared`.
+  """
   name: str
   build: Callable
   hparams: type = NoHParams
   doc: str = ""
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
-  prepare: Callable | None = None  # (ctx, hp) -> the rule's data-derived constants (`ctx.prepared`)
+  prepare: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """One stage of a multi-stage method after the first: `build(ctx, hp) -> Algorithm`, whose
-  `server_init(rng, params)` starts from the previous stage's parameters, and
-  `rounds(config, hp)` rounds of it."""
+  """One stage of a multi-stage method after the first (FedLOE's stage 2).
+
+  Attributes:
+    name: the stage's name.
+    build: `(ctx, hp) -> Algorithm`, whose `server_init(rng, params)` starts from the
+      previous stage's parameters.
+    rounds: `(config, hp) -> int`, the number of rounds of this stage.
+    prepare: optional `(ctx, hp) -> constants`: the stage's data-derived constants
+      (`ctx.prepared`).
+  """
   name: str
   build: Callable
-  rounds: Callable  # (config, hp) -> number of rounds
-  prepare: Callable | None = None  # (ctx, hp) -> the stage's data-derived constants (`ctx.prepared`)
+  rounds: Callable
+  prepare: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
-  """One method.
+  """One method, registered with `fedjax_dg.register_method`.
 
-  name        the `algorithm.name` it answers to
-  paper       the paper (and the section the formulas come from)
-  hparams     a frozen dataclass of `hparam` fields; values come from `config.algorithm.<config_key>`
-  client      `(ctx, hp) -> ClientSide`
-  rule        the default server rule's name (`"fedavg"`, `"omg"`, ...)
-  rule_hparams  fixed rule settings the method implies (FedAvgM: `server.momentum`)
-  sends, receives, leaks_data   what travels besides the model and its update
-  group       the benchmark table's row group (seed 001 Table 3)
-  model       optional `(model, hp) -> model` (FedSR's probabilistic featurizer)
-  check       optional `(config, hp) -> error line or None`, for what the method needs of
-              the rest of the config (a linear head, plain SGD)
-  centralised True for centralised ERM: one client holding all training data
-  tune_fraction  optional `hp -> fraction`: each client holds out that share of its rows
-              as a tuning split (`ctx.tune_store`)
-  stages      optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2)
-  setup_bytes optional `(ctx, hp) -> bytes` of a one-off exchange before training
-  not_for_text  why the method does not apply to text data (None: it applies)
-  not_for_models  `((model name, why), ...)`: models the method does not apply to
-  pretrained  optional `(params, load) -> params`: where a pretrained backbone goes in the
-              method's parameters (`load(params)` fills a plain model's featurizer)
-  record      optional `server_state -> dict`: extra fields for each evaluation record
-  prepare     optional `(ctx, hp) -> constants`: what the method computes from the run's
-              data (`ctx.store`, `ctx.tune_store`, `ctx.heldout_val`) and seeds before
-              training, once per run and outside any trace; its builder reads the result
-              as `ctx.prepared` (FedDG's amplitude bank). Only `prepare` sees the data and
-              the seeds: the builder's context has neither.
-  claim       who claims the method beats FedAvg (the paper, as the report names it); the
-              benchmark report tests that claim in every federated column ("": none)
+  Config defaults, range checks, random search, the compositions with every server rule
+  and the documentation's tables are generated from this record.
+
+  Attributes:
+    name: the `algorithm.name` it answers to (no '+').
+    paper: the paper (and the section the formulas come from).
+    client: `(ctx: Context, hp) -> ClientSide`, the builder of its client half.
+    hparams: a frozen dataclass of `hparam` fields; values come from
+      `config.algorithm.<config_key>`.
+    config_key: the config block's name, when it differs from `name`.
+    rule: the default server rule's name (`"fedavg"`, `"omg"`, ...).
+    sends: what travels from a client besides the model update.
+    receives: what travels to a client besides the model.
+    leaks_data: whether anything computed per example leaves a client.
+    group: the benchmark table's row group (Bai, Bagchi and Inouye, "Benchmarking
+      Algorithms for Federated Domain Generalization", ICLR 2024, Table 3).
+    model: optional `(model, hp) -> model` (FedSR's probabilistic featurizer).
+    check: optional `(config, hp) -> error line or None`, for what the method needs of the
+      rest of the config (a linear head, plain SGD).
+    centralised: True for centralised ERM: one client holding all training data.
+    tune_fraction: optional `hp -> fraction`: each client holds out that share of its rows
+      as a tuning split (`ctx.tune_store`).
+    stages: optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2).
+    setup_bytes: optional `(ctx, hp) -> bytes` of a one-off exchange before training.
+    composable: False for a whole algorithm that takes no other server rule.
+    not_for_text: why the method does not apply to text data (None: it applies).
+    not_for_models: `((model name, why), ...)`: models the method does not apply to.
+    pretrained: optional `(params, load) -> params`: where a pretrained backbone goes in the
+      method's parameters (`load(params)` fills a plain model's featurizer).
+    record: optional `server_state -> dict`: extra fields for each evaluation record.
+    claim: who claims the method beats FedAvg (the paper, as the report names it); the
+      benchmark report tests that claim in every federated column ("": none).
+    prepare: optional `(ctx, hp) -> constants`: what the method computes from the run's
+      data (`ctx.store`, `ctx.tune_store`, `ctx.heldout_val`) and seeds before training,
+      once per run and outside any trace; its builder reads the result as `ctx.prepared`
+      (FedDG's amplitude bank). Only `prepare` sees the data and the seeds: the builder's
+      context has neither.
   """
   name: str
   paper: str
@@ -550,7 +620,7 @@ class MethodSpec:
   tune_fraction: Callable | None = None
   stages: Callable | None = None
   setup_bytes: Callable | None = None
-  composable: bool = True  # False: a whole algorithm that takes no other rule
+  composable: bool = True
   not_for_text: str | None = None
   not_for_models: tuple = ()
   pretrained: Callable | None = None

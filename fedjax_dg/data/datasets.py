@@ -15,7 +15,21 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class DomainDataset:
-  """Examples grouped by domain. `xs[i]`, `ys[i]` belong to domain `names[i]`."""
+  """Examples grouped by domain. `xs[i]`, `ys[i]` belong to domain `names[i]`.
+
+  Attributes:
+    name: the dataset's name (in errors).
+    names: the domains' names, one per domain.
+    xs: one input array `[N_d, ...]` per domain (floats, uint8 images or token ids).
+    ys: one integer label array `[N_d]` (or `[N_d, T]`) per domain.
+    num_classes: the number of classes, labels in `[0, num_classes)`; 0 for regression.
+    num_domains: (property) `len(names)`.
+    input_shape: (property) the shape of one input row.
+
+  Raises:
+    ValueError: on construction, when `names`, `xs` and `ys` differ in length, a domain's
+      inputs and labels differ in count, or a label lies outside `[0, num_classes)`.
+  """
   name: str
   names: tuple[str, ...]
   xs: tuple[np.ndarray, ...]
@@ -206,10 +220,20 @@ def loader_path(fn) -> str:
 def register_dataset(name: str, loader) -> str:
   """Makes `config.data.name = name` load the dataset `loader(config.data) -> DomainDataset`.
 
-  `loader` is a module-level function (or its `"module:function"` / `"/path/file.py:function"`
-  path). The runner stores this path in the run's `config.json` as `data.loader`, so
+  The runner stores the loader's path in the run's `config.json` as `data.loader`, so
   `python -m fedjax_dg.evaluate --workdir W` finds the loader again in a new process.
-  Returns the path. A name of a built-in dataset cannot be replaced.
+
+  Args:
+    name: the value of `config.data.name` that selects the dataset (no ':').
+    loader: a module-level function `loader(data_config) -> DomainDataset`, or its
+      `"module:function"` / `"/path/file.py:function"` path.
+
+  Returns:
+    The loader's import path.
+
+  Raises:
+    ValueError: the name is empty or holds ':', or names a built-in dataset (which cannot
+      be replaced).
   """
   if not isinstance(name, str) or not name or ":" in name:
     raise ValueError(f"register_dataset: the name must be a non-empty string without ':', got {name!r}")

@@ -31,6 +31,23 @@ class Split:
 
 @dataclasses.dataclass(frozen=True)
 class Fold:
+  """One fold of the benchmark: the splits a run trains, selects and tests on.
+
+  Attributes:
+    train: the training domains' training rows (partitioned over the clients).
+    in_val: the training domains' in-domain validation rows.
+    in_test: the training domains' in-domain test rows.
+    heldout_val: the held-out validation domains' rows (model selection).
+    test: the test domains' rows.
+    train_domains: ids of the training domains.
+    val_domains: ids of the held-out validation domains.
+    test_domains: ids of the test domains.
+    domain_names: every domain's name, indexed by id.
+    num_classes: the number of classes.
+    metrics: the dataset's metric `metrics(pred, split) -> dict` (WILDS's CivilComments
+      worst-group accuracy, Py150's class/method token accuracy); None:
+      `eval.metrics.classification_metrics`.
+  """
   train: Split
   in_val: Split
   in_test: Split
@@ -41,8 +58,6 @@ class Fold:
   test_domains: tuple[int, ...]
   domain_names: tuple[str, ...]
   num_classes: int
-  # The dataset's metric `metrics(pred, split) -> dict` (WILDS's CivilComments worst-group
-  # accuracy, Py150's class/method token accuracy); None: `eval.metrics.classification_metrics`.
   metrics: Callable | None = None
 
   def eval_splits(self) -> dict[str, Split]:

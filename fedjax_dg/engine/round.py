@@ -64,12 +64,19 @@ from fedjax_dg.engine.measured import (ENGINE_DEFAULTS, EngineDefaults, default_
 
 
 class RoundState(NamedTuple):
+  """What a round carries from one round to the next.
+
+  Attributes:
+    server: the algorithm's server state (`algorithm.params_of(server)` is the model).
+    clients: every client's persistent state, stacked `[C, ...]` (or `HostClientStates`).
+    hparams: the run-time hyperparameters (learning rates, momenta, penalty weights, ...):
+      a pytree of scalar arrays that the round reads when it runs (`make_round` with a
+      builder), so runs that differ only in them share one compiled program (vmap over
+      states) and a loss after some rounds is differentiable in them. () for a fixed
+      algorithm.
+  """
   server: Any
-  clients: Any  # every client's persistent state, stacked [C, ...]
-  # The run-time hyperparameters (learning rates, momenta, penalty weights, ...): a pytree
-  # of scalar arrays that the round reads when it runs (`make_round` with a builder), so
-  # runs that differ only in them share one compiled program (vmap over states) and a
-  # loss after some rounds is differentiable in them. () for a fixed algorithm.
+  clients: Any
   hparams: Any = ()
 
 
@@ -83,11 +90,22 @@ def as_builder(algorithm) -> Callable:
 
 def init_round_state(algorithm, rng, params, num_clients: int, host_states: bool = False,
                      hparams=None) -> RoundState:
-  """The server's state and every client's; with `host_states`, the client states live in
-  host memory, stored only for clients once sampled (`HostClientStates`).
+  """The server's state and every client's, before the first round.
 
-  `algorithm` is an `Algorithm` or a builder `hparams -> Algorithm` (with the default
-  values in its `hparams` attribute); the state holds `hparams` (default: the builder's)."""
+  Args:
+    algorithm: an `Algorithm`, or a builder `hparams -> Algorithm` (`algorithms.Builder`,
+      with the default values in its `hparams` attribute).
+    rng: the key of the server's initialisation (`server_init(rng, params)`).
+    params: the model's initial parameters (`model.init(rng)`).
+    num_clients: `C`, the clients holding training data.
+    host_states: the client states live in host memory, stored only for clients once
+      sampled (`HostClientStates`).
+    hparams: the run-time hyperparameters the state holds (default: the builder's; () for
+      an `Algorithm`).
+
+  Returns:
+    The `RoundState` of round 0.
+  """
   if hparams is None:
     hparams = getattr(algorithm, "hparams", ())
   alg = as_builder(algorithm)(hparams if hparams != () else None)
@@ -199,7 +217,27 @@ class RoundFn:
 def make_round(algorithm, num_clients: int, cohort_size: int, strategy: str = "vmap",
                chunk_size: int = 1, devices=None, *, dropout: float = 0.0, straggler_fraction: float = 0.0,
                buckets: Buckets | None = None) -> RoundFn:
-  """Returns `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
+  """The round: cohort sampling, the clients' updates, the server's update.
+
+  Args:
+    algorithm: an `Algorithm`, or a builder `hparams -> Algorithm` (see below).
+    num_clients: `C`, the clients holding training data (the store's first axis).
+    cohort_size: clients sampled per round, in `[1, C]`.
+    strategy: how the cohort's clients run: "vmap", "chunked", "sequential" or
+      "host_loop" (`STRATEGIES`; docs/concepts/execution-strategies.md).
+    chunk_size: clients per vectorised chunk ("chunked").
+    devices: the devices the cohort is spread over (default: every device; "host_loop":
+      this process's).
+    dropout: the probability that a sampled client drops out (below).
+    straggler_fraction: the share of the cohort that straggles (below).
+    buckets: local-step buckets (`buckets_for(schedule)`, epoch mode; below), or None.
+
+  Returns:
+    `round_fn(state, store, rng, client_weights=None) -> (state, metrics)`.
+
+  Raises:
+    ValueError: an unknown strategy, a cohort size outside `[1, C]`, `dropout` outside
+      [0, 1) or `straggler_fraction` outside [0, 1].
 
   `algorithm` is an `Algorithm`, or a builder `hparams -> Algorithm` (`algorithms.Builder`):
   the round then builds the algorithm inside the traced round from `state.hparams`, so

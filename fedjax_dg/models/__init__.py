@@ -63,7 +63,13 @@ class LeafCNNFeaturizer(nn.Module):
 
 
 class Classifier(nn.Module):
-  """The head `h_psi`: a linear layer, or an MLP head if `hidden` is given."""
+  """The head `h_psi`: a linear layer, or an MLP head if `hidden` is given.
+
+  Attributes:
+    num_classes: the number of outputs.
+    hidden: widths of the head's hidden ReLU layers (none: linear).
+    dtype: the computation dtype (`model.dtype`); parameters stay float32.
+  """
   num_classes: int
   hidden: Sequence[int] = ()
   dtype: Any = None
@@ -123,7 +129,12 @@ PROJECTION = "projection"  # the key of ProjectedFeaturizer's layer under params
 
 
 class SplitModel(nn.Module):
-  """`f = h_psi o g_phi`; parameters under `featurizer` and `classifier`."""
+  """`f = h_psi o g_phi`; parameters under `featurizer` and `classifier`.
+
+  Attributes:
+    featurizer: `g_phi`, inputs -> features (`features(x)`).
+    classifier: `h_psi`, features -> logits (a `Classifier`).
+  """
   featurizer: nn.Module
   classifier: nn.Module
 
@@ -164,7 +175,16 @@ class Model:
   ResNets), so uint8 stores never need a float copy. `load`, if set, maps freshly
   initialised params to pretrained ones (the text models' local Hugging Face weights,
   `model.hf_weights`), so `init` returns the starting point of training. `modality` is
-  `MODALITY[model.name]`."""
+  `MODALITY[model.name]`.
+
+  Attributes:
+    module: the Flax module: a `SplitModel`, or models.text.TiedSplitModel (GPT-2's tied head).
+    input_shape: the shape of one input row.
+    preprocess: stored inputs -> network inputs, or None.
+    load: freshly initialised params -> pretrained ones, or None.
+    modality: "image", "text" or "any".
+    conv_impl: `model.conv_impl`, which convolution the image models use (models/conv.py).
+  """
   module: nn.Module  # SplitModel, or models.text.TiedSplitModel (GPT-2's tied head)
   input_shape: tuple[int, ...]
   preprocess: Callable | None = None
@@ -230,6 +250,21 @@ def _build_text(name: str, model_config, input_shape, num_classes: int) -> Model
 
 
 def build_model(model_config, input_shape, num_classes: int) -> Model:
+  """The model `model_config.name` names, for inputs of `input_shape` and `num_classes` classes.
+
+  Args:
+    model_config: `config.model` (`name`, `hidden`, `head_hidden`, `dtype`, `conv_impl`,
+      `feature_projection`, ...).
+    input_shape: the shape of one input row.
+    num_classes: the head's outputs.
+
+  Returns:
+    The `Model`.
+
+  Raises:
+    ValueError: an unknown `model.name` or `model.conv_impl`, or non-image inputs for a
+      convolutional model.
+  """
   name = model_config.name
   if name in ("distilbert", "gpt2"):
     return _build_text(name, model_config, input_shape, num_classes)
