@@ -209,7 +209,7 @@ class ArchiveLimits:
   one by one, and the total may exceed the ratio by `small`)."""
   member: int = 64 * GiB
   total: int = 1024 * GiB
-  members: int = 5_000_000
+  members: int = 1_000_000
   ratio: float = 200.0
   small: int = 16 * MiB
 
@@ -242,15 +242,17 @@ def _check_member(path: str, name: str, size: int, compressed: int | None, limit
                              f"(more than {limits.ratio:g} times); not extracting anything")
 
 
-def _check_total(path: str, members: list, limits: ArchiveLimits) -> None:
-  total = sum(m.size for m in members)
-  if len(members) > limits.members:
+def _allowed_total(path: str, limits: ArchiveLimits) -> int:
+  return min(limits.total, int(limits.ratio * os.path.getsize(path) + limits.small))
+
+
+def _check_total(path: str, count: int, total: int, limits: ArchiveLimits) -> None:
+  if count > limits.members:
     raise UntrustedFileError(f"{path}: more than {limits.members} members; not extracting anything")
-  size = os.path.getsize(path)
-  if total > limits.total or total > limits.ratio * size + limits.small:
-    cap = min(limits.total, int(limits.ratio * size + limits.small))
-    raise UntrustedFileError(f"{path}: its members declare {total} bytes in all, more than the {cap} allowed "
-                             f"for an archive of {size} bytes; not extracting anything")
+  if total > _allowed_total(path, limits):
+    raise UntrustedFileError(f"{path}: its members declare {total} bytes in all, more than the "
+                             f"{_allowed_total(path, limits)} allowed for an archive of {os.path.getsize(path)} "
+                             "bytes; not extracting anything")
 
 
 def _zip_members(path: str, dest: str, limits: ArchiveLimits) -> list[Member]:
@@ -263,15 +265,13 @@ def _zip_members(path: str, dest: str, limits: ArchiveLimits) -> list[Member]:
         raise UntrustedFileError(f"{path}: member {info.filename!r} is {kind}; refusing the archive")
       _check_member(path, info.filename, info.file_size, info.compress_size, limits)
       out.append(Member(info.filename, 0 if info.is_dir() else info.file_size, "dir" if info.is_dir() else "file"))
-      if len(out) > limits.members:
-        break
+  _check_total(path, len(out), sum(m.size for m in out), limits)
   return out
 
 
 def _tar_stream(path: str, limits: ArchiveLimits):
   """The archive's (decompressed) tar stream, capped at what its size allows it to inflate to."""
-  cap = min(limits.total, int(limits.ratio * os.path.getsize(path) + limits.small)) + 512 * (limits.members + 2)
-  return open_capped(path, cap, decompress=True)
+  return open_capped(path, _allowed_total(path, limits) + 1024 * (limits.members + 2), decompress=True)
 
 
 def _tar_member(path: str, dest: str, m: tarfile.TarInfo, limits: ArchiveLimits) -> Member:
@@ -286,12 +286,15 @@ def _tar_member(path: str, dest: str, m: tarfile.TarInfo, limits: ArchiveLimits)
 
 
 def _tar_members(path: str, dest: str, limits: ArchiveLimits) -> list[Member]:
-  out = []
+  """The members, each refused at its header (before its data is read), and the running
+  total refused as soon as it passes what the archive's size allows."""
+  out, total = [], 0
   with _tar_stream(path, limits) as stream, tarfile.open(fileobj=stream, mode="r|") as t:
     for m in t:
       out.append(_tar_member(path, dest, m, limits))
-      if len(out) > limits.members:
-        break
+      total += out[-1].size
+      _check_total(path, len(out), total, limits)
+      t.members.clear()  # stream mode keeps every header read; these are checked already
   return out
 
 
@@ -323,7 +326,6 @@ def archive_members(path: str, dest: str, limits: ArchiveLimits = ArchiveLimits(
                              f"{' '.join(str(e).split()) or 'truncated'})") from None
   except OSError as e:
     raise UntrustedFileError(f"{path}: cannot read the archive ({type(e).__name__}: {' '.join(str(e).split())})") from None
-  _check_total(path, members, limits)
   return members
 
 
@@ -357,6 +359,7 @@ def extract_archive(path: str, dest: str, limits: ArchiveLimits = ArchiveLimits(
         for m in t:
           _tar_member(path, dest, m, limits)
           t.extract(m, dest, filter="data")
+          t.members.clear()
   except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError) as e:
     raise UntrustedFileError(f"{path}: corrupt archive data ({type(e).__name__}: "
                              f"{' '.join(str(e).split()) or 'truncated'})") from None
