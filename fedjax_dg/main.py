@@ -263,7 +263,8 @@ def parse_flags(argv: list[str], flag: str = "config") -> list[str]:
   try:
     return flags.FLAGS(last_overrides(argv))
   except flags.Error as e:
-    if not any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in argv[1:]):  # its overrides are unknown then
+    if not any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in argv[1:]) and (
+        f"'{flag}." in str(e) or f"--{flag} must have a value" in str(e)):  # its overrides are unknown then
       msg = f"--{flag}: no config file given; pass one, e.g. --{flag} {_EXAMPLES.get(flag, 'FILE.py')}"
     elif "Error whilst parsing config file" in str(e):  # the file's own error is its cause
       msg = _config_load_error(e, flag)
