@@ -114,10 +114,11 @@ def test_a_pixel_outside_0_1_or_nan_is_refused_naming_it(tmp_path, value, shown)
   obj = json.loads(path.read_text())
   u = obj["users"][1]
   obj["user_data"][u]["x"][2][300] = value
+  x_size = 784 * len(obj["user_data"][u]["x"])
   path.write_text(json.dumps(obj))  # json writes NaN as LEAF's Python writer would
   with pytest.raises(femnist.DataError) as e:
     femnist.load(config(tmp_path).data)
-  assert str(e.value) == f"{path}: writer '{u}' image 2 pixel 300 is {shown}, outside [0, 1] (1 pixels are)"
+  assert str(e.value) == f"{path}: writer '{u}' image 2 pixel 300 is {shown}, outside [0, 1] (1 of the writer's {x_size} pixels are)"
 
 
 def test_a_leaf_file_that_is_a_link_to_a_device_is_not_read(tmp_path):

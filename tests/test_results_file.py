@@ -16,15 +16,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMORY_CAP = 1 << 30  # RLIMIT_AS of the command-line cases
 
 
-@pytest.fixture(scope="module")
-def results_file(tmp_path_factory):
-  """A results file of test_report2's fixture sweep (3 methods, 4 columns, 3 seeds)."""
+def make_results_file(tmp) -> str:
+  """A results file of test_report2's fixture sweep (3 methods, 4 columns, 3 seeds) under `tmp`."""
   from test_report2 import fill, sweep_config
-  tmp = tmp_path_factory.mktemp("results")
   s = sweep_config(tmp / "runs")
   fill(sweep_lib.expand(s))
   collect.collect(s, str(tmp / "out"))
   return str(tmp / "out" / collect.RESULTS_FILE)
+
+
+def mutated(results_file, path, field: str, value) -> str:
+  """`results_file` with `field` of the fedavg C=1 seed-1 job (or, for `header.FIELD`, of
+  the header) set to `value` (KeyError: deleted), written to `path`."""
+  docs = lines_of(results_file)
+  head, _, rest = field.partition(".")
+  if head == "header":
+    _set(docs[0], rest, value)
+  elif field.startswith("records.0."):
+    _set(docs[job_line(docs)]["records"][0], field[len("records.0."):], value)
+  else:
+    _set(docs[job_line(docs)], field, value)
+  return write_lines(path, docs)
+
+
+@pytest.fixture(scope="module")
+def results_file(tmp_path_factory):
+  return make_results_file(tmp_path_factory.mktemp("results"))
 
 
 def lines_of(path) -> list[dict]:
@@ -85,7 +102,7 @@ def _set(doc, dotted, value):
 # the value; the message's tail after "<file> line <n>: ").
 STRUCTURE = [
     ("header a list", 0, None, [1, 2], "not a results file of format 1 (its first line is not the header)"),
-    ("a job without config", 1, "config", KeyError, "config: null (NoneType), not dict"),
+    ("a job without config", 1, "config", KeyError, "config: absent; it must be dict"),
     ("an accuracy as a string", 1, "summary.selection.heldout_domain.test.accuracy", "0.9",
      'summary.selection.heldout_domain.test.accuracy: "0.9" (str), not int or float'),
     ("entries an integer", 1, "entries", 5, "entries: 5 (int), not list"),

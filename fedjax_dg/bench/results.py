@@ -215,6 +215,9 @@ def read(path: str) -> Data:
 
 # ---------------------------------------------------------------------------- the schema
 
+_ABSENT = object()  # a field the line does not have
+
+
 class _Refused(Exception):
   """A number beyond the caps, found while a line is parsed."""
 
@@ -258,6 +261,8 @@ def _parse_line(raw: bytes, path: str, number: int):
 
 
 def _type(v, want, where: _Where, field: str):
+  if v is _ABSENT:
+    raise where.error(field, f"absent; it must be {' or '.join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))}")
   ok = isinstance(v, want) and not (isinstance(v, bool) and bool not in (want if isinstance(want, tuple) else (want,)))
   if not ok:
     names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
@@ -273,13 +278,13 @@ def _int(v, where: _Where, field: str, lo: int = 0) -> int:
 
 
 def _check_header(head: dict, where: _Where) -> dict:
-  _type(head.get("sweep"), dict, where, "sweep")
+  _type(head.get("sweep", _ABSENT), dict, where, "sweep")
   _type(head.get("sweep_arg", ""), str, where, "sweep_arg")
   _type(head.get("source", {}), dict, where, "source")
   sweep = head["sweep"]
   for field in ("name", "root"):
-    _type(sweep.get(field), str, where, f"sweep.{field}")
-  _type(sweep.get("grids"), dict, where, "sweep.grids")
+    _type(sweep.get(field, _ABSENT), str, where, f"sweep.{field}")
+  _type(sweep.get("grids", _ABSENT), dict, where, "sweep.grids")
   for name, g in sweep["grids"].items():
     _type(g, dict, where, f"sweep.grids.{name}")
   return {**head, "sweep_arg": head.get("sweep_arg", "")}
@@ -287,23 +292,23 @@ def _check_header(head: dict, where: _Where) -> dict:
 
 def _check_job(d, where: _Where) -> None:
   _type(d, dict, where, "the line")
-  key = _type(d.get("key"), str, where, "key")
+  key = _type(d.get("key", _ABSENT), str, where, "key")
   if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", key):
     raise where.error("key", f"{key[:70]!r} is not a job key")
-  state = _type(d.get("state"), str, where, "state")
+  state = _type(d.get("state", _ABSENT), str, where, "state")
   if state not in STATES:
     raise where.error("state", f"{state[:40]!r}; one of {', '.join(STATES)}")
-  _type(d.get("stale"), bool, where, "stale")
+  _type(d.get("stale", _ABSENT), bool, where, "stale")
   _type(d.get("error", ""), str, where, "error")
   d.setdefault("error", "")
-  for k, e in enumerate(_type(d.get("entries"), list, where, "entries")):
+  for k, e in enumerate(_type(d.get("entries", _ABSENT), list, where, "entries")):
     _type(e, dict, where, f"entries[{k}]")
-    _type(e.get("grid"), str, where, f"entries[{k}].grid")
-    _type(e.get("axes"), dict, where, f"entries[{k}].axes")
+    _type(e.get("grid", _ABSENT), str, where, f"entries[{k}].grid")
+    _type(e.get("axes", _ABSENT), dict, where, f"entries[{k}].axes")
   if not d["entries"]:
     raise where.error("entries", "empty; a job belongs to at least one grid")
-  config = _type(d.get("config"), dict, where, "config")
-  _type(config.get("workdir"), str, where, "config.workdir")
+  config = _type(d.get("config", _ABSENT), dict, where, "config")
+  _type(config.get("workdir", _ABSENT), str, where, "config.workdir")
   if ("summary" in d) != ("records" in d):
     raise where.error("summary" if "records" in d else "records", "absent while the other is present")
   if "summary" in d:
@@ -328,7 +333,7 @@ def _check_summary(s: dict, where: _Where) -> None:
       continue
     field = f"summary.selection.{rule}"
     _type(sel, dict, where, field)
-    _int(sel.get("round"), where, f"{field}.round")
+    _int(sel.get("round", _ABSENT), where, f"{field}.round")
     for split in ("val", "test"):
       if split in sel:
         _check_metrics(sel[split], where, f"{field}.{split}")
@@ -349,12 +354,12 @@ def _check_summary(s: dict, where: _Where) -> None:
 
 def _check_record(r, where: _Where, field: str) -> None:
   _type(r, dict, where, field)
-  _int(r.get("round"), where, f"{field}.round")
+  _int(r.get("round", _ABSENT), where, f"{field}.round")
   if "stage" in r:
     _int(r["stage"], where, f"{field}.stage", lo=1)
   if r.get("train_loss") is not None:
     _type(r["train_loss"], (int, float), where, f"{field}.train_loss")
-  for split, m in _type(r.get("splits"), dict, where, f"{field}.splits").items():
+  for split, m in _type(r.get("splits", _ABSENT), dict, where, f"{field}.splits").items():
     _check_metrics(m, where, f"{field}.splits.{split}")
 
 

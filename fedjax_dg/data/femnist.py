@@ -87,7 +87,7 @@ def _writers(obj, path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if len(bad):
       k, j = (int(v) for v in bad[0])
       raise DataError(f"{path}: writer {writer!r} image {k} pixel {j} is {float(x[k, j])!r}, outside [0, 1] "
-                      f"({len(bad)} pixels are)")
+                      f"({len(bad)} of the writer's {x.size} pixels are)")
     out[writer] = (x, y.astype(np.int32))
   return out
 
