@@ -1741,6 +1741,23 @@ def _distributed_no_coordinator(tmp):
              "--config.distributed.timeout_s=3")
 
 
+@case(5, "two processes given the same process id", "process 1 of a 2-process job holds its id on this machine "
+      "(coordinator `localhost:PORT`), then another process starts as process 1 of the same job",
+      "distributed.process_id: 1 is already used by process <pid> on this machine", section="several processes")
+def _distributed_same_id(tmp):
+  from test_process_ids import free_address, holder, second_process
+  address = free_address()
+  p = holder(address)
+  try:
+    out, _ = second_process(tmp, address, timeout_s=60)
+  finally:
+    p.kill()
+    p.wait()
+  assert out.returncode == 2, out.stderr[-2000:]
+  line = _one_line(out.stderr, "stderr").replace(f"process {p.pid} ", "process <pid> ")
+  return line.replace(address, "localhost:<port>")
+
+
 @case(5, "host-held states for a staged method", "`P --config.algorithm.name=fedloe "
       "--config.engine.host_client_states=True`", "engine.host_client_states: 'fedloe' runs in stages",
       section="config fields")
