@@ -259,11 +259,20 @@ def fail(e: BaseException) -> None:
   os._exit(2)  # pylint: disable=protected-access
 
 
-def replicated(shape_tree):
-  """`shape_tree` (ShapeDtypeStructs) with every leaf replicated over all devices of every
-  process (what a multi-process restore reads into); unchanged in one process."""
+def topology() -> list[int]:
+  """[processes, devices in all]: what a checkpoint records of the job that saved it."""
   import jax
-  if process_count() == 1:
+  return [process_count(), jax.device_count()]
+
+
+def replicated(shape_tree, other_topology: bool = False):
+  """`shape_tree` (ShapeDtypeStructs) with every leaf replicated over all devices of every
+  process: what a multi-process restore reads into, and what a restore of a checkpoint saved
+  under another topology (`other_topology`: another process or device count) reads into,
+  so that a run may be resumed with another process count. Unchanged in one process
+  restoring its own topology's checkpoint."""
+  import jax
+  if process_count() == 1 and not other_topology:
     return shape_tree
   mesh = jax.make_mesh((jax.device_count(),), ("clients",), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices())  # the engine's mesh (engine/executors.py): one mesh per round
