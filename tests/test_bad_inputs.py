@@ -1758,6 +1758,30 @@ def _distributed_same_id(tmp):
   return line.replace(address, "localhost:<port>")
 
 
+@case(5, "resume with another process count", "a checkpoint whose checksum file says 2 processes saved it "
+      "(`\"topology\": [2, D]`), restored by one process; tests/test_resume_process_count.py resumes real 2-process "
+      "runs as one (and one as two), equal to the uninterrupted run", "round 2 restored", outcome="works",
+      section="several processes")
+def _distributed_other_topology(tmp):
+  import jax.numpy as jnp
+  from fedjax_dg import checkpoint
+  state = {"w": jnp.arange(4.0)}
+  ckpt = checkpoint.Checkpoints(str(tmp / "W"), run="00112233aabbccdd")
+  ckpt.save(2, state)
+  ckpt.close()
+  path = tmp / "W" / "checkpoint_sums" / "2.json"
+  record = json.loads(path.read_text())
+  record["topology"] = [2, 2 * record["topology"][1]]
+  path.write_text(json.dumps(record))
+  ckpt = checkpoint.Checkpoints(str(tmp / "W"), run="00112233aabbccdd")
+  step, got = ckpt.restore_latest(lambda step: checkpoint.shape_of(state))
+  ckpt.close()
+  import jax
+  assert step == 2 and np.array_equal(np.asarray(got["w"]), np.arange(4.0))
+  assert got["w"].sharding.is_fully_replicated and len(got["w"].sharding.device_set) == jax.device_count()
+  return "round 2 restored, every array replicated over this process's devices"
+
+
 @case(5, "host-held states for a staged method", "`P --config.algorithm.name=fedloe "
       "--config.engine.host_client_states=True`", "engine.host_client_states: 'fedloe' runs in stages",
       section="config fields")

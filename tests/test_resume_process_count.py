@@ -20,9 +20,14 @@ def test_checkpoints_record_their_topology(tmp_path):
   assert record["topology"] == distributed.topology() == [1, distributed.topology()[1]]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  return one_process(tmp_path_factory.mktemp("one") / "one", "--config.num_rounds=4")
+
+
 @pytest.mark.slow
-def test_two_processes_resumed_as_one_equal_one(tmp_path):
-  want = one_process(tmp_path / "one", "--config.num_rounds=4")
+def test_two_processes_resumed_as_one_equal_one(tmp_path, uninterrupted):
+  want = uninterrupted
   workdir = tmp_path / "two"
   two_processes(workdir, "--config.num_rounds=2")
   assert json.load(open(workdir / "checkpoint_sums" / "2.json"))["topology"][0] == 2
@@ -31,3 +36,13 @@ def test_two_processes_resumed_as_one_equal_one(tmp_path):
   assert_same_results(got, want)
   rounds = [json.loads(l)["round"] for l in open(workdir / "metrics.jsonl")]
   assert rounds == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_one_process_resumed_as_two_equal_one(tmp_path, uninterrupted):
+  workdir = tmp_path / "one_then_two"
+  one_process(workdir, "--config.num_rounds=2")
+  got, _, _ = two_processes(workdir, "--config.num_rounds=4", "--config.resume=True")
+  assert got["processes"] == 2
+  assert_same_results(got, uninterrupted)
+  assert json.load(open(workdir / "checkpoint_sums" / "4.json"))["topology"][0] == 2
