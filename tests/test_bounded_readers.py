@@ -269,3 +269,15 @@ def test_verify_without_pillow_names_the_extra(tmp_path, monkeypatch):
   with pytest.raises(prepare.PrepareError) as e:
     prepare.verify("pacs", str(tmp_path))
   assert str(e.value) == 'checking images needs Pillow: pip install "fedjax-dg[data]"'
+
+
+def test_idx_reader_stops_at_its_header_and_refuses_devices(tmp_path):
+  from fedjax_dg.data import idx
+  path = tmp_path / "train-images-idx3-ubyte"
+  header = bytes([0, 0, 8, 3]) + np.array((2, 2, 2), ">u4").tobytes()
+  path.write_bytes(header + bytes(8) + bytes(1 << 20))  # 8 bytes declared, 1 MiB more on disk
+  with pytest.raises(ValueError, match=r"IDX data size 9 bytes does not match its header shape \(2, 2, 2\) \(8 bytes\)"):
+    idx.read_idx(str(path))
+  os.symlink("/dev/zero", tmp_path / "t10k-images-idx3-ubyte")
+  with pytest.raises(bounded.UntrustedFileError, match="a device, not a regular file; not reading it"):
+    idx.read_idx(str(tmp_path / "t10k-images-idx3-ubyte"))
