@@ -260,7 +260,11 @@ def fail(e: BaseException) -> None:
 
 
 def topology() -> list[int]:
-  """[processes, devices in all]: what a checkpoint records of the job that saved it."""
+  """What a checkpoint records of the job that saved it.
+
+  Returns:
+    [processes, devices over every process].
+  """
   import jax
   return [process_count(), jax.device_count()]
 

@@ -71,8 +71,15 @@ def is_stale(summary: dict, current: str) -> bool:
 
 
 def load_results(exp: sweep_lib.Expansion) -> dict:
-  """key -> finished run (jobs not finished, or whose files do not parse, are absent; the
-  latter with a one-line warning naming the file)."""
+  """The finished runs of a sweep, from their run directories.
+
+  Args:
+    exp: the sweep's expansion.
+
+  Returns:
+    key -> {"summary", "records"}; jobs not finished, or whose files do not parse, are
+    absent (the latter with a one-line warning naming the file).
+  """
   out = {}
   for key, job in exp.jobs.items():
     try:

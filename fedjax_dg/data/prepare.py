@@ -16,7 +16,13 @@ links need a browser or `gdown`, and this library never downloads at run time).
 `verify NAME --root DIR` prints one line naming what is missing, extra or corrupt, and
 exits 1 if anything is: with a manifest, every file against its size and SHA-256 (`--fast`:
 size only); always, the files the loader needs, the published image count per domain, and
-that every image decodes and every CSV / JSON file parses.
+that every image decodes and every CSV / JSON / IDX file parses.
+
+Archives and files are untrusted (`fedjax_dg.bounded`): an archive is checked from what it
+declares before anything is extracted (each member's size, their total, the inflation
+ratio over the archive's size, the free space; no link, FIFO or device member, no path out
+of the folder), `verify` reads every file with a byte cap and reports a link out of the
+dataset folder, a FIFO or a device as corrupt without reading it; each refusal is one line.
 
 No source here publishes SHA-256 checksums of its archives (DomainBed's download script
 has none, WILDS' dataset classes state a download URL and an approximate compressed size,
