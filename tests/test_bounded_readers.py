@@ -8,7 +8,6 @@ import gzip
 import io
 import json
 import os
-import resource
 import struct
 import subprocess
 import sys
@@ -81,15 +80,17 @@ def regular(name: str, data: bytes):
   return info, data
 
 
-def _capped():
-  resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+def capped(argv) -> list:
+  """`argv` run under `MEMORY_CAP` (bash's `ulimit -v`: RLIMIT_AS, in KiB), without a
+  preexec function (a fork of this multithreaded process)."""
+  return ["bash", "-c", f'ulimit -v {MEMORY_CAP >> 10} && exec "$@"', "bash", *argv]
 
 
 def prepare_cli(*args):
   """`python -m fedjax_dg.data.prepare ARGS` under `MEMORY_CAP`: (exit status, stdout, stderr)."""
   env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-  out = subprocess.run([sys.executable, "-m", "fedjax_dg.data.prepare", *args], env=env, capture_output=True,
-                       text=True, timeout=300, preexec_fn=_capped)
+  out = subprocess.run(capped([sys.executable, "-m", "fedjax_dg.data.prepare", *args]), env=env,
+                       capture_output=True, text=True, timeout=300)
   return out.returncode, out.stdout, out.stderr
 
 
@@ -281,3 +282,10 @@ def test_idx_reader_stops_at_its_header_and_refuses_devices(tmp_path):
   os.symlink("/dev/zero", tmp_path / "t10k-images-idx3-ubyte")
   with pytest.raises(bounded.UntrustedFileError, match="a device, not a regular file; not reading it"):
     idx.read_idx(str(tmp_path / "t10k-images-idx3-ubyte"))
+
+
+def test_the_memory_cap_of_the_command_line_cases_holds():
+  """The cap the cases run under is real: holding a 3 GiB member within it fails."""
+  out = subprocess.run(capped([sys.executable, "-c", "bytearray(3 << 30)"]), capture_output=True, text=True,
+                       timeout=60)
+  assert out.returncode != 0 and "MemoryError" in out.stderr

@@ -13,7 +13,6 @@ import helpers
 from fedjax_dg.bench import collect, results as results_lib, sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MEMORY_CAP = 1 << 30  # RLIMIT_AS of the command-line cases
 
 
 def make_results_file(tmp) -> str:
@@ -66,17 +65,13 @@ def job_line(docs, method="fedavg", num_clients=1, seed=1) -> int:
       and e["axes"]["seed"] == seed for e in d["entries"]))
 
 
-def _capped():
-  import resource
-  resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-
-
 def report_cli(path, out):
-  """`python -m fedjax_dg.bench report --results PATH --out OUT` under `MEMORY_CAP`."""
+  """`python -m fedjax_dg.bench report --results PATH --out OUT` under test_bounded_readers.MEMORY_CAP."""
   env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), JAX_PLATFORMS="cpu", OPENBLAS_NUM_THREADS="1",
              OMP_NUM_THREADS="1")
-  r = subprocess.run([sys.executable, "-m", "fedjax_dg.bench", "report", f"--results={path}", f"--out={out}"],
-                     env=env, capture_output=True, text=True, timeout=300, preexec_fn=_capped, cwd=ROOT)
+  from test_bounded_readers import capped
+  argv = [sys.executable, "-m", "fedjax_dg.bench", "report", f"--results={path}", f"--out={out}"]
+  r = subprocess.run(capped(argv), env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
   return r.returncode, r.stdout, r.stderr
 
 
@@ -91,7 +86,7 @@ def refusal(path) -> str:
 def _set(doc, dotted, value):
   *head, last = dotted.split(".")
   for k in head:
-    doc = doc[k]
+    doc = doc[int(k)] if isinstance(doc, list) else doc[k]
   if value is KeyError:
     del doc[last]
   else:
@@ -114,6 +109,9 @@ STRUCTURE = [
     ("a round of -1", 1, "records.0.round", -1, "records[0].round: -1 lies outside [0, 2**53)"),
     ("a count n as a boolean", 1, "records.0.splits.test.n", True, "records[0].splits.test.n: true (bool), not int"),
     ("a summary without records", 1, "records", KeyError, "records: absent while the other is present"),
+    ("a method given as a number", 1, "entries.0.axes.method", 3, "entries[0].axes.method: 3 (int), not str"),
+    ("an entry without its seed", 1, "entries.0.axes.seed", KeyError, "entries[0].axes.seed: absent; it must be int"),
+    ("an infinite lambda", 1, "entries.0.axes.lam", float("inf"), "entries[0].axes.lam: inf, not a finite number"),
 ]
 
 

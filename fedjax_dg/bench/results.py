@@ -311,7 +311,7 @@ def _check_job(d, where: _Where) -> None:
   for k, e in enumerate(_type(d.get("entries", _ABSENT), list, where, "entries")):
     _type(e, dict, where, f"entries[{k}]")
     _type(e.get("grid", _ABSENT), str, where, f"entries[{k}].grid")
-    _type(e.get("axes", _ABSENT), dict, where, f"entries[{k}].axes")
+    _check_axes(_type(e.get("axes", _ABSENT), dict, where, f"entries[{k}].axes"), where, f"entries[{k}].axes")
   if not d["entries"]:
     raise where.error("entries", "empty; a job belongs to at least one grid")
   config = _type(d.get("config", _ABSENT), dict, where, "config")
@@ -322,6 +322,23 @@ def _check_job(d, where: _Where) -> None:
     _check_summary(_type(d["summary"], dict, where, "summary"), where)
     for k, r in enumerate(_type(d["records"], list, where, "records")):
       _check_record(r, where, f"records[{k}]")
+
+
+_AXES = {"method": str, "algorithm": str, "num_clients": int, "seed": int, "trial": int}  # every entry's
+_OPTIONAL_AXES = {"local_epochs": int, "num_rounds": int, "local_steps": int, "role": str}
+
+
+def _check_axes(axes: dict, where: _Where, field: str) -> None:
+  for name, want in {**_AXES, **{k: v for k, v in _OPTIONAL_AXES.items() if k in axes}}.items():
+    if want is int:
+      _int(axes.get(name, _ABSENT), where, f"{field}.{name}")
+    else:
+      _type(axes.get(name, _ABSENT), want, where, f"{field}.{name}")
+  for name in ("lam", "fraction"):
+    if axes.get(name) is not None:
+      v = _type(axes[name], (int, float), where, f"{field}.{name}")
+      if not math.isfinite(v):
+        raise where.error(f"{field}.{name}", f"{v!r}, not a finite number")
 
 
 def _check_metrics(m, where: _Where, field: str) -> None:
