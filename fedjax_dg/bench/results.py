@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_dg import bounded, provenance, rundir
-from fedjax_dg.bench import launch, sweep as sweep_lib
+from fedjax_dg.bench import sweep as sweep_lib
 from fedjax_dg.bench.runs import load_run
 
 FORMAT = 1
@@ -94,6 +94,8 @@ def load_results(exp: sweep_lib.Expansion) -> dict:
 
 def from_runs(sweep, exp=None, sweep_arg: str = "") -> Data:
   """The bundle from the sweep's run directories."""
+  # Imported here, not above: the launcher imports the runner (and JAX), which reading a results file does not need.
+  from fedjax_dg.bench import launch
   exp = exp or sweep_lib.expand(sweep)
   results = load_results(exp)
   current = provenance.source_fingerprint()["sha256"]
