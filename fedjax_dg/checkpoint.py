@@ -111,10 +111,12 @@ def state_digest(tree) -> str:
   return h.hexdigest()
 
 
-def _replicated(target):
-  """The restore target; under `jax.distributed`, every array replicated over all devices."""
+def _replicated(target, saved_topology=None):
+  """The restore target; under `jax.distributed`, or for a checkpoint saved under another
+  topology (`saved_topology`, [processes, devices], from its checksum file), every array
+  replicated over all devices."""
   from fedjax_dg import distributed
-  return distributed.replicated(target)
+  return distributed.replicated(target, saved_topology is not None and saved_topology != distributed.topology())
 
 
 def _first_line(e: BaseException) -> str:
@@ -221,7 +223,9 @@ class Checkpoints:
     one-line rundir.WriteError."""
     self._wait()
     writer = rundir.is_writer()
-    record = {"step": step, "run": self.run, "sha256": state_digest(state)}  # every process: may gather
+    from fedjax_dg import distributed
+    record = {"step": step, "run": self.run, "sha256": state_digest(state),  # every process: may gather
+              "topology": distributed.topology()}
     if _host_counts(state):
       record["host_client_states"] = _host_counts(state)
     if writer:
@@ -274,7 +278,7 @@ class Checkpoints:
     target = jax.tree.map(lambda x: x.sparse_shape(int(next(counts))) if _is_host(x) else x, template)
     target = {"round": jax.ShapeDtypeStruct((), np.int32), "run": jax.ShapeDtypeStruct((8,), np.uint8), "state": target}
     with ocp.StandardCheckpointer() as reader:
-      whole = reader.restore(path, _replicated(target))
+      whole = reader.restore(path, _replicated(target, saved.get("topology")))
     want, got = jax.tree.structure(target), jax.tree.structure(whole)
     if want != got:
       raise ValueError(f"the restored state has structure {got}, expected {want}")

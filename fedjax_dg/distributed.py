@@ -78,6 +78,41 @@ def check_strategy(config) -> None:
                       f"({process_count()} processes) use vmap, chunked, sequential or auto")
 
 
+def claim_process_id(d) -> str:
+  """Takes this machine's lock on (`d.coordinator_address`, `d.process_id`) for the rest of
+  this process's life, so that a second process of the same job given the same id on this
+  machine is refused at once, in one line, instead of meeting the first inside
+  `jax.distributed` (where it waits, then may abort in C++). The lock is an `flock` on a file
+  in the temporary folder, released by the operating system when the process ends, however
+  it ends; its descriptor is deliberately left open.
+
+  Args:
+    d: the config's `distributed` block (initialize='local').
+
+  Returns:
+    The lock file's path.
+
+  Raises:
+    ConfigError: when another live process on this machine holds the same id.
+  """
+  import fcntl
+  import tempfile
+  name = hashlib.sha256(f"{d.coordinator_address}|{int(d.process_id)}".encode()).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), f"fedjax_dg-process-{name}.lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+    os.close(fd)
+    raise ConfigError(f"distributed.process_id: {d.process_id} is already used by process {holder} on this machine "
+                      f"(coordinator {d.coordinator_address}); give each of the {d.num_processes} processes its own id "
+                      f"in [0, {d.num_processes - 1}], as scripts/launch_local.sh does") from None
+  os.ftruncate(fd, 0)
+  os.write(fd, str(os.getpid()).encode())
+  return path
+
+
 def _watchdog(seconds: float, line: str):
   """Exits the process with `line` unless cancelled within `seconds`."""
   def fire():
@@ -105,6 +140,7 @@ def initialize(config) -> None:
   kwargs = dict(initialization_timeout=int(d.timeout_s) + 30, heartbeat_timeout_seconds=int(d.heartbeat_s),
                 shutdown_timeout_seconds=int(d.heartbeat_s))
   if how == "local":
+    claim_process_id(d)
     kwargs.update(coordinator_address=d.coordinator_address, num_processes=int(d.num_processes),
                   process_id=int(d.process_id))
     where = f"the coordinator at {d.coordinator_address}"
@@ -223,11 +259,24 @@ def fail(e: BaseException) -> None:
   os._exit(2)  # pylint: disable=protected-access
 
 
-def replicated(shape_tree):
-  """`shape_tree` (ShapeDtypeStructs) with every leaf replicated over all devices of every
-  process (what a multi-process restore reads into); unchanged in one process."""
+def topology() -> list[int]:
+  """What a checkpoint records of the job that saved it.
+
+  Returns:
+    [processes, devices over every process].
+  """
   import jax
-  if process_count() == 1:
+  return [process_count(), jax.device_count()]
+
+
+def replicated(shape_tree, other_topology: bool = False):
+  """`shape_tree` (ShapeDtypeStructs) with every leaf replicated over all devices of every
+  process: what a multi-process restore reads into, and what a restore of a checkpoint saved
+  under another topology (`other_topology`: another process or device count) reads into,
+  so that a run may be resumed with another process count. Unchanged in one process
+  restoring its own topology's checkpoint."""
+  import jax
+  if process_count() == 1 and not other_topology:
     return shape_tree
   mesh = jax.make_mesh((jax.device_count(),), ("clients",), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices())  # the engine's mesh (engine/executors.py): one mesh per round

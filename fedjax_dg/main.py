@@ -184,6 +184,10 @@ def _not_a_config(flag: str = "config") -> str | None:
     spec = importlib.util.spec_from_file_location("_fedjax_dg_config_check", file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if not callable(getattr(mod, "get_config", None)):
+      with open(file, encoding="utf-8", errors="replace") as f:
+        what = "is empty" if not f.read(1 << 20).strip() else "defines no get_config()"
+      return f"--{flag} {path}: the config file {what}; it must define get_config() returning an ml_collections.ConfigDict"
     got = mod.get_config(arg) if arg else mod.get_config()
   except BaseException:  # pylint: disable=broad-except  # then the original error says it
     return None
@@ -250,13 +254,19 @@ def last_overrides(argv: list[str]) -> list[str]:
   return [x for n, (h, group) in enumerate(items) if h is None or last[h] == n for x in group]
 
 
+_EXAMPLES = {"config": "configs/default.py", "sweep": "configs/sweeps/tiny.py"}
+
+
 def parse_flags(argv: list[str], flag: str = "config") -> list[str]:
   """absl's flag parsing, with a bad flag or config override as one line and exit status 2;
   an override given twice takes its last value."""
   try:
     return flags.FLAGS(last_overrides(argv))
   except flags.Error as e:
-    if "Error whilst parsing config file" in str(e):  # the file's own error is its cause
+    if not any(a == f"--{flag}" or a.startswith(f"--{flag}=") for a in argv[1:]) and (
+        f"'{flag}." in str(e) or f"--{flag} must have a value" in str(e)):  # its overrides are unknown then
+      msg = f"--{flag}: no config file given; pass one, e.g. --{flag} {_EXAMPLES.get(flag, 'FILE.py')}"
+    elif "Error whilst parsing config file" in str(e):  # the file's own error is its cause
       msg = _config_load_error(e, flag)
     elif f"--{flag} must have a value other than None" in str(e) and _config_path(flag) != "?":
       msg = _not_a_config(flag) or f"--{flag} {_config_path(flag)}: get_config() returned None"

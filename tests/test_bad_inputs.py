@@ -870,6 +870,295 @@ def _(tmp):
   return error_of(lambda: idx.read_idx(path))
 
 
+# ----------------------------------------------------------------------------- untrusted files: archives and verify
+# The command-line cases below run under a 1 GiB address-space cap (RLIMIT_AS, `MEMORY_CAP` of
+# tests/test_bounded_readers.py): a reader that held a 3 GiB member or inflated a file whole
+# would die in it instead of answering in one line.
+
+def _prepare_line(*args) -> str:
+  """`python -m fedjax_dg.data.prepare ARGS` under the memory cap: its one line (stderr on an
+  error, exit status 2; stdout for a verify that fails, exit status 1)."""
+  from test_bounded_readers import prepare_cli
+  code, out, err = prepare_cli(*args)
+  assert code in (1, 2), f"exit status {code}; stderr: {err[-2000:]}"
+  return _one_line(err if code == 2 else out, "stderr" if code == 2 else "stdout")
+
+
+@case(3, "zip declaring a 3 GiB member", "`python -m fedjax_dg.data.prepare pacs --root D` where `D/PACS.zip` "
+      "(under 2 KB) declares a 3 GiB member, under a 1 GiB memory cap; nothing is extracted",
+      "member 'kfold/art_painting/dog/0.png' declares 3221225472 bytes from", section="untrusted files")
+def _(tmp):
+  from test_bounded_readers import zip_declaring
+  zip_declaring(tmp / "PACS.zip", "kfold/art_painting/dog/0.png", 3 << 30)
+  return _prepare_line("pacs", "--root", str(tmp))
+
+
+@case(3, "tar.gz declaring a 3 GiB member", "`prepare vlcs --root D` where `D/VLCS.tar.gz` (under 2 KB) holds a "
+      "tar header declaring 3 GiB, under a 1 GiB memory cap: refused at the header",
+      "its members declare 3221225472 bytes in all, more than the", section="untrusted files")
+def _(tmp):
+  from test_bounded_readers import tar_gz_declaring
+  tar_gz_declaring(tmp / "VLCS.tar.gz", "VLCS/big.bin", 3 << 30)
+  return _prepare_line("vlcs", "--root", str(tmp))
+
+
+@case(3, "zip bomb", "`prepare.unpack_archive` of a genuine zip of 64 MiB of zeros (about 65 KB)",
+      "declares 67108864 bytes from", section="untrusted files")
+def _(tmp):
+  from test_bounded_readers import zeros_zip
+  from fedjax_dg.data import prepare
+  path = zeros_zip(tmp / "b.zip", "VLCS/x.bin", 64 << 20)
+  return error_of(lambda: prepare.unpack_archive(path, str(tmp / "out")))
+
+
+@case(3, "FIFO member in a tar", "`prepare vlcs --root D` where `D/VLCS.tar.gz` holds a FIFO `VLCS/labels.json`",
+      "member 'VLCS/labels.json' is a FIFO; refusing the archive", section="untrusted files")
+def _(tmp):
+  import tarfile
+  from test_bounded_readers import regular, special, tar_gz_of
+  tar_gz_of(tmp / "VLCS.tar.gz", [regular("VLCS/a.txt", b"a"), (special("VLCS/labels.json", tarfile.FIFOTYPE), None)])
+  return _prepare_line("vlcs", "--root", str(tmp))
+
+
+@case(3, "device member in a tar", "`prepare vlcs --root D` where `D/VLCS.tar.gz` holds a character device "
+      "(1, 5: /dev/zero's numbers)", "member 'VLCS/labels.json' is a device; refusing the archive",
+      section="untrusted files")
+def _(tmp):
+  import tarfile
+  from test_bounded_readers import regular, special, tar_gz_of
+  tar_gz_of(tmp / "VLCS.tar.gz", [regular("VLCS/a.txt", b"a"), (special("VLCS/labels.json", tarfile.CHRTYPE), None)])
+  return _prepare_line("vlcs", "--root", str(tmp))
+
+
+@case(3, "truncated tar.gz", "`prepare vlcs --root D` where `D/VLCS.tar.gz` has its last 1000 bytes cut",
+      "VLCS.tar.gz: corrupt compressed data (Compressed file ended before the end-of-stream marker was reached)",
+      section="untrusted files")
+def _(tmp):
+  from test_bounded_readers import regular, tar_gz_of
+  path = tar_gz_of(tmp / "VLCS.tar.gz", [regular("VLCS/a.bin", np.random.default_rng(0).bytes(50_000))])
+  os.truncate(path, os.path.getsize(path) - 1000)
+  return _prepare_line("vlcs", "--root", str(tmp))
+
+
+@case(3, "zip with a bad CRC", "`prepare pacs --root D` where one stored member of `D/PACS.zip` has a byte changed",
+      "PACS.zip: corrupt archive data (BadZipFile: Bad CRC-32 for file 'kfold/photo/dog/0.png')",
+      section="untrusted files")
+def _(tmp):
+  import zipfile
+  with zipfile.ZipFile(tmp / "PACS.zip", "w", zipfile.ZIP_STORED) as z:
+    z.writestr("kfold/photo/dog/0.png", b"hello world, a member whose bytes change")
+  raw = bytearray((tmp / "PACS.zip").read_bytes())
+  raw[raw.index(b"hello")] = ord("j")
+  (tmp / "PACS.zip").write_bytes(bytes(raw))
+  return _prepare_line("pacs", "--root", str(tmp))
+
+
+def _civil_release(tmp):
+  from test_bounded_readers import regular, tar_gz_of
+  from fedjax_dg.data import prepare
+  csv = b"id,comment_text,split,toxicity\n0,hi,train,0.1\n1,yo,test,0.9\n"
+  path = tar_gz_of(tmp / "civil.tar.gz", [regular("civilcomments_v1.0/all_data_with_identities.csv", csv)])
+  prepare.prepare("civilcomments", str(tmp), [path])
+  return tmp / "civilcomments_v1.0"
+
+
+@case(3, "verify: a link to /dev/zero", "`prepare verify civilcomments --root D` where `labels.json` in the "
+      "dataset folder is a link to `/dev/zero`, under a 1 GiB memory cap (it read 2.9 GB)",
+      "labels.json: a link out of the dataset folder (to /dev/zero); not following it", section="untrusted files")
+def _(tmp):
+  folder = _civil_release(tmp)
+  os.symlink("/dev/zero", folder / "labels.json")
+  return _prepare_line("verify", "civilcomments", "--root", str(tmp))
+
+
+@case(3, "verify: a gzipped IDX inflating to 1 GiB", "`prepare verify mnist --root D --fast` where "
+      "`train-images-idx3-ubyte.gz` (about 1 MB) declares `(10, 28, 28)` and inflates to 1 GiB, under a 1 GiB memory "
+      "cap: read to 7841 bytes only", "IDX data size 7841 bytes does not match its header shape (10, 28, 28)",
+      section="untrusted files")
+def _(tmp):
+  import gzip
+  (tmp / "mnist").mkdir()
+  with gzip.open(tmp / "mnist" / "train-images-idx3-ubyte.gz", "wb") as g:
+    g.write(bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes())
+    for _ in range(1024):
+      g.write(bytes(1 << 20))
+  return _prepare_line("verify", "mnist", "--root", str(tmp), "--fast")
+
+
+@case(3, "verify: a garbage manifest", "`prepare verify civilcomments --root D` whose `.fedjax_dg_manifest.json` "
+      "holds `garbage`", "not a manifest written by prepare (JSONDecodeError", section="untrusted files")
+def _(tmp):
+  from fedjax_dg.data import prepare
+  (_civil_release(tmp) / prepare.MANIFEST).write_text("garbage")
+  return _prepare_line("verify", "civilcomments", "--root", str(tmp))
+
+
+@case(3, "verify: a wrongly typed manifest", "the manifest's entry for a file is `\"x\"`, not `[size, SHA-256]`",
+      "is \"x\", not [size, SHA-256]", section="untrusted files")
+def _(tmp):
+  from fedjax_dg.data import prepare
+  (_civil_release(tmp) / prepare.MANIFEST).write_text('{"all_data_with_identities.csv": "x"}')
+  return _prepare_line("verify", "civilcomments", "--root", str(tmp))
+
+
+@case(3, "verify without Pillow", "`prepare.verify` of a PACS folder holding a valid PNG, with Pillow not installed",
+      'checking images needs Pillow: pip install "fedjax-dg[data]"', section="untrusted files")
+def _(tmp):
+  from PIL import Image
+  from fedjax_dg.data import prepare
+  (tmp / "PACS" / "photo" / "dog").mkdir(parents=True)
+  Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp / "PACS" / "photo" / "dog" / "0.png")
+  saved = sys.modules.get("PIL")
+  sys.modules["PIL"] = None
+  try:
+    return error_of(lambda: prepare.verify("pacs", str(tmp)))
+  finally:
+    sys.modules["PIL"] = saved
+
+
+@case(4, "an empty config file", "`fedjax-dg --config F P` where F is empty",
+      "the config file is empty; it must define get_config()", section="config files")
+def _(tmp):
+  return cli(tmp, config=_config_file(tmp, ""))
+
+
+@case(4, "a config file without get_config", "`fedjax-dg --config F P` where F holds `x = 1`",
+      "the config file defines no get_config(); it must define get_config()", section="config files")
+def _(tmp):
+  return cli(tmp, config=_config_file(tmp, "x = 1\n"))
+
+
+@case(4, "no --config at all", "`fedjax-dg --config.num_clients=4`",
+      "--config: no config file given; pass one, e.g. --config configs/default.py", section="config files")
+def _(tmp):
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg", "--config.num_clients=4"])
+
+
+# ----------------------------------------------------------------------------- sweeps: a results file handed over
+
+_RESULTS_FILE: list = []  # the fixture sweep's results file, built once
+
+
+def _results_file(tmp) -> str:
+  if not _RESULTS_FILE:
+    from test_results_file import make_results_file
+    _RESULTS_FILE.append(make_results_file(tmp))
+  return _RESULTS_FILE[0]
+
+
+def _report_results(tmp, path, outcome="error") -> str:
+  """`bench report --results PATH` under the memory cap: its one error line, or its one note."""
+  from test_results_file import report_cli
+  code, out, err = report_cli(path, tmp / "out")
+  if outcome == "error":
+    assert code == 2, f"exit status {code}; stdout {out[-1000:]} stderr {err[-2000:]}"
+    return _one_line(err, "stderr")
+  assert code == 0, err[-2000:]
+  return _one_line("\n".join(l for l in out.splitlines() if l.startswith("note: ")), "notes")
+
+
+for _name, _field, _value, _show, _expect in (
+    ("header a list", None, [1, 2], "line 1 is `[1, 2]`", "not a results file of format 1"),
+    ("a job without `config`", "config", KeyError, "a job has no `config`", "config: absent; it must be dict"),
+    ("an accuracy given as a string", "summary.selection.heldout_domain.test.accuracy", "0.9",
+     "a job's held-out-selected test accuracy is `\"0.9\"`", 'accuracy: "0.9" (str), not int or float'),
+    ("`entries` an integer", "entries", 5, "a job's `entries` is `5`", "entries: 5 (int), not list"),
+    ("`sweep` a list", "header.sweep", [1], "the header's `sweep` is `[1]`", "sweep: [1] (list), not dict"),
+    ("an accuracy of 1e308", "summary.selection.heldout_domain.test.accuracy", 1e308,
+     "a job's held-out-selected test accuracy is `1e308`", "accuracy: 1e+308 lies outside [0, 1]"),
+    ('`"stale": "no"`', "stale", "no", "a job's `stale` is the string `\"no\"`", 'stale: "no" (str), not bool'),
+):
+  def _mutated_case(tmp, _field=_field, _value=_value):
+    from test_results_file import lines_of, mutated, write_lines
+    src = _results_file(tmp)
+    if _field is None:
+      path = write_lines(tmp / "r.jsonl.gz", [[1, 2]] + lines_of(src)[1:])
+    else:
+      path = mutated(src, tmp / "r.jsonl.gz", _field, _value)
+    return _report_results(tmp, path)
+  case(5, f"results file: {_name}", f"`python -m fedjax_dg.bench report --results F` where {_show}, under a 1 GiB "
+       "memory cap", _expect, section="sweeps")(_mutated_case)
+
+
+@case(5, "results file: a 5000-digit number", "`bench report --results F` where a job's line holds a number of 5000 "
+      "digits, under a 1 GiB memory cap", "the line: a number of 5000 characters (at most 40)", section="sweeps")
+def _(tmp):
+  from test_results_file import job_line, lines_of, write_lines
+  docs = lines_of(_results_file(tmp))
+  k = job_line(docs)
+  body = json.dumps(docs[k]).replace('"stale": false', '"stale": false, "x": ' + "9" * 5000)
+  return _report_results(tmp, write_lines(tmp / "r.jsonl.gz", docs, {k: body}))
+
+
+@case(5, "results file: a line nested 100,000 deep", "`bench report --results F` where a job's line is 100,000 "
+      "nested lists, under a 1 GiB memory cap", "the line: nested 100000 deep, more than the 32", section="sweeps")
+def _(tmp):
+  from test_results_file import job_line, lines_of, write_lines
+  docs = lines_of(_results_file(tmp))
+  return _report_results(tmp, write_lines(tmp / "r.jsonl.gz", docs, {job_line(docs): "[" * 100_000 + "]" * 100_000}))
+
+
+@case(5, "results file: a line inflating to 64 MiB", "`bench report --results F` where line 2 of F (about 70 KB) "
+      "inflates to 64 MiB, under a 1 GiB memory cap (a 1.5 GiB line took 3.2 GB)",
+      "line 2 is longer than 16777216 bytes, the cap on one line", section="sweeps")
+def _(tmp):
+  import gzip
+  from test_results_file import lines_of
+  head = lines_of(_results_file(tmp))[0]
+  with gzip.open(tmp / "big.jsonl.gz", "wb", compresslevel=1) as g:
+    g.write(json.dumps(head).encode() + b"\n")
+    for _ in range(64):
+      g.write(b" " * (1 << 20))
+    g.write(b"\n")
+  return _report_results(tmp, tmp / "big.jsonl.gz")
+
+
+@case(5, "results file: NaN metrics in a finished job", "`bench report --results F` where a done job's "
+      "held-out-selected test accuracy is NaN: the report is written and says which job its cells leave out",
+      "finished with NaN in summary.selection.heldout_domain.test.accuracy; cells that read it leave the job out",
+      outcome="warning", section="sweeps")
+def _(tmp):
+  from test_results_file import mutated
+  path = mutated(_results_file(tmp), tmp / "r.jsonl.gz", "summary.selection.heldout_domain.test.accuracy",
+                 float("nan"))
+  return _report_results(tmp, path, outcome="warning")
+
+
+@case(5, "results file: done without a summary", "`bench report --results F` where a job marked done has no "
+      "`summary` and no `records`: the report is written and names the job",
+      "is marked done but holds no summary; left out of every cell", outcome="warning", section="sweeps")
+def _(tmp):
+  from test_results_file import job_line, lines_of, write_lines
+  docs = lines_of(_results_file(tmp))
+  k = job_line(docs)
+  del docs[k]["summary"], docs[k]["records"]
+  return _report_results(tmp, write_lines(tmp / "r.jsonl.gz", docs), outcome="warning")
+
+
+# ----------------------------------------------------------------------------- data files: paths and values
+
+@case(5, "WILDS image path out of the release", "`wilds.load_fold` of an IWildCam `metadata.csv` whose row 3 names "
+      "`../../../../../../etc/passwd`", "metadata.csv row 3: column 'filename' names '../../../../../../etc/passwd', "
+      "a path outside", section="data files")
+def _(tmp):
+  from fedjax_dg.data import wilds
+  root = _iwildcam(tmp, [("train", 0, 1), ("train", 0, 1), ("val", 1, 2)])
+  text = (root / "metadata.csv").read_text().replace(",1.jpg\n", ",../../../../../../etc/passwd\n")
+  (root / "metadata.csv").write_text(text)
+  return error_of(lambda: wilds.load_fold(_wilds_config(root, "iwildcam")))
+
+
+@case(5, "FEMNIST NaN pixel", "a LEAF `train/*.json` whose writer's third image has `NaN` at pixel 300",
+      "image 2 pixel 300 is nan, outside [0, 1] (1 of the writer's 2352 pixels are)", section="data files")
+def _(tmp):
+  from fedjax_dg.data import femnist
+  x = np.full((3, 784), 0.5)
+  x[2, 300] = np.nan
+  obj = {"users": ["w"], "num_samples": [3], "user_data": {"w": {"x": x.tolist(), "y": [1, 2, 3]}}}
+  (tmp / "f.json").write_text(json.dumps(obj))
+  return error_of(lambda: femnist.read_leaf_file(str(tmp / "f.json")))
+
+
 # ----------------------------------------------------------------------------- config fields: types and ranges
 
 def _typed(tmp, **fields):
@@ -1451,6 +1740,47 @@ def _distributed_no_coordinator(tmp):
   return cli(tmp, "--config.distributed.initialize=local", "--config.distributed.coordinator_address=localhost:1",
              "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
              "--config.distributed.timeout_s=3")
+
+
+@case(5, "two processes given the same process id", "process 1 of a 2-process job holds its id on this machine "
+      "(coordinator `localhost:PORT`), then another process starts as process 1 of the same job",
+      "distributed.process_id: 1 is already used by process <pid> on this machine", section="several processes")
+def _distributed_same_id(tmp):
+  from test_process_ids import free_address, holder, second_process
+  address = free_address()
+  p = holder(address)
+  try:
+    out, _ = second_process(tmp, address, timeout_s=60)
+  finally:
+    p.kill()
+    p.wait()
+  assert out.returncode == 2, out.stderr[-2000:]
+  line = _one_line(out.stderr, "stderr").replace(f"process {p.pid} ", "process <pid> ")
+  return line.replace(address, "localhost:<port>")
+
+
+@case(5, "resume with another process count", "a checkpoint whose checksum file says 2 processes saved it "
+      "(`\"topology\": [2, D]`), restored by one process; tests/test_resume_process_count.py resumes real 2-process "
+      "runs as one (and one as two), equal to the uninterrupted run", "round 2 restored", outcome="works",
+      section="several processes")
+def _distributed_other_topology(tmp):
+  import jax.numpy as jnp
+  from fedjax_dg import checkpoint
+  state = {"w": jnp.arange(4.0)}
+  ckpt = checkpoint.Checkpoints(str(tmp / "W"), run="00112233aabbccdd")
+  ckpt.save(2, state)
+  ckpt.close()
+  path = tmp / "W" / "checkpoint_sums" / "2.json"
+  record = json.loads(path.read_text())
+  record["topology"] = [2, 2 * record["topology"][1]]
+  path.write_text(json.dumps(record))
+  ckpt = checkpoint.Checkpoints(str(tmp / "W"), run="00112233aabbccdd")
+  step, got = ckpt.restore_latest(lambda step: checkpoint.shape_of(state))
+  ckpt.close()
+  import jax
+  assert step == 2 and np.array_equal(np.asarray(got["w"]), np.arange(4.0))
+  assert got["w"].sharding.is_fully_replicated and len(got["w"].sharding.device_set) == jax.device_count()
+  return "round 2 restored, every array replicated over this process's devices"
 
 
 @case(5, "host-held states for a staged method", "`P --config.algorithm.name=fedloe "

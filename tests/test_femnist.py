@@ -107,6 +107,29 @@ def test_errors_name_the_file_or_field(tmp_path):
     femnist.load(config(tmp_path / "ok").data)
 
 
+@pytest.mark.parametrize("value,shown", [(float("nan"), "nan"), (1.5, "1.5"), (-0.25, "-0.25")])
+def test_a_pixel_outside_0_1_or_nan_is_refused_naming_it(tmp_path, value, shown):
+  write_leaf(tmp_path)
+  path = tmp_path / "train" / "all_data_1_niid_0_keep_0_train_9.json"
+  obj = json.loads(path.read_text())
+  u = obj["users"][1]
+  obj["user_data"][u]["x"][2][300] = value
+  x_size = 784 * len(obj["user_data"][u]["x"])
+  path.write_text(json.dumps(obj))  # json writes NaN as LEAF's Python writer would
+  with pytest.raises(femnist.DataError) as e:
+    femnist.load(config(tmp_path).data)
+  assert str(e.value) == f"{path}: writer '{u}' image 2 pixel 300 is {shown}, outside [0, 1] (1 of the writer's {x_size} pixels are)"
+
+
+def test_a_leaf_file_that_is_a_link_to_a_device_is_not_read(tmp_path):
+  write_leaf(tmp_path)
+  path = tmp_path / "train" / "all_data_1_niid_0_keep_0_train_9.json"
+  path.unlink()
+  os.symlink("/dev/zero", path)
+  with pytest.raises(femnist.DataError, match=rf"{path}: a device, not a regular file; not reading it"):
+    femnist.load(config(tmp_path).data)
+
+
 @pytest.mark.parametrize("method", ["fedavg", pytest.param("irm", marks=pytest.mark.slow)])
 def test_two_rounds_from_the_config(tmp_path, method):
   write_leaf(tmp_path / "leaf")

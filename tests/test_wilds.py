@@ -250,3 +250,19 @@ def test_tables_saved_with_a_byte_order_mark_read_as_without(tmp_path, layout):
   for field in ("y", "domain", "split"):
     np.testing.assert_array_equal(getattr(bom, field), getattr(plain, field))
   assert bom.num_classes == plain.num_classes
+
+
+@pytest.mark.parametrize("name", ["../../../../../../etc/passwd", "/etc/passwd", "a/../../b.jpg"])
+def test_image_names_leading_out_of_the_release_are_refused(tmp_path, name):
+  root = write_iwildcam(str(tmp_path / "iwildcam_v2.0"))
+  path = os.path.join(root, "metadata.csv")
+  lines = open(path).read().splitlines()
+  header = lines[0].split(",")
+  row = lines[2].split(",")
+  row[header.index("filename")] = name
+  lines[2] = ",".join(row)
+  open(path, "w").write("\n".join(lines) + "\n")
+  with pytest.raises(wilds.DataError) as e:
+    wilds.load_fold(data_config(root, "iwildcam"))
+  assert str(e.value) == (f"{path} row 3: column 'filename' names {name!r}, a path outside "
+                          f"{os.path.join(root, 'train')}; refusing it")

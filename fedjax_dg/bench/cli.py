@@ -86,10 +86,12 @@ def _from_results(cmd: str) -> int:
   if not os.path.isfile(_RESULTS.value):
     print(f"error: --results {_RESULTS.value}: no such file", file=sys.stderr)
     return 2
-  data = results_lib.read(_RESULTS.value)
+  data = results_lib.read(_RESULTS.value)  # checked against its schema before any cell is computed
   if _missing_matplotlib(cmd, data.sweep):
     print(_missing_matplotlib(cmd, data.sweep), file=sys.stderr)
     return 2
+  for note in data.notes:  # each finished job the cells leave out, and why
+    print(f"note: {note}")
   out = _OUT.value or os.path.dirname(os.path.abspath(_RESULTS.value))
   if cmd == "report":
     report.write_report(data.sweep, out, data=data, allow_stale=_ALLOW_STALE.value)

@@ -36,40 +36,17 @@ import math
 import os
 import statistics
 
-import warnings
-
 import numpy as np
 
-from fedjax_dg.bench import difficulty, stats, sweep as sweep_lib
+from fedjax_dg.bench import difficulty, results as results_lib, stats, sweep as sweep_lib
+from fedjax_dg.bench.results import load_results  # noqa: F401  (the runs of a sweep, read here before)
 from fedjax_dg.bench.runs import _metric, load_run, read_records, rule_scores, selectable  # noqa: F401
-from fedjax_dg.rundir import RunDirError
 
 RULES = ("heldout_domain", "in_domain", "oracle")
 RULE_TITLES = {"heldout_domain": "held-out-domain validation (Bai et al.'s protocol)",
                "in_domain": "in-domain validation (Bai et al. App. F)",
                "oracle": "oracle: the round (and the trial, among the grid's own trials) chosen on the test "
                          "domain, an UPPER BOUND only, not a result"}
-
-
-# ---------------------------------------------------------------------------- runs
-
-def load_results(exp: sweep_lib.Expansion) -> dict:
-  """key -> finished run (jobs not finished, or whose files do not parse, are absent; the
-  latter with a one-line warning naming the file)."""
-  out = {}
-  for key, job in exp.jobs.items():
-    run = _load(job.workdir)
-    if run is not None:
-      out[key] = run
-  return out
-
-
-def _load(workdir: str) -> dict | None:
-  try:
-    return load_run(workdir)
-  except RunDirError as e:
-    warnings.warn(f"{e}; leaving the job out")
-    return None
 
 
 # ---------------------------------------------------------------------------- cells
@@ -490,7 +467,6 @@ def grid_for(st: dict, rule: str) -> str:
 def ready(data, allow_stale: bool = False) -> None:
   """Refuses, in one line, a sweep whose seeds phase still waits for its search, or stale jobs
   unless `allow_stale`."""
-  from fedjax_dg.bench import results as results_lib
   if data.exp.waiting:
     raise sweep_lib.SweepError(next(iter(data.exp.waiting.values())))
   results_lib.check_stale(data, allow_stale)
@@ -509,7 +485,6 @@ def collect(sweep, out_dir: str, exp: sweep_lib.Expansion | None = None, data=No
   file results.jsonl.gz into `out_dir`; returns the markdown texts by name. `data` (a
   `fedjax_dg.bench.results.Data`) replaces reading the runs; stale jobs and a waiting
   seeds phase are refused first (`ready`)."""
-  from fedjax_dg.bench import results as results_lib
   from_runs = data is None
   data = data or results_lib.from_runs(sweep, exp)
   ready(data, allow_stale)

@@ -469,13 +469,12 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
   fingerprint is not the current code's is "stale" (`fedjax_dg.bench.results.is_stale`): it
   stays finished for `run`, and collect / report refuse it unless told otherwise."""
   from fedjax_dg import provenance
-  from fedjax_dg.bench import results as results_lib
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
   current = provenance.source_fingerprint()["sha256"]
   rows = []
   for key, job in exp.jobs.items():
     state = job_state(job.workdir)
-    if state == "done" and results_lib.is_stale(rundir.read_summary(job.workdir), current):
+    if state == "done" and provenance.recorded_fingerprint(rundir.read_summary(job.workdir)) != current:
       state = "stale"
     err = ""
     if state == "failed":

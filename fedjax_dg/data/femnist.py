@@ -31,18 +31,21 @@ import os
 
 import numpy as np
 
+from fedjax_dg import bounded
 from fedjax_dg.data.datasets import DomainDataset
 from fedjax_dg.data.folders import DataError
 
 NUM_CLASSES = 62
 PIXELS = 784
+MAX_LEAF_BYTES = 2 << 30  # one LEAF JSON file (LEAF's own files are ~100-300 MB each)
 
 
 def read_leaf_file(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """`{writer: (x [n, 784] float32, y [n] int32)}` of one LEAF JSON file."""
   try:
-    with open(path, "rb") as f:
-      obj = json.loads(f.read().decode("utf-8"))
+    obj = json.loads(bounded.read_capped(path, MAX_LEAF_BYTES).decode("utf-8"))
+  except bounded.UntrustedFileError as e:
+    raise DataError(str(e)) from None
   except ValueError as e:  # UnicodeDecodeError included
     raise DataError(f"{path}: not valid JSON ({' '.join(str(e).split())})") from None
   except RecursionError:
@@ -80,8 +83,11 @@ def _writers(obj, path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if n and (y.min() < 0 or y.max() >= NUM_CLASSES):
       raise DataError(f"{path}: writer {writer!r} has label {int(y[(y < 0) | (y >= NUM_CLASSES)][0])}, "
                       f"not in 0..{NUM_CLASSES - 1}")
-    if n and (x.min() < 0 or x.max() > 1):
-      raise DataError(f"{path}: writer {writer!r} has pixels outside [0, 1]")
+    bad = np.argwhere(~((x >= 0) & (x <= 1)))  # NaN fails both comparisons
+    if len(bad):
+      k, j = (int(v) for v in bad[0])
+      raise DataError(f"{path}: writer {writer!r} image {k} pixel {j} is {float(x[k, j])!r}, outside [0, 1] "
+                      f"({len(bad)} of the writer's {x.size} pixels are)")
     out[writer] = (x, y.astype(np.int32))
   return out
 

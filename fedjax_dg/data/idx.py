@@ -8,8 +8,9 @@ recipes pool the training and test files (70000 images for MNIST) before dealing
 to domains. Labels must lie in `[0, data.num_classes)` (default 10: MNIST, Fashion-MNIST,
 KMNIST, EMNIST digits; set it for other EMNIST splits). Every unreadable file, and a label
 file holding a label outside that range, is a one-line ValueError that names it. A gzipped
-file is inflated only up to the size its IDX header declares, and a header declaring more
-than `MAX_IDX_BYTES` is refused before anything is inflated.
+file is inflated (a plain one read) only up to the size its IDX header declares, a header
+declaring more than `MAX_IDX_BYTES` is refused before anything is inflated, and a FIFO or
+device (or a link to one) is not read.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from fedjax_dg import bounded
 from fedjax_dg.data.datasets import DomainDataset, check_labels, deal_domains
 
 # Where Debian's `dataset-fashion-mnist` puts the four gzipped IDX files.
@@ -51,18 +53,19 @@ def _declared_bytes(head: bytes, name: str) -> int:
 
 
 def _read_bytes(path: str) -> bytes:
-  """The IDX bytes of `path`; a gzipped file is inflated no further than its header declares
-  (one byte more, to tell a file longer than its header)."""
-  if not os.path.isfile(path):
+  """The IDX bytes of `path`; a file is read (a gzipped one inflated) no further than its
+  header declares (one byte more, to tell a file longer than its header)."""
+  if not os.path.lexists(path):
     raise ValueError(f"{path}: no such IDX file")
+  bounded.regular_file(path)  # not a FIFO or a device (a link to one included)
   with open(path, "rb") as f:
     magic = f.read(2)
   if not (path.endswith(".gz") or magic == b"\x1f\x8b"):
     with open(path, "rb") as f:
       head = f.read(4)
       head += f.read(4 * head[3]) if len(head) == 4 else b""
-      _declared_bytes(head, path)
-      return head + f.read(os.path.getsize(path) - len(head))
+      total = _declared_bytes(head, path)
+      return head + f.read(total - len(head) + 1)
   try:
     with gzip.open(path, "rb") as g:
       head = g.read(4)

@@ -16,7 +16,13 @@ links need a browser or `gdown`, and this library never downloads at run time).
 `verify NAME --root DIR` prints one line naming what is missing, extra or corrupt, and
 exits 1 if anything is: with a manifest, every file against its size and SHA-256 (`--fast`:
 size only); always, the files the loader needs, the published image count per domain, and
-that every image decodes and every CSV / JSON file parses.
+that every image decodes and every CSV / JSON / IDX file parses.
+
+Archives and files are untrusted (`fedjax_dg.bounded`): an archive is checked from what it
+declares before anything is extracted (each member's size, their total, the inflation
+ratio over the archive's size, the free space; no link, FIFO or device member, no path out
+of the folder), `verify` reads every file with a byte cap and reports a link out of the
+dataset folder, a FIFO or a device as corrupt without reading it; each refusal is one line.
 
 No source here publishes SHA-256 checksums of its archives (DomainBed's download script
 has none, WILDS' dataset classes state a download URL and an approximate compressed size,
@@ -32,13 +38,16 @@ import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
-import zipfile
+
+from fedjax_dg import bounded
 
 MANIFEST = ".fedjax_dg_manifest.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 IGNORED = (MANIFEST, ".fedjax_dg_cache")  # written by this library, never extra
+MAX_JSON_BYTES = 2 << 30      # one JSON file verify parses, or the annotations terra_incognita reads
+MAX_MANIFEST_BYTES = 256 << 20  # the manifest: ~100 bytes per file, so millions of files
+PIL_MISSING = 'checking images needs Pillow: pip install "fedjax-dg[data]"'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,34 +192,25 @@ def check_archive(a: Archive, path: str) -> None:
     raise PrepareError(f"{path}: SHA-256 differs from the release's {a.sha256}")
 
 
-def _safe_target(dest: str, member: str) -> str:
-  target = os.path.realpath(os.path.join(dest, member))
-  if not target.startswith(os.path.realpath(dest) + os.sep) and target != os.path.realpath(dest):
-    raise PrepareError(f"archive member {member!r} would land outside {dest}; refusing the archive")
-  return target
+def unpack_archive(path: str, dest: str, limits: bounded.ArchiveLimits = bounded.ArchiveLimits()) -> None:
+  """Extracts a zip or tar (plain, gzip, bzip2, xz) archive into `dest`.
 
+  Every member is checked from what the archive declares before anything is extracted
+  (`fedjax_dg.bounded.archive_members`: sizes per member and in all, the inflation ratio,
+  no links, FIFOs or devices, no path outside `dest`), and the total against the free space.
 
-def unpack_archive(path: str, dest: str) -> None:
-  """Extracts a .zip, .tar, .tar.gz or .tgz archive into `dest`, refusing members that would
-  land outside it."""
-  os.makedirs(dest, exist_ok=True)
-  if zipfile.is_zipfile(path):
-    with zipfile.ZipFile(path) as z:
-      for m in z.namelist():
-        _safe_target(dest, m)
-      z.extractall(dest)
-    return
+  Args:
+    path: the archive.
+    dest: the folder to unpack into.
+    limits: the caps on what the archive may declare.
+
+  Raises:
+    PrepareError: one line naming the archive and what is wrong with it.
+  """
   try:
-    with tarfile.open(path) as t:
-      members = t.getmembers()
-      for m in members:
-        _safe_target(dest, m.name)
-        if m.issym() or m.islnk():
-          raise PrepareError(f"{path}: archive member {m.name!r} is a link; refusing the archive")
-      kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-      t.extractall(dest, members=members, **kw)
-  except tarfile.ReadError as e:
-    raise PrepareError(f"{path}: not a zip or tar archive ({e})") from None
+    bounded.extract_archive(path, dest, limits)
+  except bounded.UntrustedFileError as e:
+    raise PrepareError(str(e)) from None
 
 
 def _top(folder: str, name: str) -> str:
@@ -231,20 +231,24 @@ def _terra_incognita(tmp: str, dest: str, spec: Source) -> None:
   jsons = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs if f.endswith(".json")]
   if len(jsons) != 1:
     raise PrepareError(f"terra_incognita: expected one annotation .json in the archives, found {len(jsons)}")
-  with open(jsons[0]) as f:
-    data = json.load(f)
-  names = {c["id"]: c["name"] for c in data["categories"]}
-  by_image = {}
-  for ann in data["annotations"]:
-    by_image.setdefault(ann["image_id"], []).append(names[ann["category_id"]])
+  try:
+    data = json.loads(bounded.read_capped(jsons[0], MAX_JSON_BYTES))
+    names = {c["id"]: c["name"] for c in data["categories"]}
+    by_image = {}
+    for ann in data["annotations"]:
+      by_image.setdefault(ann["image_id"], []).append(names[ann["category_id"]])
+    todo = [(str(img["location"]), img["id"], img["file_name"]) for img in data["images"]]
+  except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+    raise PrepareError(f"{jsons[0]}: not the Caltech Camera Traps annotations (categories, images, annotations) "
+                       f"({type(e).__name__}: {' '.join(str(e).split())})") from None
   images = _top(tmp, "eccv_18_all_images_sm")
-  for img in data["images"]:
-    loc = str(img["location"])
-    for cat in by_image.get(img["id"], ()):
+  for loc, image_id, file_name in todo:
+    for cat in by_image.get(image_id, ()):
       if loc in locations and cat in categories:
         out = os.path.join(dest, f"location_{loc}", cat)
         os.makedirs(out, exist_ok=True)
-        shutil.copyfile(os.path.join(images, img["file_name"]), os.path.join(out, img["file_name"]))
+        where = f"{jsons[0]}: image {image_id!r}"
+        shutil.copyfile(bounded.inside(images, str(file_name), where), bounded.inside(out, str(file_name), where))
 
 
 def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
@@ -252,7 +256,9 @@ def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
   spec = source(name)
   paths = archives or [os.path.join(root, a.filename) for a in spec.archives]
   published = {a.filename: a for a in spec.archives}
-  for p in paths:  # the release's size and SHA-256, where published, for a file of its name
+  for p in paths:  # a regular file each (not a link to a device), with the release's size and SHA-256 where published
+    if os.path.lexists(p):
+      bounded.regular_file(p)
     if os.path.basename(p) in published or not archives:
       check_archive(published.get(os.path.basename(p), spec.archives[paths.index(p)]), p)
   dest = os.path.join(root, spec.folder)
@@ -298,43 +304,83 @@ def write_manifest(folder: str) -> None:
     json.dump(manifest, f, indent=0, sort_keys=True)
 
 
-def _corrupt(path: str) -> str | None:
-  """Why a file cannot be read (an image that does not decode, a CSV or JSON that does not
-  parse, an IDX file whose header disagrees with its length), or None."""
-  low = path.lower()
+def _unreadable(path: str, folder: str) -> str | None:
+  """Why `path` is not read at all (a link out of `folder`, a FIFO, a device), or None."""
   try:
-    if low.endswith(IMAGE_EXTENSIONS):
-      from PIL import Image
-      with Image.open(path) as im:
-        im.load()
-    elif low.endswith(".json"):
-      with open(path) as f:
-        json.load(f)
-    elif low.endswith(".csv"):
-      import csv
-      with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-      if not rows or len({len(r) for r in rows if r}) > 1:
-        return "rows of different lengths"
-    elif "idx" in low and "-ubyte" in low:
-      return _idx_error(path)
-  except Exception as e:  # pylint: disable=broad-except  # any failure to read is the answer
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    bounded.regular_file(path, folder)
+  except bounded.UntrustedFileError as e:
+    return str(e)[len(path) + 2:]
   return None
 
 
+def _corrupt(path: str) -> str | None:
+  """Why a file cannot be read (an image that does not decode, a CSV or JSON that does not
+  parse, an IDX file whose header disagrees with its length), or None. Every file is read
+  with a byte cap; a missing Pillow raises `PrepareError` (one line for the whole check)."""
+  low = path.lower()
+  try:
+    if low.endswith(IMAGE_EXTENSIONS):
+      try:
+        from PIL import Image
+      except ImportError:
+        raise PrepareError(PIL_MISSING) from None
+      with Image.open(path) as im:
+        im.load()
+    elif low.endswith(".json"):
+      json.loads(bounded.read_capped(path, MAX_JSON_BYTES))
+    elif low.endswith(".csv"):
+      return _csv_error(path)
+    elif "idx" in low and "-ubyte" in low:
+      return _idx_error(path)
+  except PrepareError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # any failure to read is the answer
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text[len(path) + 2:] if text.startswith(path + ': ') else text}".rstrip(": ")
+  return None
+
+
+def _csv_error(path: str) -> str | None:
+  """Rows of different lengths or an empty table; the rows are streamed, never held."""
+  import csv
+  widths = set()
+  with open(path, newline="", encoding="utf-8-sig") as f:
+    for row in csv.reader(f):
+      if row:
+        widths.add(len(row))
+        if len(widths) > 1:
+          return "rows of different lengths"
+  return None if widths else "rows of different lengths"
+
+
 def _idx_error(path: str) -> str | None:
-  import gzip
-  import numpy as np
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    data = f.read()
-  ndim = data[3] if len(data) > 4 else 0
-  if len(data) < 4 + 4 * ndim or data[:2] != b"\x00\x00":
-    return "not an IDX file"
-  dims = np.frombuffer(data[4:4 + 4 * ndim], ">u4")
-  want = 4 + 4 * ndim + int(np.prod(dims))
-  return None if len(data) == want else f"{len(data)} bytes, the header says {want}"
+  """The IDX loader's own one-line refusal (a gzipped file is inflated no further than its
+  header declares, and a header declaring too much is refused before inflating)."""
+  from fedjax_dg.data import idx
+  try:
+    idx.read_idx(path)
+  except ValueError as e:
+    text = str(e)
+    return text[len(path) + 2:] if text.startswith(path + ": ") else text
+  return None
+
+
+def _manifest(path: str) -> dict:
+  """The manifest: relative path -> [size, SHA-256]; anything else is one line."""
+  try:
+    manifest = json.loads(bounded.read_capped(path, MAX_MANIFEST_BYTES))
+  except (ValueError, RecursionError) as e:
+    raise PrepareError(f"{path}: not a manifest written by prepare ({type(e).__name__}: "
+                       f"{' '.join(str(e).split())}); remove it to verify without one") from None
+  if not isinstance(manifest, dict):
+    raise PrepareError(f"{path}: not a manifest written by prepare (a {type(manifest).__name__}, not an object "
+                       "of file -> [size, SHA-256]); remove it to verify without one")
+  for f, entry in manifest.items():
+    if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int and entry[0] >= 0
+            and isinstance(entry[1], str) and len(entry[1]) == 64):
+      raise PrepareError(f"{path}: entry {f!r} is {json.dumps(entry)[:80]}, not [size, SHA-256]; remove the "
+                         "manifest to verify without one")
+  return manifest
 
 
 @dataclasses.dataclass
@@ -366,13 +412,14 @@ def verify(name: str, root: str, fast: bool = False) -> Report:
     rep.missing.append(f"{folder}/ (run: python -m fedjax_dg.data.prepare {name} --root {root})")
     return rep
   present = set(_files(folder))
+  unread = {f: why for f in sorted(present) if (why := _unreadable(os.path.join(folder, f), folder))}
+  rep.corrupt += [f"{f}: {why}" for f, why in unread.items()]
   manifest_path = os.path.join(folder, MANIFEST)
   if os.path.exists(manifest_path):
-    with open(manifest_path) as f:
-      manifest = json.load(f)
+    manifest = _manifest(manifest_path)
     rep.missing += sorted(set(manifest) - present)
     rep.extra += sorted(present - set(manifest))
-    for f in sorted(present & set(manifest)):
+    for f in sorted(present & set(manifest) - set(unread)):
       size, digest = manifest[f]
       p = os.path.join(folder, f)
       if os.path.getsize(p) != size:
@@ -444,8 +491,8 @@ def main(argv=None) -> int:
     rep = verify(args.name, args.root, fast=True)
     print(f"prepared {args.name} in {dest}\n" + rep.line(args.name, dest))
     return 0 if rep.ok else 1
-  except (PrepareError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (PrepareError, bounded.UntrustedFileError, OSError) as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
 
 

@@ -97,6 +97,31 @@ def _read_columns(path: str, columns, optional=()) -> dict[str, list[str]]:
   return out
 
 
+def image_paths(folder: str, names, table: str, column: str) -> list[str]:
+  """`folder/name` for each name of a table's column, refusing (one line naming the row) a
+  name that leads out of `folder` (`../`, an absolute path).
+
+  Args:
+    folder: the folder the images lie in.
+    names: the names, in table order (row k + 2 of the file, after its header).
+    table: the table's path, for the message.
+    column: the column the names come from.
+
+  Returns:
+    The joined paths, as `os.path.join` writes them.
+
+  Raises:
+    DataError: for the first name that leaves `folder`.
+  """
+  base = os.path.normpath(folder)
+  out = [os.path.join(folder, n) for n in names]
+  for k, p in enumerate(out):
+    if not os.path.normpath(p).startswith(base + os.sep):
+      raise DataError(f"{table} row {k + 2}: column {column!r} names {names[k]!r}, a path outside {folder}; "
+                      "refusing it")
+  return out
+
+
 def _ints(values, column: str, path: str) -> np.ndarray:
   """The column as integers; a value that is not a whole finite number ('3.7', 'nan',
   'inf', '1e400') is a one-line error naming its row."""
@@ -137,7 +162,7 @@ def read_iwildcam(root: str) -> Table:
     raise DataError(f"{path} row {bad[0] + 2}: split {cols['split'][bad[0]]!r} is not one of {list(SPLITS)}")
   in_range = lambda v: (v >= 0) & (v < IWILDCAM_CLASSES)
   y = _in_range(_ints(cols["y"], "y", path), "y", path, f"[0, {IWILDCAM_CLASSES})", in_range).astype(np.int32)
-  return Table([os.path.join(root, "train", f) for f in cols["filename"]], y, _ints(cols[field], field, path),
+  return Table(image_paths(os.path.join(root, "train"), cols["filename"], path, "filename"), y, _ints(cols[field], field, path),
                np.array(cols["split"]), path, int(y.max()) + 1 if len(y) else 0, "location", False)
 
 
@@ -160,8 +185,9 @@ def read_camelyon17(root: str) -> Table:
   bad = np.flatnonzero((split != "val") & (split != "test") & (flag != 0) & (flag != 1))
   if len(bad):
     raise DataError(f"{path} row {bad[0] + 2}: split {flag[bad[0]]} is not 0 (train) or 1 (id_val)")
-  paths = [os.path.join(root, camelyon17_patch(*(v.strip() for v in row)))
-           for row in zip(cols["patient"], cols["node"], cols["x_coord"], cols["y_coord"])]
+  paths = image_paths(root, [camelyon17_patch(*(v.strip() for v in row))
+                             for row in zip(cols["patient"], cols["node"], cols["x_coord"], cols["y_coord"])],
+                      path, "patient, node, x_coord, y_coord")
   tumor = _in_range(_ints(cols["tumor"], "tumor", path), "tumor", path, "{0, 1}", lambda v: (v == 0) | (v == 1))
   return Table(paths, tumor.astype(np.int32), center, split,
                path, 2, "hospital", False)
@@ -185,7 +211,7 @@ def read_celeba(root: str) -> Table:
   y = (_in_range(_ints(attrs["Blond_Hair"], "Blond_Hair", attr_path), "Blond_Hair", attr_path, "{-1, 1}", pm1)
        == 1).astype(np.int32)
   male = (_in_range(_ints(attrs["Male"], "Male", attr_path), "Male", attr_path, "{-1, 1}", pm1) == 1).astype(np.int64)
-  return Table([os.path.join(root, "img_align_celeba", i) for i in attrs["image_id"]], y, male,
+  return Table(image_paths(os.path.join(root, "img_align_celeba"), attrs["image_id"], attr_path, "image_id"), y, male,
                np.array([part[i] for i in attrs["image_id"]]), attr_path, 2, "male", True)
 
 
