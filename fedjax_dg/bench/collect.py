@@ -40,7 +40,7 @@ import numpy as np
 
 from fedjax_dg.bench import difficulty, results as results_lib, stats, sweep as sweep_lib
 from fedjax_dg.bench.results import load_results  # noqa: F401  (the runs of a sweep, read here before)
-from fedjax_dg.bench.runs import _metric, load_run, read_records, rule_scores, selectable  # noqa: F401
+from fedjax_dg.bench.runs import metric_of, load_run, read_records, rule_scores, selectable  # noqa: F401
 
 RULES = ("heldout_domain", "in_domain", "oracle")
 RULE_TITLES = {"heldout_domain": "held-out-domain validation (Bai et al.'s protocol)",
@@ -423,7 +423,7 @@ def job_rows(data, metric: str) -> list[dict]:
       sm = run["summary"]
       final = sm.get("final") or {}
       comm = sm.get("communication", {})
-      ft = _metric(final.get("splits", {}).get("test"), metric)
+      ft = metric_of(final.get("splits", {}).get("test"), metric)
       row.update(final_round=final.get("round", 0) or 0, final_test="" if ft is None else repr(ft),
                  wall_time_s=f"{sm.get('wall_time_s', 0.0):.2f}",
                  wall_time_share_s=f"{shares[key]:.2f}", bytes_per_round=comm.get("bytes_per_round", ""),

@@ -139,7 +139,7 @@ def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str
       per_round = {}
       for run in runs:
         for r in run["records"]:
-          v = collect._metric(r["splits"].get(split), metric)  # pylint: disable=protected-access
+          v = collect.metric_of(r["splits"].get(split), metric)
           if v is not None:
             per_round.setdefault(r["round"], []).append(v)
       rows += [{"lam": lam, "method": method, "split": split, "round": t, "mean": float(np.mean(v)),

@@ -22,7 +22,8 @@ def load_run(workdir: str) -> dict | None:
   return {"summary": summary, "records": read_records(workdir)}
 
 
-def _metric(split_metrics, metric):
+def metric_of(split_metrics, metric):
+  """A split's value of `metric`, or None where the split or the metric is absent or not finite."""
   if not split_metrics or metric not in split_metrics:
     return None
   v = split_metrics[metric]
@@ -45,16 +46,16 @@ def rule_scores(run: dict, rule: str, metric: str) -> dict | None:
   if rule == "oracle":
     best = None
     for r in records:
-      t = _metric(r["splits"].get("test"), metric)
+      t = metric_of(r["splits"].get("test"), metric)
       if t is not None and (best is None or t > best[1]):
         best = (r, t)
     if best is None:
       return None
     r, t = best
-    return {"round": r["round"], "val": t, "test": t, "in_test": _metric(r["splits"].get("in_test"), metric)}
+    return {"round": r["round"], "val": t, "test": t, "in_test": metric_of(r["splits"].get("in_test"), metric)}
   sel = run["summary"]["selection"].get(rule)
   if not sel:
     return None
   rec = at.get(sel["round"], {"splits": {}})
-  return {"round": sel["round"], "val": _metric(sel.get("val"), metric), "test": _metric(sel.get("test"), metric),
-          "in_test": _metric(rec["splits"].get("in_test"), metric)}
+  return {"round": sel["round"], "val": metric_of(sel.get("val"), metric), "test": metric_of(sel.get("test"), metric),
+          "in_test": metric_of(rec["splits"].get("in_test"), metric)}
