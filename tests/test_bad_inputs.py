@@ -1790,6 +1790,118 @@ def _host_states_staged(tmp):
   return cli(tmp, "--config.algorithm.name=fedloe", "--config.engine.host_client_states=True")
 
 
+# ----------------------------------------------------------------------------- the runner, fourth pass
+
+@case(1, "a field set twice in one run-list entry", "`P --config.runs=\"('seed=1,seed=2',)\"`",
+      "runs[0]: seed is set twice in one entry ('seed=1,seed=2'); give each field once",
+      section="config fields")
+def _run_list_field_twice(tmp):
+  return cli(tmp, "--config.runs=('seed=1,seed=2',)")
+
+
+@case(1, "a run list mixing methods", "`experiment.train_and_evaluate` of `P` with "
+      "`runs = ('seed=1', 'algorithm.name=irm')`: the method is named, not a field of one method",
+      "run 1 (<tmp>/W/run_1): algorithm.name is 'irm', run 0's is 'fedavg'", section="config fields")
+def _run_list_mixed_methods(tmp):
+  from fedjax_dg import experiment
+  c = _p_config(tmp, runs=("seed=1", "algorithm.name=irm"))
+  return error_of(lambda: experiment.train_and_evaluate(c))
+
+
+@case(1, "a run list in a single run's folder", "`P` run to the end in `W`, then `P --config.runs=\"('seed=1',)\"` "
+      "in the same `W`", "holds a single run's files (metrics.jsonl, summary.json, selected/); a run list writes "
+      "run_<i>/ and runs.json", section="run directory")
+def _run_list_over_single(tmp):
+  from fedjax_dg import experiment
+  experiment.train_and_evaluate(_p_config(tmp, num_rounds=2, quiet=True))
+  return error_of(lambda: experiment.train_and_evaluate(_p_config(tmp, num_rounds=2, quiet=True, runs=("seed=1",))))
+
+
+@case(1, "a single run in a run list's folder", "`P --config.runs=\"('seed=1',)\"` run in `W`, then `P` in the same `W`",
+      "holds a run list (runs.json, run_<i>/); a single run does not share a folder with a batch",
+      section="run directory")
+def _single_over_run_list(tmp):
+  from fedjax_dg import experiment
+  experiment.train_and_evaluate(_p_config(tmp, num_rounds=2, quiet=True, runs=("seed=1",)))
+  return error_of(lambda: experiment.train_and_evaluate(_p_config(tmp, num_rounds=2, quiet=True)))
+
+
+@case(1, "the learned rule diverging on its own step", "`P --config.algorithm.name=learned_agg "
+      "--config.algorithm.learned.outer_lr=1e30` (and `quiet`)", "or algorithm.learned.outer_lr (now 1e+30)",
+      section="config fields")
+def _learned_outer_lr(tmp):
+  return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.outer_lr=1e30",
+             "--config.eval_every=1", "--config.quiet=True")
+
+
+@case(1, "the memory check under a process limit", "`checks.check_memory` of the CNN with 3 x 10^7 local steps "
+      "(4.5 GiB of index arrays) while "
+      "`ulimit -v` is 4 GiB on a machine with more memory",
+      "more than the process's address-space limit (ulimit -v), 4.0 GiB", section="config fields")
+def _memory_under_ulimit(tmp):
+  import resource
+  from fedjax_dg import checks
+  from fedjax_dg.models import build_model
+  c = _p_config(tmp, **{"model.name": "cnn"})
+  model = build_model(c.model, (16, 16, 1), 10)
+  soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+  resource.setrlimit(resource.RLIMIT_AS, (4 << 30, hard))
+  try:
+    return error_of(lambda: checks.check_memory(c, model, (16, 16, 1), 1, "sequential", 3 * 10 ** 7))
+  finally:
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@case(1, "an evaluation lost after its checkpoint", "`P --config.num_rounds=4 --config.eval_every=2 "
+      "--config.checkpoint_every=2` stopped after round 4's checkpoint with metrics.jsonl's last line torn, resumed",
+      "read from checkpoint_losses.json, as the uninterrupted run recorded it", outcome="works",
+      section="run directory")
+def _torn_line_keeps_the_loss(tmp):
+  import json as json_lib
+  from fedjax_dg import experiment
+  c = _p_config(tmp, num_rounds=4, eval_every=2, checkpoint_every=2, quiet=True)
+  experiment.train_and_evaluate(c)
+  path = os.path.join(f"{tmp}/W", "metrics.jsonl")
+  lines = open(path).read().splitlines()
+  want = json_lib.loads(lines[-1])["train_loss"]
+  with open(path, "w") as f:
+    f.write("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+  os.remove(os.path.join(f"{tmp}/W", "summary.json"))
+  c.resume = True
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    experiment.train_and_evaluate(c)
+  got = [json_lib.loads(l) for l in open(path)][-1]["train_loss"]
+  assert got == want, (got, want)
+  return f"round 4 evaluated again on resume, its training loss {got:.6f} read from checkpoint_losses.json, as the " \
+         "uninterrupted run recorded it"
+
+
+@case(9, "meta: a NaN outer variable", "`meta.hypergradient` with `meta.hparams = {'client.lr': nan}`",
+      "meta.hparams['client.lr']: must be finite, got nan", section="hypergradients")
+def _meta_nan(tmp):
+  from fedjax_dg import meta
+  p, state, key = meta.from_config(_p_config(tmp, num_rounds=2))
+  m = meta.init_meta(p, ("client.lr",), weights=False)
+  m = m._replace(hparams={"client.lr": float("nan")})
+  fn = meta.hypergradient(p, meta.validation_loss(p.model), 2)
+  return error_of(lambda: fn(m, state, key))
+
+
+@case(9, "meta: truncate=True", "`meta.check_rounds(3, True)`", "truncate: K=True must lie in [1, rounds=3]",
+      section="hypergradients")
+def _meta_truncate_bool(tmp):
+  from fedjax_dg import meta
+  return error_of(lambda: meta.check_rounds(3, True))
+
+
+@case(9, "meta: a fractional round count", "`meta.check_rounds(2.0, None)`", "rounds: must be a positive integer, "
+      "got 2.0", section="hypergradients")
+def _meta_rounds_float(tmp):
+  from fedjax_dg import meta
+  return error_of(lambda: meta.check_rounds(2.0, None))
+
+
 # ----------------------------------------------------------------------------- running and the table
 
 _RESULTS: dict[str, tuple[str | None, str | None]] = {}  # name -> (line, failure)
