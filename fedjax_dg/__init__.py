@@ -12,6 +12,10 @@ The entry points, importable from the package (each loads its module on first us
   DomainDataset, Fold, register_dataset   data types and custom datasets
   register_method, MethodSpec         custom methods (`fedjax_dg.algorithms.spec`)
   Algorithm, ClientData               the engine's contract
+
+JAX's persistent compilation cache is on from the first use of an entry point (in
+`~/.cache/fedjax_dg/jax`; `FEDJAX_DG_COMPILATION_CACHE=off` or a folder: see
+`fedjax_dg.compilation_cache`).
 """
 from __future__ import annotations
 
@@ -47,6 +51,8 @@ __all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
 
 
 def __getattr__(name: str):
+  if name in _EXPORTS or name in _RENAMED:
+    importlib.import_module("fedjax_dg.compilation_cache").enable()
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
   if name in _RENAMED:

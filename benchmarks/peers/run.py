@@ -28,9 +28,11 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -55,7 +57,10 @@ def _args(argv=None):
   p.add_argument("--rounds-b", type=int, default=0, help="rounds of workload B (default: common.py's)")
   p.add_argument("--clients-a", type=int, default=0, help="clients of workload A (default: common.py's)")
   p.add_argument("--memory-clients", default="", help="e.g. 1000,10000,100000: workload A's memory at these sizes")
-  p.add_argument("--ours-variants", default="", help="comma list of strategies for our side (default: auto)")
+  p.add_argument("--ours-variants", default="auto@fresh,auto@warm",
+                 help="our side's runs, each `strategy@cache`: strategy auto (the engine's choice) or a strategy; "
+                      "cache `fresh` (a new empty compilation cache: a user's first run) or `warm` (the cache a "
+                      "warm-up run of the same workload filled, untimed: every later run)")
   p.add_argument("--peer-threads", type=int, default=1)
   p.add_argument("--envs", default=os.path.join(os.path.expanduser("~"), ".cache", "fedjax_dg", "peers"))
   p.add_argument("--data", default=os.path.join("/tmp", "fedjax_dg_peers_data"))
@@ -113,13 +118,17 @@ def _tree_pss_kb(root: int) -> int:
   return total
 
 
-def run_one(system: str, python: str, w: dict, xp: str, yp: str, threads: int, variant: str, timeout: float) -> dict:
-  """Runs one system on one workload as a fresh command; returns its record."""
+def run_one(system: str, python: str, w: dict, xp: str, yp: str, threads: int, variant: str, timeout: float,
+            cache: str = "") -> dict:
+  """Runs one system on one workload as a fresh command; returns its record. `variant`:
+  our side's strategy (empty: `auto`); `cache`: our compilation cache folder (or "off")."""
   script = os.path.join(HERE, f"side_{system}.py")
   cmd = [python, script, "--workload", json.dumps(w), "--x", xp, "--y", yp, "--threads", str(threads)]
   if variant:
     cmd += ["--variant", variant]
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  if cache:
+    env["FEDJAX_DG_COMPILATION_CACHE"] = cache
   load0 = os.getloadavg()
   t_spawn = time.time()
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -184,7 +193,7 @@ def summarise(records: list[dict]) -> dict:
     if "error" in r:
       continue
     key = (r["workload"], r["clients"], r["rounds"])
-    name = r["system"] + (f":{r['variant']}" if r["system"] == "ours" and r["variant"] != "auto" else "")
+    name = r["system"] + (f":{r['variant']}" if r["system"] == "ours" else "")
     out.setdefault(key, {}).setdefault(name, []).append(r)
   table = []
   for (wname, clients, rounds), systems in out.items():
@@ -199,14 +208,16 @@ def summarise(records: list[dict]) -> dict:
                                                max(x["round_s_median"] for x in rs if x["round_s_median"] is not None)] \
           if any(x["round_s_median"] is not None for x in rs) else None
       row["systems"][name]["range_wall_s"] = [min(x["wall_s"] for x in rs), max(x["wall_s"] for x in rs)]
-    ours = row["systems"].get("ours")
-    if ours:
+    for ref in [n for n in row["systems"] if n.startswith("ours")]:
+      ours = row["systems"][ref]
       for name, s in row["systems"].items():
-        if name != "ours":
-          s["wall_over_ours"] = s["wall_s"] / ours["wall_s"]
+        if not name.startswith("ours"):
+          s.setdefault("over", {})[ref] = {}
+          ratio = s["over"][ref]
+          ratio["wall"] = s["wall_s"] / ours["wall_s"]
           if s["round_s_median"] and ours["round_s_median"]:
-            s["round_over_ours"] = s["round_s_median"] / ours["round_s_median"]
-          s["memory_over_ours"] = s["peak_memory_gb"] / ours["peak_memory_gb"]
+            ratio["round"] = s["round_s_median"] / ours["round_s_median"]
+          ratio["memory"] = s["peak_memory_gb"] / ours["peak_memory_gb"]
     table.append(row)
   return {"table": table}
 
@@ -223,25 +234,37 @@ def main(argv=None):
       if py:
         pythons[name] = py
   systems = [s for s in systems if s in pythons]
-  variants = {"ours": args.ours_variants.split(",") if args.ours_variants else [""]}
+  variants = {"ours": args.ours_variants.split(",")}
   jobs = []  # (workload, [system, variant] list) in the order they run
   for wname in args.workloads.split(","):
     if not wname:
       continue
     w = common.workload(wname, clients=args.clients_a if wname == "A" else None,
                         rounds=args.rounds_a if wname == "A" else args.rounds_b)
-    jobs.append((w, args.repeats))
+    jobs.append((w, args.repeats, False))
   for c in [int(c) for c in args.memory_clients.split(",") if c]:
-    jobs.append((common.workload("A", clients=c, rounds=3), 1))
+    jobs.append((common.workload("A", clients=c, rounds=3), 1, True))
   records = []
-  for w, repeats in jobs:
+  caches = tempfile.mkdtemp(prefix="fedjax_dg_peers_cache_")
+  for j, (w, repeats, memory_only) in enumerate(jobs):
     xp, yp = common.write_data(args.data, w)
-    runs = [(s, v) for s in systems for v in variants.get(s, [""])]
+    runs = [(s, v) for s in systems for v in variants.get(s, [""])
+            if not (memory_only and s == "ours" and v.endswith("@fresh"))]  # memory: the cache does not change it
+    warm = os.path.join(caches, f"warm{j}")
+    if any(v.endswith("@warm") for s, v in runs if s == "ours"):  # untimed: fills the warm cache
+      strategies = {v.split("@")[0] for s, v in runs if s == "ours" and v.endswith("@warm")}
+      for st in strategies:
+        run_one("ours", sys.executable, dict(w, rounds=2), xp, yp, os.cpu_count(), "" if st == "auto" else st,
+                args.timeout, warm)
     for rep in range(repeats):
       for s, v in runs[rep % len(runs):] + runs[:rep % len(runs)]:
         threads = args.peer_threads if s in PEERS else os.cpu_count()
-        rec = run_one(s, pythons[s], w, xp, yp, threads, v, args.timeout)
+        strategy, _, cache = v.partition("@")
+        cache = {"fresh": os.path.join(caches, f"fresh{j}_{rep}"), "warm": warm}.get(cache, cache)
+        rec = run_one(s, pythons[s], w, xp, yp, threads, "" if strategy == "auto" else strategy, args.timeout, cache)
         rec["repeat"] = rep
+        if s == "ours":
+          rec["variant"] = v
         records.append(rec)
         msg = rec.get("error") or (f"start-up {rec['startup_s']:.1f} s, first round {rec['first_round_s']:.2f} s, "
                                    f"rounds {rec['round_s_median'] or 0:.3f} s, wall {rec['wall_s']:.1f} s, "
@@ -251,6 +274,7 @@ def main(argv=None):
   result = {"machine": _machine(), "install": install, "pythons": pythons, "peer_threads": args.peer_threads,
             "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]) if argv is None else argv,
             "workloads": common.WORKLOADS, "records": records, **summarise(records)}
+  shutil.rmtree(caches, ignore_errors=True)
   for row in result["table"]:
     print(f"\n{row['workload']} ({row['clients']} clients, {row['rounds']} rounds)")
     for name, s in row["systems"].items():
