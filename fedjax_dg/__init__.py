@@ -8,6 +8,7 @@ The entry points, importable from the package (each loads its module on first us
   run_fold(config, fold, workdir)     the same on a fold you built
   load_fold, pack, build_method, local_schedule, cohort_size   the run's pieces (`fedjax_dg.api`)
   make_round, init_round_state        the round engine
+  default_strategy                    the engine's measured strategy for a model ("auto")
   build_model, Model, SplitModel      models (a featurizer and a classifier)
   DomainDataset, Fold, register_dataset   data types and custom datasets
   register_method, MethodSpec         custom methods (`fedjax_dg.algorithms.spec`)
@@ -34,6 +35,7 @@ _EXPORTS = {
     "cohort_size": "fedjax_dg.api",
     "make_round": "fedjax_dg.engine.round",
     "init_round_state": "fedjax_dg.engine.round",
+    "default_strategy": "fedjax_dg.engine.measured",
     "build_model": "fedjax_dg.models",
     "Model": "fedjax_dg.models",
     "SplitModel": "fedjax_dg.models",
