@@ -66,6 +66,7 @@ def _args(argv=None):
   p.add_argument("--data", default=os.path.join("/tmp", "fedjax_dg_peers_data"))
   p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
   p.add_argument("--out", default="")
+  p.add_argument("--from-json", default="", help="print a results file's tables as Markdown, run nothing")
   return p.parse_args(argv)
 
 
@@ -222,8 +223,33 @@ def summarise(records: list[dict]) -> dict:
   return {"table": table}
 
 
+def markdown(result: dict) -> str:
+  """The comparison as Markdown tables (docs/peers.md): per workload and system the median
+  over repeats and, in brackets, the range."""
+  def fmt(v, digits=2):
+    return "-" if v is None else f"{v:.{digits}f}"
+  lines = []
+  for row in result["table"]:
+    lines += [f"**Workload {row['workload']}**, {row['clients']:,} clients, {row['rounds']} rounds:", "",
+              "| system | runs | command to first round (s) | first round (s) | later rounds, median (s) [range] "
+              "| whole command (s) [range] | peak memory (GB) | final loss |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, s in row["systems"].items():
+      rr = s.get("range_round_s") or [None, None]
+      rw = s["range_wall_s"]
+      lines.append(f"| {name} | {s['runs']} | {fmt(s['startup_s'], 1)} | {fmt(s['first_round_s'])} | "
+                   f"{fmt(s['round_s_median'], 3)} [{fmt(rr[0], 3)}-{fmt(rr[1], 3)}] | {fmt(s['wall_s'], 1)} "
+                   f"[{fmt(rw[0], 1)}-{fmt(rw[1], 1)}] | {fmt(s['peak_memory_gb'])} | {fmt(s['final_loss'], 4)} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
 def main(argv=None):
   args = _args(argv)
+  if args.from_json:
+    with open(args.from_json) as f:
+      print(markdown(json.load(f)))
+    return None
   systems = args.systems.split(",")
   pythons, install = {"ours": sys.executable}, {}
   for name in systems:
@@ -249,8 +275,10 @@ def main(argv=None):
   for j, (w, repeats, memory_only) in enumerate(jobs):
     xp, yp = common.write_data(args.data, w)
     runs = [(s, v) for s in systems for v in variants.get(s, [""])
-            if not (memory_only and s == "ours" and v.endswith("@fresh"))]  # memory: the cache does not change it
+]
     warm = os.path.join(caches, f"warm{j}")
+    if memory_only:  # memory does not depend on the cache: one fresh-cache run of ours, no warm-up
+      runs = [(s, v) for s, v in runs if s != "ours"] + ([("ours", "auto@fresh")] if "ours" in systems else [])
     if any(v.endswith("@warm") for s, v in runs if s == "ours"):  # untimed: fills the warm cache
       strategies = {v.split("@")[0] for s, v in runs if s == "ours" and v.endswith("@warm")}
       for st in strategies:
@@ -265,6 +293,9 @@ def main(argv=None):
         rec["repeat"] = rep
         if s == "ours":
           rec["variant"] = v
+        if args.out:  # every record as it comes, so a stopped comparison keeps what it measured
+          with open(args.out + ".records.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
         records.append(rec)
         msg = rec.get("error") or (f"start-up {rec['startup_s']:.1f} s, first round {rec['first_round_s']:.2f} s, "
                                    f"rounds {rec['round_s_median'] or 0:.3f} s, wall {rec['wall_s']:.1f} s, "
