@@ -71,7 +71,8 @@ def test_summary_takes_medians_and_ratios_to_ours():
   assert ours["range_wall_s"] == [10, 30]
 
 
-def test_our_side_runs_a_toy_workload(tmp_path):
+def test_our_side_runs_a_toy_workload(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)  # the suite's own cache would win
   w = common.workload("A", clients=4, rounds=2)
   w["cohort"] = 2
   xp, yp = common.write_data(str(tmp_path), w)
