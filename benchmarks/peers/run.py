@@ -58,7 +58,8 @@ def _args(argv=None):
   p.add_argument("--clients-a", type=int, default=0, help="clients of workload A (default: common.py's)")
   p.add_argument("--memory-clients", default="", help="e.g. 1000,10000,100000: workload A's memory at these sizes")
   p.add_argument("--ours-variants", default="auto@fresh,auto@warm",
-                 help="our side's runs, each `strategy@cache`: strategy auto (the engine's choice) or a strategy; "
+                 help="our side's runs, each `strategy[+host]@cache`: strategy auto (the engine's choice) or a "
+                      "strategy, `+host` for the inputs left in their file (host_store.FileRows); "
                       "cache `fresh` (a new empty compilation cache: a user's first run) or `warm` (the cache a "
                       "warm-up run of the same workload filled, untimed: every later run)")
   p.add_argument("--peer-threads", type=int, default=1)
@@ -278,7 +279,8 @@ def main(argv=None):
 ]
     warm = os.path.join(caches, f"warm{j}")
     if memory_only:  # memory does not depend on the cache: one fresh-cache run of ours, no warm-up
-      runs = [(s, v) for s, v in runs if s != "ours"] + ([("ours", "auto@fresh")] if "ours" in systems else [])
+      mine = dict.fromkeys(v.split("@")[0] + "@fresh" for v in variants["ours"]) if "ours" in systems else {}
+      runs = [(s, v) for s, v in runs if s != "ours"] + [("ours", v) for v in mine]
     if any(v.endswith("@warm") for s, v in runs if s == "ours"):  # untimed: fills the warm cache
       strategies = {v.split("@")[0] for s, v in runs if s == "ours" and v.endswith("@warm")}
       for st in strategies:
@@ -290,6 +292,7 @@ def main(argv=None):
         strategy, _, cache = v.partition("@")
         cache = {"fresh": os.path.join(caches, f"fresh{j}_{rep}"), "warm": warm}.get(cache, cache)
         rec = run_one(s, pythons[s], w, xp, yp, threads, "" if strategy == "auto" else strategy, args.timeout, cache)
+        rec["variant"] = v
         rec["repeat"] = rep
         if s == "ours":
           rec["variant"] = v

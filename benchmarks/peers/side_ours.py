@@ -25,6 +25,15 @@ def read_aligned(path: str, empty):
   return out
 
 
+def npy_offset(path: str) -> int:
+  """Where a `.npy` file's data start (the header's length)."""
+  import numpy as np
+  with open(path, "rb") as f:
+    version = np.lib.format.read_magic(f)
+    (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+    return f.tell()
+
+
 def main(argv=None):
   args = common.side_args(argv)
   common.emit("start", t=_T_START)
@@ -41,11 +50,19 @@ def main(argv=None):
   common.emit("imported", t=time.time())
 
   C, n = w["clients"], w["examples"]
-  # The client store, read into aligned host arrays that become the device arrays without a
-  # copy on a CPU (store.to_device): the data set is held once.
-  x = read_aligned(args.x, store_lib.aligned_empty).reshape((C, n) + common.INPUT_SHAPE)
+  strategy, _, where = (args.variant or "auto").partition("+")
   y = read_aligned(args.y, store_lib.aligned_empty).reshape(C, n).astype(np.int32)
-  store = store_lib.to_device(ClientStore(x, y, np.zeros((C, n), np.int32), np.full((C,), n, np.int32)))
+  if where == "host":  # the inputs stay in the file, read by row when a client trains (host_store)
+    from fedjax_dg.data.host_store import FileRows, pack_clients_host
+    from fedjax_dg.data.splits import Split
+    rows = FileRows(args.x, np.float32, common.INPUT_SHAPE, offset=npy_offset(args.x))
+    split = Split(rows, y.reshape(-1), np.zeros(C * n, np.int32))
+    store = store_lib.to_device(pack_clients_host(split, [np.arange(c * n, (c + 1) * n) for c in range(C)]))
+  else:
+    # The client store, read into aligned host arrays that become the device arrays without a
+    # copy on a CPU (store.to_device): the data set is held once.
+    x = read_aligned(args.x, store_lib.aligned_empty).reshape((C, n) + common.INPUT_SHAPE)
+    store = store_lib.to_device(ClientStore(x, y, np.zeros((C, n), np.int32), np.full((C,), n, np.int32)))
   common.emit("data", t=time.time())
 
   config = fedjax_dg.default_config()  # FedAvg, server step 1
@@ -55,7 +72,7 @@ def main(argv=None):
   config.client.batch_size, config.client.local_steps, config.client.local_epochs = w["batch"], w["steps"], w["epochs"]
   model = fedjax_dg.build_model(config.model, common.INPUT_SHAPE, common.NUM_CLASSES)
   family = model_family(model, common.INPUT_SHAPE)
-  strategy = args.variant or engine_defaults(family).strategy
+  strategy = engine_defaults(family).strategy if strategy == "auto" else strategy
   steps = common.local_steps(w)
   sched = make_schedule(w["batch"], w["steps"], w["epochs"], n, n, unroll=default_unroll(family, steps))
   alg = algorithms.build_algorithm(config, model, sched, C, w["cohort"])
