@@ -8,11 +8,16 @@ The entry points, importable from the package (each loads its module on first us
 - `run_fold(config, fold, workdir)`: the same on a fold you built.
 - `load_fold`, `pack`, `build_method`, `local_schedule`, `cohort_size`: the run's pieces (`fedjax_dg.api`).
 - `make_round`, `init_round_state`: the round engine.
+- `default_strategy`: the engine's measured strategy for a model (what "auto" picks).
 - `build_model`, `Model`, `SplitModel`, `Classifier`: models (a featurizer and a classifier).
 - `DomainDataset`, `Fold`, `register_dataset`: data types and custom datasets.
 - `register_method`, `MethodSpec`: custom methods (`fedjax_dg.algorithms.spec`).
 - `register_rule`: custom server rules (a `RuleSpec`; `<method>+<rule>` in `algorithm.name`).
 - `Algorithm`, `ClientData`: the engine's contract.
+
+JAX's persistent compilation cache is on from the first use of an entry point (in
+`~/.cache/fedjax_dg/jax`; `FEDJAX_DG_COMPILATION_CACHE=off` or a folder: see
+`fedjax_dg.compilation_cache`).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ _EXPORTS = {
     "cohort_size": "fedjax_dg.api",
     "make_round": "fedjax_dg.engine.round",
     "init_round_state": "fedjax_dg.engine.round",
+    "default_strategy": "fedjax_dg.engine.measured",
     "build_model": "fedjax_dg.models",
     "Model": "fedjax_dg.models",
     "SplitModel": "fedjax_dg.models",
@@ -49,6 +55,8 @@ __all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
 
 
 def __getattr__(name: str):
+  if name in _EXPORTS or name in _RENAMED:
+    importlib.import_module("fedjax_dg.compilation_cache").enable()
   if name in _EXPORTS:
     return getattr(importlib.import_module(_EXPORTS[name]), name)
   if name in _RENAMED:

@@ -56,6 +56,8 @@ def main(argv):
   one_line_warnings()
   from fedjax_dg.checkpoint import quiet_failed_saves
   quiet_failed_saves()  # a failed checkpoint save: one line (WriteError), not orbax's tracebacks
+  from fedjax_dg import compilation_cache
+  compilation_cache.enable()  # ~/.cache/fedjax_dg/jax; FEDJAX_DG_COMPILATION_CACHE=off turns it off
   try:
     config = _CONFIG.value
     config.keys()  # a file that failed to load raises here, on first use

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fedjax_dg import compilation_cache
 from fedjax_dg.algorithms.base import ClientData, LocalSchedule
 from fedjax_dg.defaults import STRATEGIES
 
@@ -282,6 +283,7 @@ def executor(strategy: str, chunk_size: int = 1, devices=None):
   process under `jax.distributed`; the host loop: this process's)."""
   if strategy not in STRATEGIES:
     raise ValueError(f"engine.strategy: unknown {strategy!r}; choose one of {STRATEGIES} or 'auto'")
+  compilation_cache.enable()  # idempotent: the library's rounds compile once per machine
   if devices is None:  # the jitted strategies span every process's devices (jax.distributed)
     devices = jax.local_devices() if strategy == "host_loop" else jax.devices()
   devices = list(devices)
