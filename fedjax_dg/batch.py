@@ -68,6 +68,7 @@ from fedjax_dg import folds as folds_lib
 from fedjax_dg import loop
 from fedjax_dg import plan as plan_lib
 from fedjax_dg import rundir
+from fedjax_dg.data import store as store_lib
 from fedjax_dg.algorithms.spec import SEED_FIELDS as SEEDS
 from fedjax_dg.errors import ConfigError
 from fedjax_dg import runbook as runbook_lib
@@ -333,7 +334,7 @@ def _run_program(group: list, size: int) -> list:
   params = [b.initial_params() for b in books]
   init = [b.initial_state(p) for b, p in zip(books, params)]
   shared = len({_data_id(r) for r in group}) == 1
-  stores = [jax.tree.map(jnp.asarray, r.prepared.packed) for r in (group[:1] if shared else group)]
+  stores = [store_lib.to_device(r.prepared.packed) for r in (group[:1] if shared else group)]
   store = stores[0] if shared else loop.stack(stores)
   p0 = group[0].prepared
   comm = communication(p0.stages[0].algorithm, init[0], stores[0], p0.cohort, books[0].k_rounds)

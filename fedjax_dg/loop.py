@@ -32,6 +32,7 @@ from fedjax_dg import checkpoint as ckpt_lib
 from fedjax_dg import rundir
 from fedjax_dg import stopping
 from fedjax_dg.algorithms.base import tree_where
+from fedjax_dg.data import store as store_lib
 from fedjax_dg.errors import ConfigError
 from fedjax_dg.eval.evaluate import Evaluator
 from fedjax_dg.eval.metrics import classification_metrics
@@ -385,7 +386,7 @@ def run_one(prepared, fold, book) -> dict:
   """One run alone (`Solo`) through `run`; raises the error that ended it."""
   params = book.initial_params()
   state = book.initial_state(params)
-  store = jax.tree.map(jnp.asarray, prepared.packed)
+  store = store_lib.to_device(prepared.packed)  # aligned host arrays: placed without a copy on a CPU
   comm = communication(prepared.stages[0].algorithm, ckpt_lib.device_view(state), store, prepared.cohort,
                        book.k_rounds)
   [out] = run(Solo(prepared, fold, book, store), [book], [state], comm, [params])

@@ -105,3 +105,14 @@ def test_domain_dataset_refuses_labels_outside_its_classes():
     datasets.DomainDataset("toy", ("a",), (x,), (np.array([0, 1, 3]),), 3)
   reg = datasets.DomainDataset("reg", ("a",), (x,), (np.array([-4.5, 0.1, 9.0]),), 0)  # regression: any target
   assert reg.num_classes == 0
+
+
+def test_bundled_digits_equal_scikit_learns_loader():
+  """The embedded dataset reads scikit-learn's digits file itself (no scikit-learn import at
+  start-up): the same images and labels as `load_digits`."""
+  from sklearn.datasets import load_digits
+  from fedjax_dg.data import datasets
+  images, labels = datasets.bundled_digits()
+  d = load_digits()
+  np.testing.assert_array_equal(images, d.images)
+  np.testing.assert_array_equal(labels, d.target)

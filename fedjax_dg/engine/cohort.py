@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 
-class _Cohort(NamedTuple):
+class Cohort(NamedTuple):
+  """One round's cohort: member ids, which report, their weights and keys."""
   ids: jax.Array          # [S] sorted client ids, padded with num_clients
   valid: jax.Array        # [S] 1 for real members (that report)
   weights: jax.Array      # [S] aggregation weights (0 for padding and dropped members)
@@ -41,7 +42,7 @@ def floyd_sample(key, n: int, k: int):
 
 def make_sampler(num_clients: int, cohort_size: int, padded: int, weighting: str, dropout: float = 0.0,
                  straggler_fraction: float = 0.0) -> Callable:
-  """`sample(counts, rng, client_weights) -> _Cohort` for a cohort of `cohort_size` of
+  """`sample(counts, rng, client_weights) -> Cohort` for a cohort of `cohort_size` of
   `num_clients` clients, padded to `padded` members (padding: id `num_clients`, weight 0);
   the cohort is a uniformly random subset (`floyd_sample` above `FLOYD_ABOVE` clients).
 
@@ -71,13 +72,13 @@ def make_sampler(num_clients: int, cohort_size: int, padded: int, weighting: str
     rngs = jax.vmap(lambda i: jax.random.fold_in(k_clients, i))(ids)
     report_rngs = jax.vmap(lambda k: jax.random.fold_in(k, 1))(rngs)
     if not failures:
-      return _Cohort(ids, valid, w, rngs, report_rngs)
+      return Cohort(ids, valid, w, rngs, report_rngs)
     k_drop, k_slow, k_work = jax.random.split(jax.random.fold_in(rng, 1), 3)
     per_client = lambda k: jax.vmap(lambda i: jax.random.fold_in(k, i))(ids)
     up = 1.0 - jax.vmap(lambda k: jax.random.bernoulli(k, dropout))(per_client(k_drop)).astype(jnp.float32)
     slow = jnp.zeros((padded,), bool).at[jax.random.permutation(k_slow, cohort_size)[:n_slow]].set(True)
     work = jnp.where(slow, jax.vmap(lambda k: jax.random.uniform(k))(per_client(k_work)), 1.0)
-    return _Cohort(ids, valid * up, w * up, rngs, report_rngs, work if n_slow else None,
+    return Cohort(ids, valid * up, w * up, rngs, report_rngs, work if n_slow else None,
                    jnp.where(up > 0, ids, num_clients))
 
   return sample

@@ -43,7 +43,8 @@ def _add(a: _Partial, b: _Partial) -> _Partial:
   return jax.tree.map(jnp.add, a, b)
 
 
-def _take(tree, idx):
+def take_clients(tree, idx):
+  """Rows `idx` of every leaf of `tree` (the clients of a cohort; an index past the end is clipped)."""
   return jax.tree.map(lambda a: jnp.take(a, idx, axis=0, mode="clip"), tree)
 
 
@@ -76,7 +77,9 @@ def _capped(fn, cap):
   return run
 
 
-class _CohortResult(NamedTuple):
+class CohortResult(NamedTuple):
+  """What an executor returns for a cohort: the weighted partial sums, the new client states
+  and, when the rule stacks, the stacked messages."""
   partial: _Partial
   states: Any         # new client states [S, ...]
   messages: Any       # stacked messages [S, ...] when stacking, else None
@@ -87,7 +90,7 @@ class _CohortResult(NamedTuple):
 #   pad(n)                      the cohort length it needs for `n` members (padding has weight 0)
 #   place(store)                the store as `data` reads it (the host loop: one replica per device)
 #   data(store, ids)            the members' data, as its `run` reads it
-#   client_pass(client_fn, stack) -> run(bcast, states, data, rngs, w) -> _CohortResult
+#   client_pass(client_fn, stack) -> run(bcast, states, data, rngs, w) -> CohortResult
 #   server_side(fn)             how the skeleton calls a server-side piece
 #   compile(skeleton)           the round function
 
@@ -106,7 +109,7 @@ class _JittedExecutor:
 
   def data(self, store, ids, work=None, up=None):
     del up  # dropped members run and are discarded (weight 0, state not kept)
-    return ClientData(*_take((store.x, store.y, store.domain, store.counts), ids),
+    return ClientData(*take_clients((store.x, store.y, store.domain, store.counts), ids),
                       client_id=jnp.minimum(ids, store.counts.shape[0] - 1), work=work)
 
   def client_pass(self, client_fn, stack: bool, bucketed: bool = False):
@@ -122,14 +125,14 @@ class VmapExecutor(_JittedExecutor):
   """`jax.vmap` over the whole cohort (with buckets: at the steps of its largest member)."""
 
   @staticmethod
-  def run(client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
+  def run(client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> CohortResult:
     go = lambda fn: lambda *a: jax.vmap(fn, in_axes=(None, 0, 0, 0))(*a)
     if buckets is None:
       outs = go(client_fn)(bcast, states, data, rngs)
     else:
       outs = jax.lax.switch(buckets.index(data.count), [go(_capped(client_fn, c)) for c in buckets.caps],
                             bcast, states, data, rngs)
-    return _CohortResult(_weighted_sum(outs, w), outs.state, outs.message if stack else None)
+    return CohortResult(_weighted_sum(outs, w), outs.state, outs.message if stack else None)
 
 
 class ChunkedExecutor(_JittedExecutor):
@@ -142,7 +145,7 @@ class ChunkedExecutor(_JittedExecutor):
     c = min(self.chunk, n)
     return -(-n // c) * c
 
-  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
+  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> CohortResult:
     n = w.shape[0]
     chunk = min(self.chunk, n)
     split = lambda t: jax.tree.map(lambda a: a.reshape((n // chunk, chunk) + a.shape[1:]), t)
@@ -157,7 +160,7 @@ class ChunkedExecutor(_JittedExecutor):
       return _add(acc, res.partial), (res.states, res.messages)
 
     partial, (new_states, msgs) = jax.lax.scan(body, zero, xs)
-    return _CohortResult(partial, merge(new_states), merge(msgs) if stack else None)
+    return CohortResult(partial, merge(new_states), merge(msgs) if stack else None)
 
 
 class ShardedExecutor(_JittedExecutor):
@@ -170,7 +173,7 @@ class ShardedExecutor(_JittedExecutor):
   def pad(self, n: int) -> int:
     return self.inner.pad(-(-n // self.mesh.size)) * self.mesh.size
 
-  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> _CohortResult:
+  def run(self, client_fn, stack: bool, buckets, bcast, states, data, rngs, w) -> CohortResult:
     spec = P("clients")
 
     def local(bcast, *members):
@@ -179,7 +182,7 @@ class ShardedExecutor(_JittedExecutor):
     shard = lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(self.mesh, spec))
     members = jax.tree.map(shard, (states, data, rngs, w))
     return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), spec, spec, spec, spec),
-                         out_specs=_CohortResult(P(), spec, spec if stack else None),
+                         out_specs=CohortResult(P(), spec, spec if stack else None),
                          check_vma=False)(bcast, *members)
 
 
@@ -243,7 +246,7 @@ class HostLoopExecutor:
       part = _weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
       return part, out.state, (out.message if stack else None)
 
-    def run(bcast, states, data: _HostData, rngs, w) -> _CohortResult:
+    def run(bcast, states, data: _HostData, rngs, w) -> CohortResult:
       n_dev = len(self.devices)
       args = [(bcast, states, data.ids, data.work, rngs, w)]
       if n_dev > 1:
@@ -274,7 +277,7 @@ class HostLoopExecutor:
       if n_dev > 1:
         acc, new_states, msgs = jax.device_put((acc, new_states, msgs), self.devices[0])
       total = functools.reduce(self._add, acc)
-      return _CohortResult(total, self._stack(new_states), self._stack(msgs) if stack else None)
+      return CohortResult(total, self._stack(new_states), self._stack(msgs) if stack else None)
     return run
 
 

@@ -54,9 +54,9 @@ import numpy as np
 
 from fedjax_dg.algorithms.base import Algorithm, ClientOutput, Stacked, tree_where
 from fedjax_dg.defaults import STRATEGIES  # noqa: F401  (re-exported)
-from fedjax_dg.engine.cohort import _Cohort, make_sampler
+from fedjax_dg.engine.cohort import Cohort, make_sampler
 from fedjax_dg.engine.executors import (Buckets, ChunkedExecutor, HostLoopExecutor, PlacedStore,  # noqa: F401
-                                        ShardedExecutor, VmapExecutor, _CohortResult, _take, buckets_for, executor)
+                                        ShardedExecutor, VmapExecutor, CohortResult, take_clients, buckets_for, executor)
 from fedjax_dg.engine.host_state import HostClientStates
 from fedjax_dg.engine.measured import (ENGINE_DEFAULTS, EngineDefaults, default_strategy,  # noqa: F401
                                        default_unroll, engine_defaults, model_family)
@@ -116,7 +116,7 @@ def init_round_state(algorithm, rng, params, num_clients: int, host_states: bool
   return RoundState(alg.server_init(rng, params), clients, hparams)
 
 
-def _aggregate(res: _CohortResult, w, how: str):
+def _aggregate(res: CohortResult, w, how: str):
   """What a server-side piece receives: the weighted mean (`"mean"`) or `Stacked`."""
   if how == "stack":
     return Stacked(res.messages, w)
@@ -125,7 +125,7 @@ def _aggregate(res: _CohortResult, w, how: str):
 
 class _Phase(NamedTuple):
   """One exchange: every member runs `run`, then the server applies `serve`."""
-  run: Callable     # ((hparams, bcast), states, data, rngs, w) -> _CohortResult
+  run: Callable     # ((hparams, bcast), states, data, rngs, w) -> CohortResult
   serve: Callable   # (hparams, server, result, w) -> server (the update phase: (server, metrics))
 
 
@@ -133,7 +133,7 @@ class _Round(NamedTuple):
   """Everything the skeleton calls, as the executor runs it."""
   ex: Any
   failures: bool        # clients may drop out or straggle: count reporters, keep the server if none
-  sample: Callable      # (counts, rng, client_weights) -> _Cohort
+  sample: Callable      # (counts, rng, client_weights) -> Cohort
   broadcast: Callable   # (hparams, server) -> (hparams, what the clients receive)
   take: Callable        # (clients, ids) -> states [S, ...]
   scatter: Callable     # (clients, ids, states) -> clients
@@ -176,7 +176,7 @@ def _host_clients(cohort_fn) -> _Clients:
   return _Clients(take, scatter, cohort_fn)
 
 
-def _cohort_round(r: _Round, hp, server, states, store, cohort: _Cohort):
+def _cohort_round(r: _Round, hp, server, states, store, cohort: Cohort):
   """The round on the cohort's states `[S, ...]` with the run-time hyperparameters `hp`:
   (server, the members' new states, metrics)."""
   old_server = server
@@ -302,7 +302,7 @@ def make_round(algorithm, num_clients: int, cohort_size: int, strategy: str = "v
 
   r = _Round(
       ex, failures, ex.server_side(sample), ex.server_side(lambda hp, server: (hp, build(hp).broadcast(server))),
-      ex.server_side(_take),
+      ex.server_side(take_clients),
       ex.server_side(lambda clients, ids, new: jax.tree.map(lambda a, n: a.at[ids].set(n, mode="drop"), clients, new)),
       stat=phase("client_stat", "server_prepare", alg.stat_aggregation) if alg.client_stat else None,
       update=_Phase(ex.client_pass(client_update, alg.aggregation == "stack", bucketed=True),
