@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, example_view, slot_view
+from fedjax_dg.algorithms.base import PENALTY_ACTIVITY, LocalSchedule, example_view, slot_view
 from fedjax_dg.algorithms.fedavg import keeps_optimizer, objective_client
 from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, hparam
 from fedjax_dg.objectives import (domain_risks, domain_slots, irm_penalties, mean_pairwise_coral,
@@ -102,7 +102,8 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps=0,
   """`(round) -> objective(params, batch, rng)` for one of KINDS; `anneal_steps` is `T_a`
   (`anneal_length`), compared with the update step `round * steps_per_round + batch.step`.
   The aux dict holds the penalty, the weighted term `lambda_t * penalty`
-  (`penalty_term`) and whether the weight is at its target `lambda` (`at_target`)."""
+  (`penalty_term`) and, for the annealed IRM and VREx, whether the weight is at its target
+  `lambda` (`at_target`)."""
   if kind not in KINDS:
     raise ValueError(f"algorithm.name: unknown DG objective {kind!r}; choose one of {KINDS}")
 
@@ -128,8 +129,8 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps=0,
       else:
         fn = mean_pairwise_coral if kind == "coral" else mean_pairwise_mmd
         pen = fn(z, batch.domain, batch.mask, size)
-        lam_t = lam
-      at_target = (jnp.asarray(lam_t) == lam).astype(jnp.float32)
+        return erm + lam * pen, {"penalty": pen, "penalty_term": lam * pen}
+      at_target = (jnp.asarray(lam_t) == lam).astype(jnp.float32)  # only IRM and VREx anneal
       return erm + lam_t * pen, {"penalty": pen, "penalty_term": lam_t * pen, "at_target": at_target}
     return objective
   return make
@@ -143,7 +144,7 @@ def dg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformat
   training run)."""
   make = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
   return objective_client(lambda g, round_: make(round_), client_opt, sched, keep_optimizer=keep_optimizer,
-                          broadcast=lambda side, round_: round_)
+                          record=kind != "mixup", broadcast=lambda side, round_: round_)
 
 
 # Searched as a share of the run, so every trial's penalty acts for at least half the run
@@ -191,7 +192,8 @@ def _anneal(ctx, hp):
 def _spec(kind, paper, hparams, weight_field, anneal=False, not_for_text=None):
   build = lambda ctx, hp: dg_client(ctx.model, ctx.sched, ctx.client_opt, kind, getattr(hp, weight_field),
                                     ctx.num_domains, _anneal(ctx, hp) if anneal else 0, keeps_optimizer(ctx))
-  return MethodSpec(kind, paper, build, hparams, group="DG", not_for_text=not_for_text)
+  activity = () if kind == "mixup" else PENALTY_ACTIVITY + (("weight_at_target",) if anneal else ())
+  return MethodSpec(kind, paper, build, hparams, group="DG", not_for_text=not_for_text, activity=activity)
 
 
 SPECS = (

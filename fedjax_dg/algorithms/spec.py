@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dg.algorithms.base import Algorithm, ClientOutput, ServerRule, Stacked
+from fedjax_dg.algorithms.base import Algorithm, ClientOutput, ServerRule, Stacked, rule_deviation
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +292,18 @@ def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
     params, extra = split(b)
     return client.update(params, extra, client_state, data, rng)
 
+  def mean_update(aggregate):
+    """The plain weighted average of the updates `Delta_c` in what the rule receives."""
+    if rule.aggregation == "stack":
+      deltas = aggregate.messages[0] if client.sends_side else aggregate.messages
+      return _weighted_mean(deltas, aggregate.weights)
+    return aggregate[0] if client.sends_side else aggregate
+
+  def server_activity(s: ServerState, aggregate, new: ServerState):
+    """`activity/rule_deviation`: the rule's step against the plain average (`base.rule_deviation`)."""
+    return {"activity/rule_deviation": jax.lax.stop_gradient(rule_deviation(s.params, new.params,
+                                                                            mean_update(aggregate)))}
+
   def server_update(s: ServerState, aggregate) -> ServerState:
     if rule.aggregation == "stack":
       msgs, w = aggregate.messages, aggregate.weights
@@ -329,7 +341,7 @@ def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
                    client_update=client_update, server_update=server_update, params_of=params_of,
                    aggregation=rule.aggregation, weighting=weighting, client_stat=stat, server_prepare=prepare,
                    client_report=report, server_finish=finish, report_aggregation=client.report_aggregation,
-                   stat_aggregation=client.stat_aggregation)
+                   stat_aggregation=client.stat_aggregation, server_activity=server_activity)
 
 
 def delta(new, old):
@@ -358,6 +370,7 @@ class RuleSpec:
   doc: str = ""
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
+  activity: tuple[str, ...] = ()  # activity records the rule's server step emits (`activity/<name>`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,6 +410,9 @@ class MethodSpec:
   record      optional `server_state -> dict`: extra fields for each evaluation record
   claim       who claims the method beats FedAvg (the paper, as the report names it); the
               benchmark report tests that claim in every federated column ("": none)
+  activity    the activity records its clients emit as metrics `activity/<name>`, how much
+              the method's own term acted (docs/activity.md); the server rule's are the
+              rule's `RuleSpec.activity`
   """
   name: str
   paper: str
@@ -420,6 +436,7 @@ class MethodSpec:
   pretrained: Callable | None = None
   record: Callable | None = None
   claim: str = ""
+  activity: tuple[str, ...] = ()
 
   def not_for_model(self, model_name: str) -> str | None:
     return dict(self.not_for_models).get(model_name)
