@@ -377,10 +377,12 @@ class RuleSpec:
 class Stage:
   """One stage of a multi-stage method after the first: `build(ctx, hp) -> Algorithm`, whose
   `server_init(rng, params)` starts from the previous stage's parameters, and
-  `rounds(config, hp)` rounds of it."""
+  `rounds(config, hp)` rounds of it, evaluated every `eval_every(config, hp)` of its
+  rounds and at its end (None: every `config.eval_every` rounds)."""
   name: str
   build: Callable
   rounds: Callable  # (config, hp) -> number of rounds
+  eval_every: Callable | None = None  # (config, hp) -> evaluation period in this stage's rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,6 +404,10 @@ class MethodSpec:
   tune_fraction  optional `hp -> fraction`: each client holds out that share of its rows
               as a tuning split (`ctx.tune_store`)
   stages      optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2)
+  first_stage optional `(config, hp, steps_per_round) -> (rounds, local_steps)`: the first
+              stage's own communication schedule within the run's budget of
+              `config.num_rounds * steps_per_round` local steps (FedLOE's infrequent
+              synchronisation); None: the config's rounds and local schedule
   setup_bytes optional `(ctx, hp) -> bytes` of a one-off exchange before training
   not_for_text  why the method does not apply to text data (None: it applies)
   not_for_models  `((model name, why), ...)`: models the method does not apply to
@@ -429,6 +435,7 @@ class MethodSpec:
   centralised: bool = False
   tune_fraction: Callable | None = None
   stages: Callable | None = None
+  first_stage: Callable | None = None
   setup_bytes: Callable | None = None
   composable: bool = True  # False: a whole algorithm that takes no other rule
   not_for_text: str | None = None
