@@ -386,7 +386,7 @@ def recording_step(objective, optimizer):
 
   def grad_share(p, batch, rng, g):
     g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
-    return optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12)
+    return (optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12)).astype(jnp.float32)
 
   def step_fn(carry, batch, rng):
     p, opt_state = carry
