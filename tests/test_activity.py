@@ -196,7 +196,8 @@ def test_rule_deviation_is_the_step_against_the_plain_average(name, server_lr, w
   assert got > 0.05  # the rule does move away from the average here
 
 
-@pytest.mark.parametrize("name", ["irm", "vrex", "coral", "mmd", "fediir", "fedprox", "fedavg", "fish", "fedloe"])
+@pytest.mark.parametrize("name", ["irm", "vrex", "coral", "mmd", "fediir", "fedprox", "fedavg", "fish", "fedloe", "feddim",
+                                  "fedsr"])
 def test_a_round_emits_exactly_the_declared_activity_records(name):
   """`MethodSpec.activity` + the rule's `RuleSpec.activity` are the round's `activity/*` metrics."""
   from fedjax_dg import algorithms
@@ -204,10 +205,11 @@ def test_a_round_emits_exactly_the_declared_activity_records(name):
   from fedjax_dg.engine import init_round_state, make_round
   st = helpers.ragged_store()
   C = len(st.counts)
-  model = tiny_mlp()
+  overrides = {"algorithm.name": name, **helpers.sgd_config(0.1)}
+  model = algorithms.model_for(config_with(overrides), tiny_mlp())  # FedSR's probabilistic featurizer
   params = model.init(jax.random.PRNGKey(0))
   sched = LocalSchedule(num_steps=2, batch_size=4, epochs=0, passes=3, unroll=1)
-  alg = helpers.method({"algorithm.name": name, **helpers.sgd_config(0.1)}, model, sched, C, num_domains=3)
+  alg = helpers.method(overrides, model, sched, C, num_domains=3, store=st)
   _, m = make_round(alg, C, C, "vmap")(init_round_state(alg, None, params, C), jax.tree.map(jnp.asarray, st),
                                        jax.random.PRNGKey(0))
   spec, rule = algorithms.resolve(name)
