@@ -1,4 +1,6 @@
 """Client DG objectives: composition of the public penalties over the domains present."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,3 +141,48 @@ def test_objective_over_5000_domains_matches_a_numpy_loop_and_never_builds_a_dom
     jaxpr = jax.make_jaxpr(lambda p, b: jax.value_and_grad(lambda q: obj(q, b, None)[0])(p))(params, batch)
   assert _max_shape(jaxpr.jaxpr) < len(doms) + 64, _max_shape(jaxpr.jaxpr)  # O(B), not O(D)
   assert elapsed < 60, elapsed
+
+
+# ----------------------------------------------------------------- annealing relative to the run
+
+
+def test_default_annealing_is_a_share_of_the_run():
+  """By default IRM's weight is 1 for `anneal_fraction` (0.1) of the run's local steps, here
+  0.1 * 10 rounds * 2 steps = 2 steps: round 0 runs at weight 1 and round 1 at `lam`, each
+  equal to local training on the objective with the weight fixed there. (A fixed 500-step
+  default never reaches `lam` in these 20 steps.)"""
+  from fedjax_dg.algorithms.base import ClientData, LocalSchedule, local_train
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=2, batch_size=8, epochs=0, passes=2, unroll=1)
+  lam, lr = 50.0, 0.05
+  alg = helpers.method({"algorithm.name": "irm", "algorithm.irm.lam": lam, "num_rounds": 10,
+                        **helpers.sgd_config(lr)}, model, sched, 2, num_domains=D)
+  rng = np.random.default_rng(0)
+  n = 8
+  dom = np.array([0, 2] * 4)
+  data = ClientData(jnp.asarray(rng.normal(size=(n, 6)) + dom[:, None], jnp.float32),
+                    jnp.asarray(rng.integers(0, 3, n)), jnp.asarray(dom), jnp.asarray(n))
+  key = jax.random.PRNGKey(4)
+  fixed = lambda round_, a: local_train(params, dg_objective(model, "irm", lam, D, anneal_steps=a, steps_per_round=2)(
+      round_), optax.sgd(lr), data, key, sched)[0]
+  for round_, want in ((0, fixed(0, 10 ** 9)), (1, fixed(1, 0))):
+    delta = alg.client_update((params, jnp.asarray(round_)), (), data, key).message
+    got = jax.tree.map(jnp.add, params, delta)
+    assert helpers.tree_max_diff(got, want) < 1e-6, round_
+  assert helpers.tree_max_diff(fixed(1, 10 ** 9), fixed(1, 0)) > 1e-3  # the weight matters here
+
+
+def test_anneal_steps_overrides_the_share_and_counts_the_round_clock():
+  from fedjax_dg.algorithms.dg import anneal_length
+  assert anneal_length(-1, 0.25, 400) == 100.0
+  assert anneal_length(0, 0.25, 400) == 0 and anneal_length(500, 0.25, 400) == 500
+
+
+def test_every_searched_anneal_share_switches_the_penalty_on_within_the_run():
+  from fedjax_dg.algorithms import dg
+  for cls in (dg.IRMHParams, dg.VRExHParams):
+    f = {x.name: x for x in dataclasses.fields(cls)}["anneal_fraction"]
+    assert max(f.metadata["search"].values) <= 0.5 and f.metadata["lt"] == 1
+    assert "search" not in {k for k, v in {x.name: x.metadata for x in dataclasses.fields(cls)}["anneal_steps"].items()
+                            if v is not None}

@@ -104,18 +104,29 @@ def test_dropout_and_stragglers_equal_a_loop_over_the_reporters(strategy):
 
 @pytest.mark.parametrize("strategy", strategies("sequential"))
 def test_zero_dropout_is_todays_round_bit_for_bit(strategy):
+  """`dropout=0, straggler_fraction=0` is today's round; and the failure path itself (taken
+  for any positive rate) at a rate where nobody drops or straggles gives that same round:
+  the renormalised weights, the reporter count and the keep-the-server guard change nothing
+  when everyone reports."""
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   alg = fedavg(model, make_schedule(4, 0, 2, N_MAX, min(SIZES)), server_adam=0.05, momentum=0.9, lr=0.1)
   out = []
-  for kw in ({}, dict(dropout=0.0, straggler_fraction=0.0)):
+  # 1e-9: no member drops at these keys; 0.01 of 4 members rounds to 0 stragglers.
+  for kw in ({}, dict(dropout=0.0, straggler_fraction=0.0), dict(dropout=1e-9, straggler_fraction=0.01)):
     state = init_round_state(alg, None, params, C)
     rf = make_round(alg, C, 4, strategy, chunk_size=2, **kw)
     for t in range(2):
-      state, m = rf(state, jax.tree.map(jnp.asarray, STORE), jax.random.PRNGKey(t))
-    assert "reporters" not in m
+      rng = jax.random.PRNGKey(t)
+      state, m = rf(state, jax.tree.map(jnp.asarray, STORE), rng)
+      if kw.get("dropout", 0.0) > 0:  # the failure path ran, and everyone reported
+        assert int(m["reporters"]) == 4 == len(documented_failures(rng, cohort_of(rng, 4), kw["dropout"],
+                                                                   kw["straggler_fraction"])[0])
+      else:
+        assert "reporters" not in m
     out.append(state)
   assert tree_max_diff(out[0], out[1]) == 0.0
+  assert tree_max_diff(out[0], out[2]) < 1e-6
 
 
 @pytest.mark.parametrize("strategy", strategies("sequential"))

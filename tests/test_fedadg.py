@@ -182,7 +182,7 @@ def test_rounds_agree_across_strategies_and_ignore_padding_rows():
     for t in range(2):
       s, metrics = rf(s, store, jax.random.PRNGKey(t))
     states[strategy] = s
-    assert set(metrics) == {"train_loss", "erm_loss", "adv_feature_loss", "disc_loss", "gen_loss"}
+    assert set(metrics) == {"train_loss", "erm_loss", "adv_feature_loss", "disc_loss", "gen_loss", "activity/rule_deviation"}
   assert tree_max_diff(states["vmap"], states["sequential"]) < 1e-5
   s = states["vmap"]
   assert tree_max_diff(s.server.params["gen"], init.server.params["gen"]) > 1e-4    # G is aggregated

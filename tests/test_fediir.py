@@ -131,3 +131,63 @@ def test_alg1_full_pass_head_gradient_against_the_authors_pooled_minibatches():
   cos = pooled @ alg1 / np.linalg.norm(pooled) / np.linalg.norm(alg1)
   print(f"pooled minibatches vs Alg. 1: relative difference {rel:.3f}, cosine {cos:.3f}")
   assert rel > 1e-3    # the two estimates differ: the statistic is not the pooled one
+
+
+def _np_ce(W, b, x, y):
+  """float64 NumPy: mean cross-entropy of the linear head `x W + b`."""
+  z = x @ W + b
+  z = z - z.max(1, keepdims=True)
+  return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y]))
+
+
+def _np_fediir_loss(theta, shape, x, y, K, gamma, g_tilde):
+  """float64 NumPy transcription of FedIIR's local loss (Alg. 1, `gamma` on the squared
+  norm): `R(theta) + gamma ||grad_psi R(theta) - g~||^2` for a linear model on `x`
+  (`theta` = the flattened `(W, b)`, which is all of `psi`)."""
+  W, b = theta[:shape[0] * shape[1]].reshape(shape), theta[shape[0] * shape[1]:]
+  g = _np_head_grad(W, b, x, y, K)
+  return _np_ce(W, b, x, y) + gamma * float(np.sum((g - g_tilde) ** 2))
+
+
+def _np_grad(f, theta, eps=1e-6):
+  return np.array([(f(theta + eps * e) - f(theta - eps * e)) / (2 * eps) for e in np.eye(theta.size)])
+
+
+def test_one_round_against_a_float64_transcription_with_a_nonzero_g_tilde():
+  """FedIIR where its term matters: the server's `g~` is far from zero (as large as the head
+  gradients themselves), so the penalty `||grad_psi R - g~||^2` pulls every client towards
+  `g~`. One round of the engine (pre-round statistic, EMA, one full-batch SGD step per
+  client, uniform mean) against float64 NumPy with the gradient of the transcribed loss by
+  central differences. A sign error on `g~` inside the norm (`g + g~`) moves the result by
+  far more than the tolerance, which the last assertion checks."""
+  st = ragged_store()
+  C, K, D, lr, gamma, ema = len(st.counts), 3, 6, 0.5, 1.0, 0.5
+  n_max = int(max(st.counts))
+  model = tiny_mlp(hidden=())
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=1, batch_size=n_max, epochs=1, passes=1, unroll=1)
+  cfg = {**fediir_config(gamma, ema=ema), **sgd_config(lr)}
+  alg = method(cfg, model, sched, C)
+  W0, b0 = (np.asarray(params["classifier"]["Dense_0"][k], np.float64) for k in ("kernel", "bias"))
+  g0 = np.random.default_rng(3).normal(size=D * K + K) * 0.3  # the server's g~ before the round
+  g0_tree = {"Dense_0": {"kernel": jnp.asarray(g0[:D * K].reshape(D, K), jnp.float32),
+                         "bias": jnp.asarray(g0[D * K:], jnp.float32)}}
+  state = init_round_state(alg, None, params, C)
+  state = state._replace(server=state.server._replace(side=state.server.side._replace(g_tilde=g0_tree)))
+  state, _ = make_round(alg, C, C, "vmap")(state, jax.tree.map(jnp.asarray, st), jax.random.PRNGKey(0))
+  got = state.server.params["classifier"]["Dense_0"]
+  got = np.concatenate([np.asarray(got["kernel"], np.float64).ravel(), np.asarray(got["bias"], np.float64)])
+
+  clients = [(st.x[c, :int(st.counts[c])].astype(np.float64), st.y[c, :int(st.counts[c])]) for c in range(C)]
+  theta0 = np.concatenate([W0.ravel(), b0])
+  # The pre-round exchange: g~ = v g~_0 + (1 - v) (1/C) sum_c grad_psi R_c(theta_0).
+  g_tilde = ema * g0 + (1 - ema) * np.mean([_np_head_grad(W0, b0, x, y, K) for x, y in clients], 0)
+  assert np.linalg.norm(g_tilde) > np.linalg.norm(_np_head_grad(W0, b0, *clients[0], K))  # far from zero
+
+  def one_round(g_t):
+    steps = [-lr * _np_grad(lambda t: _np_fediir_loss(t, (D, K), x, y, K, gamma, g_t), theta0) for x, y in clients]
+    return theta0 + np.mean(steps, 0)  # uniform mean, server lr 1
+  want = one_round(g_tilde)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  flipped = one_round(-g_tilde)  # the planted mutation `||g + g~||^2`
+  assert np.abs(flipped - want).max() > 100 * 1e-4, np.abs(flipped - want).max()

@@ -211,3 +211,31 @@ def test_stage2_clients_continue_from_the_combined_head_over_two_syncs():
   got = state.server.params["classifier"]["Dense_0"]
   np.testing.assert_allclose(np.asarray(got["kernel"], np.float64), W, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(got["bias"], np.float64), b, rtol=1e-4, atol=1e-5)
+
+
+def test_stage1_shares_the_run_budget_in_few_synchronisations():
+  """Stage 1 is `|T1_sync|` rounds of FedAvg whose local steps, with stage 2's head steps,
+  fit the budget every other method gets (`num_rounds * K`)."""
+  from fedjax_dg.algorithms.fedloe import stage1_schedule
+  assert stage1_schedule(60, 5, 8, 4 * 2) == (8, 36)            # 292 steps left: 8 syncs of 36
+  assert stage1_schedule(60, 5, 0, 8) == (60, 5)                # 0: the config's schedule
+  assert stage1_schedule(3, 1, 8, 0) == (3, 1)                  # no more syncs than steps
+  for rounds, k, syncs, s2 in [(60, 5, 4, 8), (60, 1, 16, 8), (40, 3, 2, 0), (10, 7, 8, 30)]:
+    r, steps = stage1_schedule(rounds, k, syncs, s2)
+    assert r == min(syncs, rounds * k - s2) and steps >= 1 and r * steps + s2 <= rounds * k
+    assert rounds * k - s2 - r * steps < r  # what is left over is less than one step per round
+  with pytest.raises(ValueError, match="algorithm.fedloe.stage2_rounds"):
+    stage1_schedule(2, 2, 8, 4)
+
+
+def test_the_spec_runs_stage1_infrequently_and_evaluates_every_stage2_round():
+  from fedjax_dg import algorithms
+  from helpers import config_with
+  spec = algorithms.METHODS["fedloe"]
+  config = config_with({"algorithm.name": "fedloe", "num_rounds": 60})
+  hp = algorithms.hparams_of(config, spec)
+  rounds, steps = spec.first_stage(config, hp, 5)
+  assert rounds == hp.stage1_syncs == 8 and rounds * steps + hp.stage2_rounds * hp.head_steps <= 60 * 5
+  (stage2,) = spec.stages(hp)
+  assert stage2.eval_every(config, hp) == 1 and stage2.rounds(config, hp) == hp.stage2_rounds
+  assert "stage1_syncs" in algorithms.sample_hparams("fedloe", np.random.default_rng(0)).__str__()

@@ -179,6 +179,10 @@ class Algorithm(NamedTuple):
   client_report: Callable | None = None
   server_finish: Callable | None = None
   report_aggregation: str = "mean"
+  # Optional activity of the server step: `server_activity(server_state, aggregate,
+  # new_server_state) -> {"activity/<name>": scalar}`, added to the round's metrics by the
+  # engine's update phase (a composed method's `activity/rule_deviation`, `spec.compose`).
+  server_activity: Callable | None = None
 
 
 class ServerRule(NamedTuple):
@@ -295,6 +299,21 @@ def real_steps(count, sched: LocalSchedule, work=None):
 def tree_sq_dist(a, b):
   """`||a - b||^2` summed over every leaf of two same-shaped pytrees."""
   return sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def tree_norm(tree):
+  """The Euclidean norm of all of a pytree's leaves together."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def rule_deviation(old_params, new_params, mean_delta):
+  """`||step - mean_delta|| / ||mean_delta||`, `step = new_params - old_params`: how far a
+  server rule's step is from the plain weighted average of the updates (0 for FedAvg at
+  server step 1; 1 for a step of size 0 or of twice the average). 0 when the average is 0
+  (a round without reporters)."""
+  step_off = jax.tree.map(lambda n, o, d: (n - o) - d, new_params, old_params, mean_delta)
+  norm = tree_norm(mean_delta)
+  return jnp.where(norm > 0, tree_norm(step_off) / jnp.where(norm > 0, norm, 1.0), 0.0)
 
 
 def tree_where(cond, a, b):
@@ -479,6 +498,15 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   carry). A step whose batch has no real example leaves the carry unchanged (so Adam's
   moments, momentum and client state do not drift on padding).
   """
+  carry, loss, _ = local_loop_recording(carry, lambda c, b, k: (*step_fn(c, b, k), {}), data, rng, sched)
+  return carry, loss
+
+
+def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
+  """`local_loop` for a step that also records: `step_fn(carry, batch, rng) -> (carry,
+  loss, record)` with `record = {name: (value, counts)}`, `counts` 0 or 1 (whether the
+  step's value enters the mean). Returns `(carry, mean_loss, {name: mean value})`, the
+  mean over the steps with data that count (0 where none does)."""
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
@@ -499,12 +527,15 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
     x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
     if sched.augment is not None:
       x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
-    new_carry, loss = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
-    return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m))
+    new_carry, loss, record = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
+    real = (jnp.sum(m) > 0).astype(jnp.float32)
+    record = {n: (jax.lax.stop_gradient(v) * c * real, c * real) for n, (v, c) in record.items()}
+    return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m), record)
 
-  carry, (losses, seen) = jax.lax.scan(step, carry, (idx, mask, step_keys, steps, jnp.arange(steps.shape[0])),
-                                       unroll=sched.unroll)
-  return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0)
+  carry, (losses, seen, record) = jax.lax.scan(
+      step, carry, (idx, mask, step_keys, steps, jnp.arange(steps.shape[0])), unroll=sched.unroll)
+  means = {n: jnp.sum(v) / jnp.maximum(jnp.sum(c), 1.0) for n, (v, c) in record.items()}
+  return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0), means
 
 
 def gradient_step(objective, optimizer, grad_correction: Callable | None = None):
@@ -520,6 +551,52 @@ def gradient_step(objective, optimizer, grad_correction: Callable | None = None)
     updates, opt_state = optimizer.update(g, opt_state, p)
     return (optax.apply_updates(p, updates), opt_state), loss
   return step_fn
+
+
+def _share(part, whole):
+  return jnp.abs(part) / jnp.maximum(jnp.abs(whole), 1e-12)
+
+
+def recording_step(objective, optimizer):
+  """`gradient_step` that also records what the objective's penalty did, for an objective
+  whose aux holds `penalty_term` (the weighted penalty, a part of the loss) and optionally
+  `at_target` (1 where a scheduled weight is at its target). Records, per local step:
+
+    penalty_loss_share   |penalty_term| / |loss|                         every step
+    weight_at_target     at_target                                       every step (when given)
+    penalty_grad_share   ||grad penalty_term|| / ||grad loss||           the round's first step only
+
+  The gradient share costs one more backward pass of the penalty, so it is taken once a
+  round (`lax.cond` on the step index, which no client axis batches)."""
+  grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+  def grad_share(p, batch, rng, g):
+    g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
+    return (optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12)).astype(jnp.float32)
+
+  def step_fn(carry, batch, rng):
+    p, opt_state = carry
+    (loss, aux), g = grad_fn(p, batch, rng)
+    first = jnp.asarray(batch.step) == 0
+    share = jax.lax.cond(first, grad_share, lambda *a: jnp.zeros((), jnp.float32), p, batch, rng, g)
+    record = {"penalty_loss_share": (_share(aux["penalty_term"], loss), 1.0),
+              "penalty_grad_share": (share, first.astype(jnp.float32))}
+    if "at_target" in aux:
+      record["weight_at_target"] = (aux["at_target"], 1.0)
+    updates, opt_state = optimizer.update(g, opt_state, p)
+    return (optax.apply_updates(p, updates), opt_state), loss, record
+  return step_fn
+
+
+def recorded_train(params, opt_state, objective, optimizer, data: ClientData, rng, sched: LocalSchedule):
+  """`local_train_from` on an objective with a `penalty_term` (`recording_step`); returns
+  `(params, opt_state, mean_loss, {"activity/<name>": mean})`."""
+  (params, opt_state), loss, record = local_loop_recording((params, opt_state), recording_step(objective, optimizer),
+                                                           data, rng, sched)
+  return params, opt_state, loss, {f"activity/{n}": v for n, v in record.items()}
+
+
+PENALTY_ACTIVITY = ("penalty_loss_share", "penalty_grad_share")
 
 
 def local_train(params, objective, optimizer, data: ClientData, rng, sched: LocalSchedule,

@@ -13,10 +13,22 @@ Each client applies the objective over the domains present in its minibatch (dom
 means over the present domains and pairs of present domains. On a single-domain client
 every objective but Mixup is ERM: VREx, CORAL and MMD vanish by construction, and IRM's
 penalty is applied only when two or more domains are present (docs/ALGORITHMS.md: the objectives
-collapse to ERM on single-domain clients); Mixup mixes within the domain (docs/ALGORITHMS.md). `lambda_t = 1` for the first `anneal_steps` update steps
-and `lambda` after (DomainBed), counting update steps across rounds as
-`round * K + local step`; unlike DomainBed the local optimizer is not reset when the
-penalty switches on. The server is FedAvg's (any optax rule).
+collapse to ERM on single-domain clients); Mixup mixes within the domain (docs/ALGORITHMS.md).
+
+Annealing (IRM, VREx). `lambda_t = 1` for the first `T_a` update steps and `lambda` after,
+counting update steps on the run's clock `round * K + local step` (K the compiled local
+steps per round), so every client switches at the same round whether or not it was
+sampled before. `T_a` is set relative to the run by default: `anneal_fraction` of the
+run's `num_rounds * K` local steps (0.1: DomainBed's 500 of its 5,000 steps); a
+non-negative `anneal_steps` gives `T_a` in steps instead. DomainBed's
+`irm_penalty_anneal_iters` counts the optimizer steps of its one training run
+(`update_count`, one per `update` call). Bai et al.'s federated code (FedDG_Benchmark,
+`src/client.py: IRM.step`) counts each client's own local steps over the rounds it took
+part in (the counter lives on the client object) and ramps the weight linearly,
+`update_count / penalty_anneal_iters`, before it; the same function then sets the weight
+to 0 unconditionally, so their IRM and VREx train without the penalty. Unlike DomainBed
+the local optimizer is not reset when the penalty switches on. The server is FedAvg's
+(any optax rule).
 
 Cost. A minibatch of B rows holds at most B domains, so every objective first renumbers
 the present domains to slots 0..S-1 (`base.slot_view`, S = min(B, D), ascending domain id)
@@ -33,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, example_view, slot_view
+from fedjax_dg.algorithms.base import PENALTY_ACTIVITY, LocalSchedule, example_view, slot_view
 from fedjax_dg.algorithms.fedavg import keeps_optimizer, objective_client
 from fedjax_dg.algorithms.spec import Choice, ClientSide, LogUniform, MethodSpec, hparam
 from fedjax_dg.objectives import (domain_risks, domain_slots, irm_penalties, mean_pairwise_coral,
@@ -70,8 +82,28 @@ def mixup_loss(model, params, batch, rng, alpha: float, num_domains: int):
   return jnp.sum(risks * present) / jnp.maximum(jnp.sum(present), 1.0)
 
 
-def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: int = 0, steps_per_round: int = 1):
-  """`(round) -> objective(params, batch, rng)` for one of KINDS."""
+def anneal_length(anneal_steps: int, anneal_fraction, total_steps: int):
+  """`T_a`, the update steps at weight 1 before `lambda`: `anneal_steps` when it is
+  non-negative, else `anneal_fraction * total_steps` (the run's local steps,
+  `num_rounds * K`); a run-time value when `anneal_fraction` is one.
+
+  Args:
+    anneal_steps: steps at weight 1, or -1 for "relative to the run".
+    anneal_fraction: share of the run's local steps at weight 1 (read when `anneal_steps < 0`).
+    total_steps: the run's local steps on the round clock, `num_rounds * K`.
+
+  Returns:
+    The step count `T_a` (a float, compared with the step index).
+  """
+  return anneal_steps if anneal_steps >= 0 else anneal_fraction * total_steps
+
+
+def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps=0, steps_per_round: int = 1):
+  """`(round) -> objective(params, batch, rng)` for one of KINDS; `anneal_steps` is `T_a`
+  (`anneal_length`), compared with the update step `round * steps_per_round + batch.step`.
+  The aux dict holds the penalty, the weighted term `lambda_t * penalty`
+  (`penalty_term`) and, for the annealed IRM and VREx, whether the weight is at its target
+  `lambda` (`at_target`)."""
   if kind not in KINDS:
     raise ValueError(f"algorithm.name: unknown DG objective {kind!r}; choose one of {KINDS}")
 
@@ -92,39 +124,50 @@ def dg_objective(model, kind: str, lam: float, num_domains: int, anneal_steps: i
       if kind == "irm":
         pens = irm_penalties(logits, batch.y, batch.domain, batch.mask, size)
         pen = jnp.where(jnp.sum(present) >= 2, jnp.sum(pens * present) / n_present, 0.0)
-        return erm + lam_t * pen, {"penalty": pen}
-      if kind == "vrex":
+      elif kind == "vrex":
         pen = vrex_penalty(risks, present)
-        return erm + lam_t * pen, {"penalty": pen}
-      fn = mean_pairwise_coral if kind == "coral" else mean_pairwise_mmd
-      pen = fn(z, batch.domain, batch.mask, size)
-      return erm + lam * pen, {"penalty": pen}
+      else:
+        fn = mean_pairwise_coral if kind == "coral" else mean_pairwise_mmd
+        pen = fn(z, batch.domain, batch.mask, size)
+        return erm + lam * pen, {"penalty": pen, "penalty_term": lam * pen}
+      at_target = (jnp.asarray(lam_t) == lam).astype(jnp.float32)  # only IRM and VREx anneal
+      return erm + lam_t * pen, {"penalty": pen, "penalty_term": lam_t * pen, "at_target": at_target}
     return objective
   return make
 
 
 def dg_client(model, sched: LocalSchedule, client_opt: optax.GradientTransformation, kind: str, lam: float,
-              num_domains: int, anneal_steps: int = 0, keep_optimizer: bool = False) -> ClientSide:
+              num_domains: int, anneal_steps=0, keep_optimizer: bool = False) -> ClientSide:
   """FedAvg's client on the DG objective `kind`; the broadcast carries the round (annealing).
-  `keep_optimizer`: the local optimizer state carries across rounds (the centralised C = 1
-  runs, where the method is DomainBed's single training run)."""
+  `anneal_steps` is `T_a` (`anneal_length`). `keep_optimizer`: the local optimizer state
+  carries across rounds (the centralised C = 1 runs, where the method is DomainBed's single
+  training run)."""
   make = dg_objective(model, kind, lam, num_domains, anneal_steps, sched.num_steps)
   return objective_client(lambda g, round_: make(round_), client_opt, sched, keep_optimizer=keep_optimizer,
-                          broadcast=lambda side, round_: round_)
+                          record=kind != "mixup", broadcast=lambda side, round_: round_)
+
+
+# Searched as a share of the run, so every trial's penalty acts for at least half the run
+# (DomainBed draws 10**U(0, 4) of its 5,000 steps, i.e. up to twice the run: in a short
+# federated run most such draws never switch the penalty on).
+ANNEAL_FRACTIONS = (0.0, 0.05, 0.1, 0.25, 0.5)
+ANNEAL_STEPS_DOC = "update steps at weight 1 before lam; -1: anneal_fraction of the run's local steps"
+ANNEAL_FRACTION_DOC = ("share of the run's local steps (num_rounds * K) at weight 1 before lam (DomainBed: "
+                       "500 of 5,000 steps)")
 
 
 @dataclasses.dataclass(frozen=True)
 class IRMHParams:
   lam: float = hparam(100.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
-  anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)))
+  anneal_steps: int = hparam(-1, ANNEAL_STEPS_DOC, ge=-1, integer=True)
+  anneal_fraction: float = hparam(0.1, ANNEAL_FRACTION_DOC, ge=0, lt=1, search=Choice(ANNEAL_FRACTIONS))
 
 
 @dataclasses.dataclass(frozen=True)
 class VRExHParams:
   lam: float = hparam(10.0, "penalty weight after annealing (DomainBed)", ge=0, search=LogUniform(1e-1, 1e5))
-  anneal_steps: int = hparam(500, "update steps at weight 1 before lam (DomainBed)", ge=0, integer=True,
-                             search=Choice((0, 100, 500, 1000)))
+  anneal_steps: int = hparam(-1, ANNEAL_STEPS_DOC, ge=-1, integer=True)
+  anneal_fraction: float = hparam(0.1, ANNEAL_FRACTION_DOC, ge=0, lt=1, search=Choice(ANNEAL_FRACTIONS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +185,15 @@ class MixupHParams:
   alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1))
 
 
+def _anneal(ctx, hp):
+  return anneal_length(hp.anneal_steps, hp.anneal_fraction, int(ctx.config.num_rounds) * ctx.sched.num_steps)
+
+
 def _spec(kind, paper, hparams, weight_field, anneal=False, not_for_text=None):
   build = lambda ctx, hp: dg_client(ctx.model, ctx.sched, ctx.client_opt, kind, getattr(hp, weight_field),
-                                    ctx.num_domains, hp.anneal_steps if anneal else 0, keeps_optimizer(ctx))
-  return MethodSpec(kind, paper, build, hparams, group="DG", not_for_text=not_for_text)
+                                    ctx.num_domains, _anneal(ctx, hp) if anneal else 0, keeps_optimizer(ctx))
+  activity = () if kind == "mixup" else PENALTY_ACTIVITY + (("weight_at_target",) if anneal else ())
+  return MethodSpec(kind, paper, build, hparams, group="DG", not_for_text=not_for_text, activity=activity)
 
 
 SPECS = (

@@ -39,7 +39,7 @@ import ml_collections
 import optax
 
 from fedjax_dg.algorithms.base import (Batch, ClientOutput, LocalSchedule, ServerRule, batch_indices, erm_objective,
-                                       local_train, local_train_from, make_optimizer)
+                                       local_train_from, make_optimizer, recorded_train)
 from fedjax_dg.algorithms.spec import ClientSide, MethodSpec, RuleSpec, send
 
 
@@ -80,7 +80,7 @@ def server_optimizer(kind: str, server_config, values=None) -> optax.GradientTra
 
 
 def objective_client(make_objective: Callable, client_opt: optax.GradientTransformation, sched: LocalSchedule,
-                     keep_optimizer: bool = False, **fields) -> ClientSide:
+                     keep_optimizer: bool = False, record: bool = False, **fields) -> ClientSide:
   """The FedAvg client on the objective `make_objective(global_params, extra)`: local
   training from the broadcast model, sends `Delta_c = theta_c - theta`.
 
@@ -99,6 +99,9 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
       restarting with each round as FedAvg's does. With one client holding every training
       domain (and the server rule `theta <- theta + Delta`), rounds are then epochs of one
       centralised run: that is centralised ERM (`keeps_optimizer(ctx)`).
+    record: the objective's aux holds its weighted penalty `penalty_term` (and optionally
+      `at_target`), and the client adds the activity records of `base.recording_step`
+      (`activity/penalty_loss_share`, ...) to its metrics.
     **fields: the rest of the `ClientSide` (a broadcast `extra` and the server state it
       comes from: FedIIR's `g~`, AFL's `beta`).
 
@@ -109,18 +112,23 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
     ValueError: `keep_optimizer` with an `init` in `fields` (the client state holds the
       optimizer state).
   """
+  def train(global_params, extra, opt_state, data, rng):
+    objective = make_objective(global_params, extra)
+    if record:
+      return recorded_train(global_params, opt_state, objective, client_opt, data, rng, sched)
+    return (*local_train_from(global_params, opt_state, objective, client_opt, data, rng, sched), {})
+
   if not keep_optimizer:
     def update(global_params, extra, client_state, data, rng):
-      params, loss = local_train(global_params, make_objective(global_params, extra), client_opt, data, rng, sched)
-      return send(params, global_params, client_state, {"train_loss": loss})
+      params, _, loss, activity = train(global_params, extra, client_opt.init(global_params), data, rng)
+      return send(params, global_params, client_state, {"train_loss": loss, **activity})
     return ClientSide(update, objective=make_objective, **fields)
   if "init" in fields:
     raise ValueError("objective_client: keep_optimizer uses the client state for the optimizer state")
 
   def update_keep(global_params, extra, opt_state, data, rng):
-    params, opt_state, loss = local_train_from(global_params, opt_state, make_objective(global_params, extra),
-                                               client_opt, data, rng, sched)
-    return send(params, global_params, opt_state, {"train_loss": loss})
+    params, opt_state, loss, activity = train(global_params, extra, opt_state, data, rng)
+    return send(params, global_params, opt_state, {"train_loss": loss, **activity})
   return ClientSide(update_keep, init=client_opt.init, objective=make_objective, **fields)
 
 
@@ -161,7 +169,7 @@ def erm_client(ctx, hp) -> ClientSide:
 
 def _optax_rule_spec(name: str, kind: str, doc: str) -> RuleSpec:
   return RuleSpec(name, lambda ctx, hp: optax_rule(server_optimizer(kind, ctx.config.server, (ctx.values or {}).get("server")),
-                                                   name), doc=doc)
+                                                   name), doc=doc, activity=("rule_deviation",))
 
 
 RULES = (
@@ -171,7 +179,7 @@ RULES = (
     _optax_rule_spec("yogi", "yogi", "Yogi (`server.b1`, `b2`, `eps`) on `-mean Delta`"),
     RuleSpec("local_opt", lambda ctx, hp: optax_rule(make_optimizer(ctx.config.client, values=(ctx.values or {}).get("client")),
                                                      "local_opt"),
-             doc="the configured client optimizer, stepped at the server on the mean gradient"),
+             doc="the configured client optimizer, stepped at the server on the mean gradient", activity=("rule_deviation",)),
 )
 
 SPECS = (

@@ -57,7 +57,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import ClientData, LocalSchedule, in_chunks, local_train, masked_cross_entropy
+from fedjax_dg.algorithms.base import (PENALTY_ACTIVITY, ClientData, LocalSchedule, in_chunks, masked_cross_entropy,
+                                       recorded_train)
 from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam, send
 
 VARIANTS = ("insight", "feature", "logit")
@@ -164,14 +165,16 @@ def feddim_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
       ce = masked_cross_entropy(model.head(cls, z), batch.y, batch.mask)
       s = statistic(variant, last_kernel(cls), last_input(cls, z))
       reg = dim_regularizer(s, batch.y, batch.mask, i_bar, initialized)
-      return ce + lam * reg, {"insight_reg": reg}
+      return ce + lam * reg, {"insight_reg": reg, "penalty_term": lam * reg}
     return objective
 
   def update(global_params, extra, client_state, data, rng):
-    params, loss = local_train(global_params, objective_for(*extra), client_opt, data, rng, sched)
+    params, _, loss, activity = recorded_train(global_params, client_opt.init(global_params), objective_for(*extra),
+                                               client_opt, data, rng, sched)
+    metrics = {"train_loss": loss, **activity}
     if momentum == 0:  # W/m = 0: I_bar stays the initial model's, nothing to send
-      return send(params, global_params, client_state, {"train_loss": loss})
-    return send(params, global_params, client_state, {"train_loss": loss}, side=class_stats(params, data))
+      return send(params, global_params, client_state, metrics)
+    return send(params, global_params, client_state, metrics, side=class_stats(params, data))
 
   def side_update(side: Side, mean_side, round_) -> Side:
     mean_weighted, mean_has = mean_side
@@ -235,6 +238,6 @@ SPEC = MethodSpec(
                                   ctx.prepared, hp.variant),
     HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
     prepare=lambda ctx, hp: ctx.store,  # the setup exchange reads every client's rows
-    check=_check, setup_bytes=_setup_bytes, claim="seed 004",
+    check=_check, setup_bytes=_setup_bytes, claim="seed 004", activity=PENALTY_ACTIVITY,
     not_for_models=(("gpt2", "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
                              "2e12 numbers per client) and it needs an untied linear head"),))

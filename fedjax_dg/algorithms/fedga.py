@@ -148,7 +148,8 @@ class HParams:
                                "split); 0: the training data", ge=0, lt=1, static=True)
 
 
-RULE = RuleSpec("ga", lambda ctx, hp: ga_rule(), doc="aggregation by the clients' generalisation-adjusted weights")
+RULE = RuleSpec("ga", lambda ctx, hp: ga_rule(), doc="aggregation by the clients' generalisation-adjusted weights",
+                activity=("rule_deviation",))
 SPEC = MethodSpec(
     "fedga", "Zhang et al. 2023 (Alg. 1; authors' code)",
     lambda ctx, hp: fedga_client(ctx.model, ctx.sched, ctx.client_opt, ctx.num_clients, ctx.config.num_rounds,

@@ -46,5 +46,5 @@ class HParams:
 
 
 RULE = RuleSpec("gma", lambda ctx, hp: gma_rule(ctx.server_value("lr"), hp.tau), HParams,
-                doc="sign-agreement mask on the weighted mean update, step `server.lr`")
+                doc="sign-agreement mask on the weighted mean update, step `server.lr`", activity=("rule_deviation",))
 SPEC = MethodSpec("fedgma", "Tenison et al. 2022", erm_client, rule="gma", group="FDG")

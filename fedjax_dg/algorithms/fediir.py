@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, in_chunks, masked_cross_entropy, tree_sq_dist
+from fedjax_dg.algorithms.base import PENALTY_ACTIVITY, LocalSchedule, in_chunks, masked_cross_entropy, tree_sq_dist
 from fedjax_dg.algorithms.fedavg import objective_client
 from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
@@ -53,7 +53,7 @@ def iir_objective(model, gamma: float, g_tilde):
   def objective(params, batch, rng):
     del rng
     pen, loss = iir_penalty(model, params, batch, g_tilde)
-    return loss + gamma * pen, {"penalty": pen}
+    return loss + gamma * pen, {"penalty": pen, "penalty_term": gamma * pen}
   return objective
 
 
@@ -73,7 +73,7 @@ def fediir_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
   return objective_client(
       lambda g, g_tilde: iir_objective(model, gamma, g_tilde), client_opt, sched,
       side_init=lambda rng, params: Side(jax.tree.map(jnp.zeros_like, params["classifier"])),
-      broadcast=lambda side, round_: side.g_tilde, stat=stat, prepare=prepare, weighting="uniform")
+      broadcast=lambda side, round_: side.g_tilde, stat=stat, prepare=prepare, weighting="uniform", record=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,4 +87,4 @@ SPEC = MethodSpec(
     "fediir", "seed 003 (Alg. 1)",
     lambda ctx, hp: fediir_client(ctx.model, ctx.sched, ctx.client_opt, hp.gamma, hp.ema),
     HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="seed",
-    claim="seed 003")
+    claim="seed 003", activity=PENALTY_ACTIVITY)

@@ -2,7 +2,15 @@
 
 Stage 1 is FedAvg with infrequent communication: `T1` local Adam steps in total, averaged
 at `|T1_sync|` synchronisation points, i.e. FedAvg with `local_steps = T1 / |T1_sync|`
-for `|T1_sync|` rounds ("Our FedAvg" of Tables 2-4 is this stage alone).
+for `|T1_sync|` rounds ("Our FedAvg" of Tables 2-4 is this stage alone). Sec. 4.1:
+`T_1` "is tuned experimentally and generally is a much smaller set than all possible time
+points" (Fig. 1a: 4 of 256 epochs best; Table 5: 8 syncs of 256 iterations on PACS and
+OfficeHome, 80 of 5,120 on IWildCam). Here `stage1_syncs` is `|T1_sync|` (searched in
+{2, 4, 8, 16}) and `T1` is the run's budget, `num_rounds * K` local steps (K the run's
+steps per round), less stage 2's `stage2_rounds * head_steps` head steps, so FedLOE takes
+the same number of local steps as every other method (`stage1_schedule`;
+`MethodSpec.first_stage`, which the runner applies). `stage1_syncs = 0` keeps the
+config's own rounds and local schedule for stage 1.
 
 Stage 2 (App. C, Alg. 1, eq. 12), with the featurizer `g_theta` frozen, one engine round per
 synchronisation, `|T2_sync|` rounds (Table 5: 4 syncs of 8 iterations in all, i.e. 2 local
@@ -158,7 +166,8 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
   def client_update(b, client_state, data, rng):                                 # 2.1, from psi: eq. (12)
     params, _ = b
     psi, loss = local_train(params["classifier"], head_objective(params), head_opt, data, rng, sched)
-    return ClientOutput((psi, data.client_id), client_state, {"train_loss": loss})
+    return ClientOutput((psi, data.client_id), client_state,
+                        {"train_loss": loss, "activity/stage": jnp.full((), 2.0, jnp.float32)})
 
   def server_update(s: Stage2State, stacked) -> Stage2State:
     new, ids = stacked.messages
@@ -199,6 +208,47 @@ class HParams:
                           search=Choice((0.01, 0.05, 0.1)))
   solver_steps: int = hparam(200, "manager solver steps (ours)", ge=0, integer=True)
   solver_lr: float = hparam(0.05, "manager solver step (ours)", gt=0)
+  stage1_syncs: int = hparam(8, "|T1_sync|, stage 1's synchronisations in the run's budget of local steps (Table 5: 8 "
+                             "on PACS and OfficeHome; Fig. 1a: 4); 0: the config's rounds", ge=0, integer=True,
+                             search=Choice((2, 4, 8, 16)))
+
+
+def stage1_schedule(num_rounds: int, steps_per_round: int, syncs: int, stage2_steps: int = 0) -> tuple[int, int]:
+  """Stage 1's `(rounds, local_steps)`: `syncs` rounds sharing the run's budget.
+
+  Args:
+    num_rounds: the run's rounds (every other method's).
+    steps_per_round: the run's local steps per round, K.
+    syncs: `|T1_sync|`; 0 keeps `(num_rounds, steps_per_round)`.
+    stage2_steps: the local steps stage 2 takes (`stage2_rounds * head_steps`), taken
+      from the same budget.
+
+  Returns:
+    `(rounds, local_steps)` with `rounds * local_steps <= num_rounds * K - stage2_steps`,
+    `rounds = min(syncs, budget)` and every round at least one step.
+
+  Raises:
+    ValueError: one line naming `algorithm.fedloe.stage2_rounds` when stage 2 alone takes
+      the whole budget.
+  """
+  if syncs == 0:
+    return num_rounds, steps_per_round
+  budget = num_rounds * steps_per_round - stage2_steps
+  if budget < 1:
+    raise ValueError(f"algorithm.fedloe.stage2_rounds: stage 2's {stage2_steps} local steps take the run's whole "
+                     f"budget of {num_rounds * steps_per_round}; lower stage2_rounds or head_steps")
+  rounds = min(syncs, budget)
+  return rounds, budget // rounds
+
+
+def stage1_client(ctx, hp):
+  """Stage 1: FedAvg's client, reporting `activity/stage` 1 (stage 2's clients report 2)."""
+  side = erm_client(ctx, hp)
+
+  def update(*args):
+    out = side.update(*args)
+    return out._replace(metrics={**out.metrics, "activity/stage": jnp.ones((), jnp.float32)})
+  return side._replace(update=update)
 
 
 def _stage2_data(ctx, hp: HParams) -> dict:
@@ -224,12 +274,17 @@ def _check(config, hp):
 
 
 SPEC = MethodSpec(
-    "fedloe", "seed 000 (App. C, Alg. 1)", erm_client, HParams,
+    "fedloe", "seed 000 (App. C, Alg. 1)", stage1_client, HParams,
     sends=("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
     receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
     claim="seed 000",
     tune_fraction=lambda hp: hp.tune_fraction,
-    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds, prepare=_stage2_data),),
+    # Stage 2 is evaluated at every synchronisation: its selection chooses among all of them.
+    stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds, prepare=_stage2_data,
+                             eval_every=lambda config, hp: 1),),
+    first_stage=lambda config, hp, steps_per_round: stage1_schedule(
+        int(config.num_rounds), steps_per_round, hp.stage1_syncs, hp.stage2_rounds * hp.head_steps),
+    activity=("stage",),
     not_for_models=(("gpt2", "FedLOE's stage 2 trains the clients' heads on frozen features, but GPT-2's head is "
                              "tied to its input embedding, so training it moves the features; each head is also V x d"),),
     record=lambda server: {"phi": np.asarray(server.phi).tolist()} if hasattr(server, "phi") else {})

@@ -107,5 +107,6 @@ class HParams:
 
 
 RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.server_value("lr"), hp.kappa, hp.lr, hp.momentum, hp.steps),
-                HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`")
+                HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`",
+                activity=("rule_deviation",))
 SPEC = MethodSpec("fedomg", "seed 002", erm_client, rule="omg", group="seed", claim="seed 002")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fedjax_dg.algorithms.base import erm_objective, tree_sq_dist
+from fedjax_dg.algorithms.base import PENALTY_ACTIVITY, erm_objective, tree_sq_dist
 from fedjax_dg.algorithms.fedavg import objective_client
 from fedjax_dg.algorithms.spec import LogUniform, MethodSpec, hparam
 
@@ -20,7 +20,8 @@ def proximal_objective(model, mu: float):
   def make(global_params):
     def objective(params, batch, rng):
       loss, aux = base(params, batch, rng)
-      return loss + 0.5 * mu * tree_sq_dist(params, global_params), aux
+      term = 0.5 * mu * tree_sq_dist(params, global_params)
+      return loss + term, {**aux, "penalty_term": term}
     return objective
   return make
 
@@ -33,7 +34,7 @@ class HParams:
 
 def prox_client(ctx, hp: HParams):
   make = proximal_objective(ctx.model, hp.mu)
-  return objective_client(lambda g, extra: make(g), ctx.client_opt, ctx.sched)
+  return objective_client(lambda g, extra: make(g), ctx.client_opt, ctx.sched, record=True)
 
 
-SPEC = MethodSpec("fedprox", "Li et al. 2020", prox_client, HParams)
+SPEC = MethodSpec("fedprox", "Li et al. 2020", prox_client, HParams, activity=PENALTY_ACTIVITY)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dg.algorithms.base import LocalSchedule, local_train
+from fedjax_dg.algorithms.base import PENALTY_ACTIVITY, LocalSchedule, recorded_train
 from fedjax_dg.algorithms.spec import ClientSide, LogUniform, MethodSpec, hparam, send
 from fedjax_dg.models import Model, SplitModel
 
@@ -89,7 +89,8 @@ def fedsr_loss(model: Model, params, ref, batch, rng, a_l2: float, a_cmi: float)
   l2 = jnp.sum(z ** 2, -1)
   cmi = gaussian_kl(mu, sigma, ref["mu"][batch.y], jax.nn.softplus(ref["s"][batch.y]))
   mean = lambda v: jnp.sum(v * batch.mask) / jnp.maximum(jnp.sum(batch.mask), 1.0)
-  return mean(ce) + a_l2 * mean(l2) + a_cmi * mean(cmi), {"l2": mean(l2), "cmi": mean(cmi)}
+  term = a_l2 * mean(l2) + a_cmi * mean(cmi)
+  return mean(ce) + term, {"l2": mean(l2), "cmi": mean(cmi), "penalty_term": term}
 
 
 def fedsr_client(model: Model, sched: LocalSchedule, client_opt: optax.GradientTransformation, z_dim: int,
@@ -101,8 +102,9 @@ def fedsr_client(model: Model, sched: LocalSchedule, client_opt: optax.GradientT
     return fedsr_loss(model, pr["params"], pr["ref"], batch, rng, a_l2, a_cmi)
 
   def update(global_params, extra, ref, data, rng):
-    pr, loss = local_train({"params": global_params, "ref": ref}, objective, client_opt, data, rng, sched)
-    return send(pr["params"], global_params, pr["ref"], {"train_loss": loss})
+    start = {"params": global_params, "ref": ref}
+    pr, _, loss, activity = recorded_train(start, client_opt.init(start), objective, client_opt, data, rng, sched)
+    return send(pr["params"], global_params, pr["ref"], {"train_loss": loss, **activity})
 
   def init(params):
     return {"mu": jnp.zeros((num_classes, z_dim)), "s": jnp.ones((num_classes, z_dim))}
@@ -127,7 +129,7 @@ def _pretrained(params, load):
 SPEC = MethodSpec(
     "fedsr", "Nguyen et al. 2022",
     lambda ctx, hp: fedsr_client(ctx.model, ctx.sched, ctx.client_opt, hp.z_dim, hp.l2, hp.cmi), HParams,
-    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG",
+    model=lambda model, hp: probabilistic_model(model, hp.z_dim, hp.eval_samples), group="FDG", activity=PENALTY_ACTIVITY,
     not_for_models=(("gpt2", "FedSR's probabilistic featurizer wraps a featurizer of the inputs alone, and GPT-2's "
                              "reads its input embedding from the tied head; its per-class reference would hold one "
                              "row per token"),),

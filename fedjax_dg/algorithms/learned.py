@@ -214,6 +214,7 @@ def build_rule(ctx, hp: HParams) -> ServerRule:
 
 RULE = RuleSpec("learned", build_rule, HParams, prepare=validation_data,
                 doc="per-domain aggregation weights (optionally server step, shrink) learned online by Adam on "
-                    "the held-out validation domain's loss of the aggregate (or of the last K aggregations)")
+                    "the held-out validation domain's loss of the aggregate (or of the last K aggregations)",
+                activity=("rule_deviation",))
 SPEC = MethodSpec("learned_agg", "learned aggregation (one-step or K-round hypergradient; after FedLAW, Li et al. 2023)",
                   shares_client, rule="learned", sends=("its domain shares",), group="FDG")

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dg.algorithms.base import Algorithm, ClientOutput, ServerRule, Stacked
+from fedjax_dg.algorithms.base import Algorithm, ClientOutput, ServerRule, Stacked, rule_deviation
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,6 +462,18 @@ def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
     params, extra = split(b)
     return client.update(params, extra, client_state, data, rng)
 
+  def mean_update(aggregate):
+    """The plain weighted average of the updates `Delta_c` in what the rule receives."""
+    if rule.aggregation == "stack":
+      deltas = aggregate.messages[0] if client.sends_side else aggregate.messages
+      return _weighted_mean(deltas, aggregate.weights)
+    return aggregate[0] if client.sends_side else aggregate
+
+  def server_activity(s: ServerState, aggregate, new: ServerState):
+    """`activity/rule_deviation`: the rule's step against the plain average (`base.rule_deviation`)."""
+    return {"activity/rule_deviation": jax.lax.stop_gradient(rule_deviation(s.params, new.params,
+                                                                            mean_update(aggregate)))}
+
   def server_update(s: ServerState, aggregate) -> ServerState:
     if rule.aggregation == "stack":
       msgs, w = aggregate.messages, aggregate.weights
@@ -499,7 +511,7 @@ def compose(name: str, client: ClientSide, rule: ServerRule) -> Algorithm:
                    client_update=client_update, server_update=server_update, params_of=params_of,
                    aggregation=rule.aggregation, weighting=weighting, client_stat=stat, server_prepare=prepare,
                    client_report=report, server_finish=finish, report_aggregation=client.report_aggregation,
-                   stat_aggregation=client.stat_aggregation)
+                   stat_aggregation=client.stat_aggregation, server_activity=server_activity)
 
 
 def delta(new, old):
@@ -542,6 +554,7 @@ class RuleSpec:
   sends: tuple[str, ...] = ()
   receives: tuple[str, ...] = ()
   prepare: Callable | None = None
+  activity: tuple[str, ...] = ()  # activity records the rule's server step emits (`activity/<name>`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,11 +568,14 @@ class Stage:
     rounds: `(config, hp) -> int`, the number of rounds of this stage.
     prepare: optional `(ctx, hp) -> constants`: the stage's data-derived constants
       (`ctx.prepared`).
+    eval_every: optional `(config, hp) -> int`: the stage is evaluated every that many of
+      its rounds and at its end (None: every `config.eval_every` rounds of the run).
   """
   name: str
   build: Callable
   rounds: Callable
   prepare: Callable | None = None
+  eval_every: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,6 +605,10 @@ class MethodSpec:
     tune_fraction: optional `hp -> fraction`: each client holds out that share of its rows
       as a tuning split (`ctx.tune_store`).
     stages: optional `hp -> (Stage, ...)` after the first stage (FedLOE's stage 2).
+    first_stage: optional `(config, hp, steps_per_round) -> (rounds, local_steps)`: the
+      first stage's own communication schedule within the run's budget of
+      `config.num_rounds * steps_per_round` local steps (FedLOE's infrequent
+      synchronisation); None: the config's rounds and local schedule.
     setup_bytes: optional `(ctx, hp) -> bytes` of a one-off exchange before training.
     composable: False for a whole algorithm that takes no other server rule.
     not_for_text: why the method does not apply to text data (None: it applies).
@@ -603,6 +623,9 @@ class MethodSpec:
       once per run and outside any trace; its builder reads the result as `ctx.prepared`
       (FedDG's amplitude bank). Only `prepare` sees the data and the seeds: the builder's
       context has neither.
+    activity: the activity records its clients emit as metrics `activity/<name>`: how much
+      the method's own term acted (docs/activity.md); the server rule's are the rule's
+      `RuleSpec.activity`.
   """
   name: str
   paper: str
@@ -619,6 +642,7 @@ class MethodSpec:
   centralised: bool = False
   tune_fraction: Callable | None = None
   stages: Callable | None = None
+  first_stage: Callable | None = None
   setup_bytes: Callable | None = None
   composable: bool = True
   not_for_text: str | None = None
@@ -627,6 +651,7 @@ class MethodSpec:
   record: Callable | None = None
   claim: str = ""
   prepare: Callable | None = None
+  activity: tuple[str, ...] = ()
 
   def not_for_model(self, model_name: str) -> str | None:
     return dict(self.not_for_models).get(model_name)

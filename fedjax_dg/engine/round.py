@@ -287,7 +287,11 @@ def make_round(algorithm, num_clients: int, cohort_size: int, strategy: str = "v
 
   def update(hp, server, res, w):
     metrics = jax.tree.map(lambda m: m / jnp.maximum(res.partial.weight, 1e-12), res.partial.metrics)
-    return build(hp).server_update(server, _aggregate(res, w, alg.aggregation)), metrics
+    a, aggregate = build(hp), _aggregate(res, w, alg.aggregation)
+    new = a.server_update(server, aggregate)
+    if a.server_activity is not None:  # the server step's activity records (`activity/rule_deviation`)
+      metrics = {**metrics, **a.server_activity(server, aggregate, new)}
+    return new, metrics
 
   def client_update(b, client_state, data, rng):  # b = (hparams, broadcast)
     return build(b[0]).client_update(b[1], client_state, data, rng)
