@@ -227,6 +227,9 @@ class PreparedRun(NamedTuple):
     reads_data: whether the method's build reads the run's data (its store, tuning split
       or held-out examples), which is then part of the compiled program: runs of a batch
       share such a program only when their data are equal.
+    findings: what the preflight found about whether the method can act
+      (`fedjax_dg.activity`): the warnings, as summary.json records them (an error stops
+      `prepare`).
   """
   plan: RunPlan
   packed: Any
@@ -235,6 +238,7 @@ class PreparedRun(NamedTuple):
   sched: Any
   stages: tuple
   reads_data: bool
+  findings: tuple = ()
 
   # Short names for what readers use most.
   num_clients = property(lambda self: self.plan.num_clients)
@@ -293,13 +297,13 @@ def augmentation(config, fold):
   return lambda rng, x: augment.augment(rng, x, params)
 
 
-def _stage_plans(config, ctx) -> tuple:
-  """The stages: the first over `num_rounds`, then the method's later stages."""
-  stages = [StagePlan("stage 1", 0, int(config.num_rounds))]
-  for st, rounds, _ in algorithms.later_stages(ctx):
+def _stage_plans(config, hp, first_rounds: int, later) -> tuple:
+  """The stages: the first over `first_rounds`, then the method's later stages (`later`:
+  `algorithms.later_stages`), each with its own evaluation period where it declares one."""
+  stages = [StagePlan("stage 1", 0, int(first_rounds))]
+  for st, rounds, _ in later:
     every = getattr(st, "eval_every", None)
-    every = int(every(config, algorithms.hparams_of(config, algorithms.spec_of(config)))) if every else None
-    stages.append(StagePlan(st.name, stages[-1].last, int(rounds), every))
+    stages.append(StagePlan(st.name, stages[-1].last, int(rounds), int(every(config, hp)) if every else None))
   return tuple(stages)
 
 
@@ -342,10 +346,21 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
   model = algorithms.model_for(config, build_model(config.model, input_shape, fold.num_classes))
   n_max, n_min = int(packed.counts.max()), int(packed.counts.min())
   steps = local_steps(config.client, n_max)
-  family = family or model_family(model, input_shape)
-  unroll = unroll_of(config, steps, family)
   c = config.client
-  sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, unroll, augmentation(config, fold))
+  rounds1, steps1 = int(config.num_rounds), steps
+  if spec.first_stage:  # the method's own first-stage schedule within the run's budget (FedLOE)
+    try:
+      rounds1, steps1 = (int(v) for v in spec.first_stage(config, hp, steps))
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  family = family or model_family(model, input_shape)
+  unroll = unroll_of(config, steps1, family)
+  if (rounds1, steps1) == (int(config.num_rounds), steps):
+    sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, unroll,
+                          augmentation(config, fold))
+  else:  # `steps1` local steps of B examples a round (the step mode's stream of permutations)
+    sched = make_schedule(c.batch_size, steps1, 0, n_max, n_min, unroll, augmentation(config, fold))
+  steps = sched.num_steps
   strategy = resolve_strategy(config, family)
   e = config.engine
   parallel = parallel_clients(strategy, cohort, e.chunk_size)
@@ -353,16 +368,53 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
                            heldout_val=(fold.heldout_val.x, fold.heldout_val.y))
+  later = algorithms.later_stages(ctx)
   plan = RunPlan(method=spec, rule=rule, hp=hp, rule_hp=rule_hp, num_clients=num_clients, cohort=cohort,
                  strategy=strategy, auto=e.strategy == "auto", parallel=parallel, model_family=family,
                  measured=engine_defaults(family).measured, local_steps=sched.num_steps, unroll=sched.unroll,
-                 stages=_stage_plans(config, ctx), eval_every=int(config.eval_every),
+                 stages=_stage_plans(config, hp, rounds1, later), eval_every=int(config.eval_every),
                  checkpoint_every=int(config.checkpoint_every))
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),
                                 straggler_fraction=e.get("straggler_fraction", 0.0),
                                 buckets=buckets_for(sched) if e.get("buckets", False) else None)
   builder = algorithms.Builder(ctx)
   stages = [Stage(plan.stages[0].name, builder(), make(builder), 0, plan.stages[0].rounds, builder)]
-  for sp, (_, _, build) in zip(plan.stages[1:], algorithms.later_stages(ctx)):
+  for sp, (_, _, build) in zip(plan.stages[1:], later):
     stages.append(Stage(sp.name, build(), make(build), sp.first, sp.rounds, build))
-  return PreparedRun(plan, packed, tune_packed, model, sched, tuple(stages), algorithms.reads_data(config))
+  findings = preflight(config, plan, packed)  # before anything compiles
+  return PreparedRun(plan, packed, tune_packed, model, sched, tuple(stages), algorithms.reads_data(config), findings)
+
+
+def client_domains(packed) -> list[int]:
+  """How many distinct training domains each client of the packed store holds."""
+  domain, counts = np.asarray(packed.domain), np.asarray(packed.counts)
+  return [int(len(np.unique(domain[c, :n]))) for c, n in enumerate(counts)]
+
+
+def preflight(config, plan: RunPlan, packed) -> tuple:
+  """Whether the run's method can act (`fedjax_dg.activity.preflight`), before training.
+
+  Args:
+    config: the run's config.
+    plan: its plan (local steps per round and rounds of the first stage, where the methods'
+      own terms act).
+    packed: its training store (which domains each client holds).
+
+  Returns:
+    The warnings as dicts (`level`, `field`, `message`, `equals_baseline`), each also
+    issued once as a Python warning.
+
+  Raises:
+    ConfigError: the first error finding, in one line naming the field.
+  """
+  import warnings
+  from fedjax_dg import activity
+  found = activity.preflight(config, local_steps=plan.local_steps, rounds=plan.stages[0].rounds,
+                             client_domains=client_domains(packed))
+  errors = [f for f in found if f.level == "error"]
+  if errors:
+    raise ConfigError(errors[0].message if errors[0].message.startswith(errors[0].field)
+                      else f"{errors[0].field}: {errors[0].message}")
+  for f in found:
+    warnings.warn(f.message if f.message.startswith(f.field) else f"{f.field}: {f.message}", stacklevel=2)
+  return tuple(f._asdict() for f in found)

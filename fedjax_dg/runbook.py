@@ -249,7 +249,7 @@ class RunBook:
     self.records, self.pending, self.again, self.reporters = [], [], False, []
     self.activity = {}  # name -> values of the rounds since the last evaluation
     self.failed = None
-    self.preflight = []
+    self.preflight = list(prepared.findings)
     self.host = bool(config.engine.get("host_client_states", False))  # client states in host memory
 
   def on_schedule(self, t: int) -> bool:
