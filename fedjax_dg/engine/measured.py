@@ -77,8 +77,17 @@ def default_unroll(family: str, num_steps: int, backend: str | None = None) -> i
 
 def default_strategy(model_or_name, backend: str | None = None, input_shape=None) -> str:
   """The measured default strategy (`ENGINE_DEFAULTS`) for a model, from its operations:
-  pass the model and its input shape. A model name is still accepted ("cnn" means
-  convolutional, any other name dense); prefer the model."""
+  what `engine.strategy = "auto"` picks.
+
+  Args:
+    model_or_name: the model (a `fedjax_dg.models.Model`), or a model name ("cnn" means
+      convolutional, any other name dense; prefer the model).
+    backend: "cpu", "gpu" or "tpu"; None: JAX's default backend.
+    input_shape: one example's shape, needed with a model.
+
+  Returns:
+    The strategy's name ("host_loop", "sequential", "vmap", ...).
+  """
   if isinstance(model_or_name, str):
     family = "conv" if model_or_name == "cnn" else "dense"
   else:
