@@ -63,6 +63,7 @@ def preflight(config, *, local_steps: int, rounds: int, client_domains: Sequence
   found += single_domain_findings(key, hp, client_domains, plain_rule)
   found += zero_weight_findings(key, hp, plain_rule)
   found += proximal_findings(key, hp, local_steps, plain_rule)
+  found += fish_findings(key, client_domains)
   return sorted(found, key=lambda f: f.level != "error")
 
 
@@ -153,3 +154,21 @@ def proximal_findings(key: str, hp, local_steps: int, plain_rule: bool) -> list[
                   "algorithm.fedprox.mu: with one local step a round the proximal term's gradient is zero at "
                   "the only step (taken at the global model): the run computes FedAvg's update exactly",
                   equals_baseline=plain_rule)]
+
+
+def fish_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
+  """Fish on clients that all hold one domain: each step is one inner step scaled by
+  `meta_lr`, i.e. local ERM at a smaller step (not FedAvg's update at the same step).
+
+  Args:
+    key: the method's config key.
+    client_domains: distinct training domains per client.
+
+  Returns:
+    One "warning" finding, or none.
+  """
+  if key != "fish" or not len(client_domains) or any(n > 1 for n in client_domains):
+    return []
+  return [Finding("warning", "algorithm.fish.meta_lr",
+                  "algorithm.fish.meta_lr: every client holds one domain, so Fish's inner loop has one step and "
+                  "its update is local ERM with the step scaled by meta_lr (no gradient matching)")]

@@ -61,6 +61,12 @@ def test_fedprox_with_one_local_step_is_fedavg_exactly():
   assert helpers.tree_max_diff(out[0], out[1]) < 1e-6
 
 
+def test_fish_on_single_domain_clients_is_a_warning():
+  (f,) = _find({"algorithm.name": "fish"})
+  assert (f.level, f.field, f.equals_baseline) == ("warning", "algorithm.fish.meta_lr", False)
+  assert _find({"algorithm.name": "fish"}, client_domains=(1, 2)) == []
+
+
 def test_errors_come_first_and_findings_are_one_line():
   fs = _find({"algorithm.name": "irm", "algorithm.irm.anneal_steps": 10 ** 6})
   assert [f.level for f in fs] == ["error", "warning"]
