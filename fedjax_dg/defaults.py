@@ -44,10 +44,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.data.in_test_fraction = 0.1
   c.data.leave_one_domain_out = False
   # How each leave-one-domain-out fold validates (data/splits.py LODO_VALIDATION): "heldout_domain"
-  # holds out the next domain (seed 001); "in_domain" trains on every non-test domain and selects
-  # on the in-domain validation split (seeds 000, 002, 003, 004).
+  # holds out the next domain (Bai et al. 2024); "in_domain" trains on every non-test domain and selects
+  # on the in-domain validation split (the FedLOE, FedOMG, FedIIR and FedDIM papers).
   c.data.lodo_validation = "heldout_domain"
-  # Seed 001's R_DG (Sec. 4.1): this fraction of each test domain leaves the test split (which
+  # Bai et al. 2024's R_DG (Sec. 4.1): this fraction of each test domain leaves the test split (which
   # keeps the rest); with _include it joins training as a training domain, else it is set aside.
   c.data.test_domain_train_fraction = 0.0
   c.data.test_domain_train_include = True
@@ -98,7 +98,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.model.name = "cnn"       # cnn (DomainBed MNIST CNN) | mlp | femnist_cnn | resnet18 | resnet50 | distilbert | gpt2
   c.model.hidden = (200, 200)
   c.model.head_hidden = ()
-  c.model.feature_projection = 0    # > 0: a linear layer of that width ends the featurizer (seed 003 Sec. 5.1)
+  c.model.feature_projection = 0    # > 0: a linear layer of that width ends the featurizer (Guo et al. 2023 Sec. 5.1)
   c.model.pretrained_path = ""      # resnet18/50: torchvision weights (.pth/.safetensors) or converted .npz
   c.model.freeze_bn = True          # resnet: batch-norm statistics frozen (DomainBed)
   c.model.freeze_featurizer = False
@@ -112,7 +112,7 @@ def default_config() -> ml_collections.ConfigDict:
   # method specs (docs/methods/index.md; e.g. --config.algorithm.fedprox.mu=0.1).
   c.algorithm = algorithms.default_hparams()
   c.algorithm.name = "fedavg"
-  # FedLOE (seed 000): stage 1 is this config's FedAvg for num_rounds syncs (set
+  # FedLOE (the FedLOE paper): stage 1 is this config's FedAvg for num_rounds syncs (set
   # client.optimizer='adam' and client.local_steps = T1 / syncs as in Table 5).
 
   c.client = ml_collections.ConfigDict()

@@ -113,7 +113,7 @@ each). The main ones:
   data.name                        {datasets}
   data.test_domains, data.val_domains   test and held-out validation domain ids
   data.leave_one_domain_out        every domain as the test domain once
-  partition.method, partition.lam  heterogeneous (seed 001, lam in [0, 1]), dirichlet, iid
+  partition.method, partition.lam  heterogeneous (Bai et al. 2024, lam in [0, 1]), dirichlet, iid
   num_clients, cohort_size, cohort_fraction
   algorithm.name                   {methods}
                                    or method+rule, rule one of {rules};

@@ -1,27 +1,27 @@
-"""The benchmark report under seed 001's protocol, on rotated Fashion-MNIST.
+"""The benchmark report under Bai et al. 2024's protocol, on rotated Fashion-MNIST.
 
   python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist.py   # phase 1: the search
   python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist.py   # phase 2: seeds at the winners
   python -m fedjax_dg.bench status --sweep configs/sweeps/report_fmnist.py
   python -m fedjax_dg.bench report --sweep configs/sweeps/report_fmnist.py   # experiments/report_fmnist/
 
-Data: Debian's `dataset-fashion-mnist` (`/usr/share/datasets/fashion-mnist`) as seed 003's
+Data: Debian's `dataset-fashion-mnist` (`/usr/share/datasets/fashion-mnist`) as Guo et al. 2023's
 RotatedMNIST (configs/rotated_fashion_mnist.py): six domains rotated by 0, 15, 30, 45, 60
 and 75 degrees, 2,000 images per domain drawn from the 70,000; 0 degrees is the held-out
 validation domain (selection and early stopping), 75 degrees the test domain, 15-60 train
-(the rule of the quick report and configs/default.py; seed 001's own rule, one held-out
+(the rule of the quick report and configs/default.py; Bai et al. 2024's own rule, one held-out
 domain next to the test domain, is the same shape). 10% of each training domain is the
-in-domain validation split and 10% the in-domain test split (seed 001 App. D).
+in-domain validation split and 10% the in-domain test split (Bai et al. 2024 App. D).
 
-Protocol (seed 001 App. D): every client on Adam (lr searched, trial 0 at 1e-3: seed 001
+Protocol (Bai et al. 2024 App. D): every client on Adam (lr searched, trial 0 at 1e-3: Bai et al. 2024
 Table 7's ERM lr on FEMNIST), batch 64, one local epoch per round, plain averaging on the
-server. Deviation: seed 001 names FedAdam as FedAvg's counterpart but tabulates FedAvg-ERM;
+server. Deviation: Bai et al. 2024 names FedAdam as FedAvg's counterpart but tabulates FedAvg-ERM;
 we read it as Adam on the clients with averaging on the server ("FedAdam" in its sense), so
 no method here has a FedAdam server. SCAFFOLD runs its Adam variant (the corrected
 gradient, `algorithm.scaffold.control`'s default under Adam). FedLOE's stage 2 keeps its
-own SGD (seed 000 Table 5).
+own SGD (the FedLOE paper Table 5).
 
-Search (seed 001 App. D.4): phase 1, grid `search`, runs 8 trials per method per column,
+Search (Bai et al. 2024 App. D.4): phase 1, grid `search`, runs 8 trials per method per column,
 trial 0 at the defaults and trials 1-7 drawn from each method's declared ranges
 (`algorithms.spec`, `search.method_ranges`) and the client learning rate log-uniform in
 [1e-4, 1e-2], one seed; phase 2, grid `table`, runs 3 fresh seeds (1, 2, 3) at the trial
@@ -34,10 +34,10 @@ still improving at 40 rounds in the measurement below; the report states the fra
 selected rounds in the last 10%). At C = 100 a client holds about 64 training rows, one
 batch: one local step per round, 60 in all, against 6,000 at C = 1 - the step budget the
 fixed-steps variant of Fig. 2 separates from the number of clients. Fig. 2 (four methods at
-their defaults, C = 1 .. 100: ERM, FedDG, FedSR and IRM in place of seed 001's FedADG, whose
+their defaults, C = 1 .. 100: ERM, FedDG, FedSR and IRM in place of Bai et al. 2024's FedADG, whose
 cost is below) at a fixed local epoch per round and at a fixed 8 local steps per round;
 Fig. 3 (FedAvg at
-C = 100 as App. E ii, 60 local epochs in total); Table 6 (C = 100 as seed 001's Table 6;
+C = 100 as App. E ii, 60 local epochs in total); Table 6 (C = 100 as Bai et al. 2024's Table 6;
 R_DG moves 80% of the test domain into training and tests on the other 20%: "S', S'' are
 20%, 80% partition respectively"). Trial seeds vary the training seed and the partition;
 the image subsample and the splits (`data.seed`) are the same in every run.
@@ -68,7 +68,7 @@ TABLE_METHODS = ("fedavg", "irm", "fish", "mixup", "mmd", "coral", "groupdro", "
 LAMS = (1.0, 0.1, 0.0)
 SEEDS = (0, 1, 2)        # the figure grids' seeds (each method at its defaults)
 TABLE_SEEDS = (1, 2, 3)  # fresh seeds at the search's winner: not the winning search run itself
-# Fig. 2: seed 001 App. E i plots ERM, FedDG, FedADG and FedSR. FedADG (four networks, an
+# Fig. 2: Bai et al. 2024 App. E i plots ERM, FedDG, FedADG and FedSR. FedADG (four networks, an
 # adversarial game) costs about 20x FedAvg per job (185 s against 9.4 s in the digits report),
 # so 108 more FedADG jobs do not fit this CPU budget; IRM, a DG method remark 4.7 also names,
 # takes its place.
@@ -86,7 +86,7 @@ def get_config(variant: str = "full"):
   search -> seeds -> collect -> report end to end in minutes."""
   if variant not in ("full", "slice"):
     raise ValueError(f"configs/sweeps/report_fmnist.py: variant must be 'full' or 'slice', got {variant!r}")
-  s = sweep_helpers.skeleton("FedDG benchmark on rotated Fashion-MNIST (seed 001's protocol)",
+  s = sweep_helpers.skeleton("FedDG benchmark on rotated Fashion-MNIST (Bai et al. 2024's protocol)",
                             "runs/sweeps/report_fmnist" + ("" if variant == "full" else "_slice"))
   b = s.base
   fm = load_config_file(os.path.join(CONFIGS, "rotated_fashion_mnist.py"))  # the data set's own config

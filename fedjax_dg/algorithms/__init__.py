@@ -80,10 +80,10 @@ for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE, learned.RULE)
   register_rule(_rule)
 
 # The methods the documentation, the tests and the sweeps list: every registered method and the
-# compositions the seed papers report (seed 002 Table 2; FedIIR+OMG and FedSR+OMG).
+# compositions the method papers report (Nguyen et al. 2025 Table 2; FedIIR+OMG and FedSR+OMG).
 COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
 ALGORITHMS = tuple(METHODS) + COMPOSITIONS
-BASELINE = "fedavg"  # the method others are compared with (seed 001 Remark 4.1: FedAvg-ERM)
+BASELINE = "fedavg"  # the method others are compared with (Bai et al. 2024 Remark 4.1: FedAvg-ERM)
 
 
 def resolve(name: str) -> tuple[MethodSpec, RuleSpec]:
@@ -326,7 +326,7 @@ COMMUNICATION = {name: communication_of(name) for name in ALGORITHMS}
 
 def communication_table() -> str:
   """The documentation's table: what every method sends and receives beyond the model and its
-  update, and whether it sends anything computed per example (seed 001 Table 12's
+  update, and whether it sends anything computed per example (Bai et al. 2024 Table 12's
   "free of leakage" is the opposite of the last column)."""
   rows = ["| method | sends beyond the model update | receives beyond the model | per-example data leaves the client |",
           "| --- | --- | --- | --- |"]

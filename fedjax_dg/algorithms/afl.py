@@ -1,4 +1,4 @@
-"""Agnostic Federated Learning, modified for C != D (seed 001 App. B, Alg. 2).
+"""Agnostic Federated Learning, modified for C != D (Bai et al. 2024 App. B, Alg. 2).
 
 The server keeps domain weights `beta` on the simplex over the `D` training domains
 (uniform over the domains the clients hold at the start). Each round:
@@ -94,12 +94,12 @@ def afl_client(model, sched: LocalSchedule, client_opt: optax.GradientTransforma
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  step: float = hparam(0.1, "gamma_beta, the domain-weight step (ours: seed 001 App. D lists only learning rates)",
+  step: float = hparam(0.1, "gamma_beta, the domain-weight step (ours: Bai et al. 2024 App. D lists only learning rates)",
                        ge=0, search=LogUniform(1e-3, 1.0))
 
 
 SPEC = MethodSpec(
-    "afl", "Mohri et al. 2019, as seed 001 App. B",
+    "afl", "Mohri et al. 2019, as Bai et al. 2024 App. B",
     lambda ctx, hp: afl_client(ctx.model, ctx.sched, ctx.client_opt, hp.step, ctx.num_domains, ctx.train_domains),
     HParams, sends=("per-domain loss sums and example counts (pre-round)",), receives=("domain weights beta",),
     group="FDG")

@@ -182,7 +182,7 @@ class MMDHParams:
 
 @dataclasses.dataclass(frozen=True)
 class MixupHParams:
-  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; seed 001 App. D)", gt=0, search=LogUniform(1e-1, 1e1))
+  alpha: float = hparam(0.2, "Beta(alpha, alpha) (DomainBed; Bai et al. 2024 App. D)", gt=0, search=LogUniform(1e-1, 1e1))
 
 
 def _anneal(ctx, hp):
@@ -202,6 +202,6 @@ SPECS = (
     _spec("coral", "Sun & Saenko 2016 (DomainBed)", CORALHParams, "gamma"),
     _spec("mmd", "Li et al. 2018 (DomainBed)", MMDHParams, "gamma"),
     _spec("mixup", "Zhang et al. 2018, inter-domain (DomainBed)", MixupHParams, "alpha",
-          not_for_text="Mixup interpolates inputs; token ids cannot be interpolated (seed 001 Table 5 has no "
+          not_for_text="Mixup interpolates inputs; token ids cannot be interpolated (Bai et al. 2024 Table 5 has no "
                        "Mixup row for text)"),
 )

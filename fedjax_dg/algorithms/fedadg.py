@@ -222,8 +222,8 @@ class HParams:
   lambda0: float = hparam(0.55, "weight of L_advf; 1 - lambda0 on CE (FedCCRL's; authors' code 0.15)", ge=0, le=1,
                           search=Uniform(0.0, 1.0))
   e0_epochs: int = hparam(1, "E0: ERM epochs before the adversarial epochs (Bai et al.: 1)", ge=0, integer=True)
-  gen_lr: float = hparam(7e-4, "generator step (seed 001 Table 7)", ge=0)
-  disc_lr: float = hparam(7e-4, "discriminator step (seed 001 Table 7)", ge=0)
+  gen_lr: float = hparam(7e-4, "generator step (Bai et al. 2024 Table 7)", ge=0)
+  disc_lr: float = hparam(7e-4, "discriminator step (Bai et al. 2024 Table 7)", ge=0)
   noise_dim: int = hparam(1024, "generator noise size (Bai et al.; authors 2048)", ge=1, integer=True)
   hidden: int = hparam(1024, "D width and projection size; G's hidden layer is 4x", ge=1, integer=True)
 
@@ -237,6 +237,6 @@ def _client(ctx, hp):
 
 
 SPEC = MethodSpec("fedadg", "Zhang et al. 2021 (paper's equations, authors' PACS code)", _client, HParams,
-                  not_for_text="FedADG is designed for images in seed 001 (Table 5: not applicable to CivilComments "
+                  not_for_text="FedADG is designed for images in Bai et al. 2024 (Table 5: not applicable to CivilComments "
                                "and Py150)",
                   sends=("distribution-generator update",), receives=("distribution generator",), group="FDG")

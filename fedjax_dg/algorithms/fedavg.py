@@ -134,7 +134,7 @@ def objective_client(make_objective: Callable, client_opt: optax.GradientTransfo
 
 def keeps_optimizer(ctx) -> bool:
   """Whether a client side keeps its local optimizer state across rounds: when the run has
-  one client, the centralised runs of seed 001's C = 1 column (ERM and the DG methods on
+  one client, the centralised runs of Bai et al. 2024's C = 1 column (ERM and the DG methods on
   the pooled training data), whose rounds must be the epochs of one training run."""
   return ctx.num_clients == 1
 

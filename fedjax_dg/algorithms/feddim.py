@@ -1,4 +1,4 @@
-"""FedDIM (seed 004): decision insight matrices.
+"""FedDIM (Liao et al. 2025): decision insight matrices.
 
 Insight matrix of a sample (eqs. 2-3): with the last linear layer `W in R^{d x K}` (bias
 ignored) and its input `z in R^d`, `I = W (.) z`, i.e. `I_{jk} = W_{jk} z_j` (so
@@ -20,7 +20,7 @@ the first cohort is sampled, so all clients take part in it, not only round 1's 
 So round 1 already trains with the regulariser. A class no client has stays
 uninitialised, its regulariser off, until some sampled client reports it.
 
-Ablations of seed 004 Sec. 5.3 / Table 3, as `algorithm.feddim.*` values:
+Ablations of Liao et al. 2025 Sec. 5.3 / Table 3, as `algorithm.feddim.*` values:
   `momentum = 0`   "W/m = 0": `I_bar` is the initial model's and stays fixed (eq. 6 with
                    `m = 0`); clients then send no class means.
   `momentum = 1`   "W/m = 1": `I_bar` is the current round's `I_g`.
@@ -32,7 +32,7 @@ The variants change only the per-sample statistic; the class means `z_bar`, `o_b
 formed, exchanged, initialised and momentum-updated exactly like `I_bar` (Sec. 5.3 replaces
 only eq. 7's second term).
 
-Two-layer heads: seed 004 (Sec. 5.1) uses "two fully connected layers" as the classifier for
+Two-layer heads: Liao et al. 2025 (Sec. 5.1) uses "two fully connected layers" as the classifier for
 PACS, VLCS and OfficeHome, while eqs. 2-4 define `I` for one linear map `o = W^T z` ("the
 penultimate layer's features [multiplied] with the classifier's weights", Sec. 1). With a
 head `Dense -> ReLU -> ... -> Dense` this module takes `W` as the last layer's kernel and
@@ -198,7 +198,7 @@ def feddim_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
   def side_init(rng, params):
     if store is None:
       raise ValueError("FedDIM initialises its class insight from every client's data at the initial model "
-                       "(seed 004 Alg. 1 line 1); it needs the training client store")
+                       "(Liao et al. 2025 Alg. 1 line 1); it needs the training client store")
     W = last_kernel(params["classifier"])
     shape = jax.eval_shape(lambda: statistic(variant, W, jnp.zeros(W.shape[:1], W.dtype))).shape
     empty = Side(jnp.zeros((num_classes,) + shape, W.dtype), jnp.zeros(num_classes, bool))
@@ -211,7 +211,7 @@ def feddim_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  lam: float = hparam(1e-2, "regulariser weight (seed 004: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1))
+  lam: float = hparam(1e-2, "regulariser weight (Liao et al. 2025: 1e-4 .. 1e-1)", ge=0, search=LogUniform(1e-4, 1e-1))
   momentum: float = hparam(0.5, "momentum m of the global insight matrices (eq. 6); 0 keeps the initial "
                            "model's (Table 3's W/m = 0)", ge=0, le=1,
                            static=True)  # 0 removes the server's update of the matrices
@@ -233,11 +233,11 @@ def _setup_bytes(ctx, hp):
 
 
 SPEC = MethodSpec(
-    "feddim", "seed 004 (Alg. 1)",
+    "feddim", "Liao et al. 2025 (Alg. 1)",
     lambda ctx, hp: feddim_client(ctx.model, ctx.sched, ctx.client_opt, hp.lam, hp.momentum, ctx.num_classes,
                                   ctx.prepared, hp.variant),
-    HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="seed",
+    HParams, sends=("per-class mean insight matrices",), receives=("global insight matrices",), group="FDG papers",
     prepare=lambda ctx, hp: ctx.store,  # the setup exchange reads every client's rows
-    check=_check, setup_bytes=_setup_bytes, claim="seed 004", activity=PENALTY_ACTIVITY,
+    check=_check, setup_bytes=_setup_bytes, claim="Liao et al. 2025", activity=PENALTY_ACTIVITY,
     not_for_models=(("gpt2", "FedDIM's insight matrices are [V, d, V] for a V-token vocabulary (V = 50k with d = 768: "
                              "2e12 numbers per client) and it needs an untied linear head"),))

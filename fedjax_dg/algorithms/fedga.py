@@ -28,8 +28,8 @@ measures the gap in accuracy; `loss` is the code's other choice. Default: `acc`.
 
 The gap split (`gap_fraction`): the authors evaluate both models on each site's
 validation split (`dataloader_dict[site]['val']`, held out from local training), and so
-does FedOMG's port (`FedOMG-DG/algorithms/FedGA/train_pacs_GA.py`), which produced seed
-002's FedGA rows. With `gap_fraction > 0` each client holds out that share of its rows
+does FedOMG's port (`FedOMG-DG/algorithms/FedGA/train_pacs_GA.py`), which produced Nguyen
+et al. 2025's FedGA rows. With `gap_fraction > 0` each client holds out that share of its rows
 (the tuning split FedLOE also uses, `ctx.tune_store`), trains on the rest and measures the
 gaps there (default 0.1, PACS's validation share). `gap_fraction = 0` measures them on the
 client's training data, which mostly measures local overfitting.

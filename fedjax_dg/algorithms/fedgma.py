@@ -3,7 +3,7 @@
 Per coordinate, the agreement of the sampled clients' update signs
 `a = |mean_c sign(Delta_c)|` (uniform over the cohort); the mask is `m = 1` where
 `a >= tau`, else `a`; the server step is `theta <- theta + eta_g * m * sum_c p_c Delta_c`.
-`tau` is the mask threshold (seed 001 App. D uses 0.1 or 0.4 by dataset; default 0.4), and
+`tau` is the mask threshold (Bai et al. 2024 App. D uses 0.1 or 0.4 by dataset; default 0.4), and
 `eta_g` the server step size. The public benchmark code mixes up the threshold and the
 step size; here they are separate fields. With `tau = 0` every mask entry is 1: FedAvg.
 """
@@ -42,7 +42,7 @@ def gma_rule(server_lr: float, tau: float) -> ServerRule:
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  tau: float = hparam(0.4, "mask threshold (seed 001 App. D: 0.1 or 0.4)", ge=0, le=1, search=Uniform(0.0, 1.0))
+  tau: float = hparam(0.4, "mask threshold (Bai et al. 2024 App. D: 0.1 or 0.4)", ge=0, le=1, search=Uniform(0.0, 1.0))
 
 
 RULE = RuleSpec("gma", lambda ctx, hp: gma_rule(ctx.server_value("lr"), hp.tau), HParams,

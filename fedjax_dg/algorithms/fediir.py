@@ -1,4 +1,4 @@
-"""FedIIR (seed 003, Alg. 1): implicit invariant relationships through classifier gradients.
+"""FedIIR (Guo et al. 2023, Alg. 1): implicit invariant relationships through classifier gradients.
 
 Notation: `f = h_psi o g_phi`, the head `psi` is `params["classifier"]` (a linear layer, or
 the MLP head of `model.head_hidden`).
@@ -42,7 +42,7 @@ class Side(NamedTuple):
 
 
 def iir_penalty(model, params, batch, g_tilde):
-  """`||grad_psi R_c(theta; zeta) - g~||^2` and `R_c(theta; zeta)` (eq. 3 of seed 003's Alg. 1)."""
+  """`||grad_psi R_c(theta; zeta) - g~||^2` and `R_c(theta; zeta)` (eq. 3 of Guo et al. 2023's Alg. 1)."""
   z = model.features(params, batch.x)
   head_loss = lambda psi: masked_cross_entropy(model.head(psi, z), batch.y, batch.mask)
   loss, g_psi = jax.value_and_grad(head_loss)(params["classifier"])
@@ -78,13 +78,13 @@ def fediir_client(model, sched: LocalSchedule, client_opt: optax.GradientTransfo
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  gamma: float = hparam(1e-2, "penalty coefficient (seed 003 Table 3: RotatedMNIST 1e-2)", ge=0,
+  gamma: float = hparam(1e-2, "penalty coefficient (Guo et al. 2023 Table 3: RotatedMNIST 1e-2)", ge=0,
                         search=LogUniform(1e-4, 1.0))
-  ema: float = hparam(0.95, "EMA of the global head gradient (seed 003 App. C)", ge=0, lt=1)
+  ema: float = hparam(0.95, "EMA of the global head gradient (Guo et al. 2023 App. C)", ge=0, lt=1)
 
 
 SPEC = MethodSpec(
-    "fediir", "seed 003 (Alg. 1)",
+    "fediir", "Guo et al. 2023 (Alg. 1)",
     lambda ctx, hp: fediir_client(ctx.model, ctx.sched, ctx.client_opt, hp.gamma, hp.ema),
-    HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="seed",
-    claim="seed 003", activity=PENALTY_ACTIVITY)
+    HParams, sends=("head gradient at the global model (pre-round)",), receives=("EMA head gradient",), group="FDG papers",
+    claim="Guo et al. 2023", activity=PENALTY_ACTIVITY)

@@ -1,4 +1,4 @@
-"""FedLOE (seed 000): Federated DG via Locally Overfit Ensembles.
+"""FedLOE (the FedLOE paper): Federated DG via Locally Overfit Ensembles.
 
 Stage 1 is FedAvg with infrequent communication: `T1` local Adam steps in total, averaged
 at `|T1_sync|` synchronisation points, i.e. FedAvg with `local_steps = T1 / |T1_sync|`
@@ -196,7 +196,7 @@ def stage2(model, sched: LocalSchedule, head_opt: optax.GradientTransformation, 
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  tune_fraction: float = hparam(0.1, "each client's tuning split (seed 000 D.2: 10%)", gt=0, lt=1, static=True)
+  tune_fraction: float = hparam(0.1, "each client's tuning split (the FedLOE paper D.2: 10%)", gt=0, lt=1, static=True)
   stage2_rounds: int = hparam(4, "|T2_sync| (Table 5: 4 on PACS and OfficeHome)", ge=0, integer=True)
   head_steps: int = hparam(2, "stage-2 local SGD iterations per sync (Table 5: 8 iterations / 4 syncs)", ge=1,
                            integer=True)
@@ -274,10 +274,10 @@ def _check(config, hp):
 
 
 SPEC = MethodSpec(
-    "fedloe", "seed 000 (App. C, Alg. 1)", stage1_client, HParams,
+    "fedloe", "the FedLOE paper (App. C, Alg. 1)", stage1_client, HParams,
     sends=("stage 2: its linear head", "stage 2: logits and labels of its tuning split"),
-    receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="seed", check=_check,
-    claim="seed 000",
+    receives=("stage 2: every client's head, the combined head",), leaks_data=True, group="FDG papers", check=_check,
+    claim="the FedLOE paper",
     tune_fraction=lambda hp: hp.tune_fraction,
     # Stage 2 is evaluated at every synchronisation: its selection chooses among all of them.
     stages=lambda hp: (Stage("stage 2", _stage2, lambda config, hp: hp.stage2_rounds, prepare=_stage2_data,

@@ -1,4 +1,4 @@
-"""FedOMG (seed 002): on-server gradient matching, a server rule for any client objective.
+"""FedOMG (Nguyen et al. 2025): on-server gradient matching, a server rule for any client objective.
 
 The paper's equations were lost in conversion; docs/ALGORITHMS.md restates the server step as
 the authors' code implements it (CAGrad applied to client updates). With the sampled
@@ -10,7 +10,7 @@ clients' updates `G_i = p_i Delta_i` (flattened), `g0 = mean_i G_i`:
      by `steps` of heavy-ball SGD from `w = 0`, keeping the best iterate (F evaluated at
      the start and after every step). The authors' `utils/fed_merge.py: OMG` loops
      `for i in range(21)`, evaluating F at every `i` and stepping while `i < 20`: 21
-     evaluations, 20 steps, i.e. `steps = 20` (the "21 iterations" of seed 002's table);
+     evaluations, 20 steps, i.e. `steps = 20` (the "21 iterations" of Nguyen et al. 2025's table);
   3. `d = (g0 + c / sqrt(Gamma^T M Gamma + 1e-4) * g_Gamma) / (1 + kappa^2)`,
      `g_Gamma = sum_i Gamma_i G_i`; server: `theta <- theta + eta_g d`.
 
@@ -21,7 +21,7 @@ Scale: `g0 = (1/N) sum_i p_i Delta_i` is FedAvg's update `sum_i p_i Delta_i` div
 rule here steps `theta <- theta + server.lr * N * d`, so it carries FedAvg's scale itself:
 at `kappa = 0` it is FedAvg's rule with the same `server.lr`, and `X+omg` with the default
 `server.lr = 1` moves as far as `X`. The paper's (and the authors' code's) step size is
-`eta_g = N * server.lr`: seed 002's `eta_g = 0.5` with 3 clients is `server.lr = 0.5 / 3`.
+`eta_g = N * server.lr`: Nguyen et al. 2025's `eta_g = 0.5` with 3 clients is `server.lr = 0.5 / 3`.
 Deviation from the authors' code, following
 docs/ALGORITHMS.md: their final coefficient is `c / (sqrt(Gamma^T M Gamma + 1e-4) + 1e-4)`;
 we drop the second `1e-4`. The 20-step solver is not converged for N >= 10: that is the
@@ -86,7 +86,7 @@ def omg_direction(updates, kappa: float, lr: float = 25.0, momentum: float = 0.5
 def omg_rule(server_lr: float, kappa: float, lr: float = 25.0, momentum: float = 0.5,
              steps: int = 20) -> ServerRule:
   """Server rule on `Stacked(deltas, weights)`: `theta <- theta + server_lr N d`, `G_i = p_i Delta_i`
-  with `p_i` the clients' data fractions (seed 002), whatever the client side's weighting, and
+  with `p_i` the clients' data fractions (Nguyen et al. 2025), whatever the client side's weighting, and
   `N` the reporting clients (FedAvg's scale; the paper's `eta_g` is `N server_lr`)."""
   def apply(rule_state, params, stacked):
     p = stacked.weights / jnp.sum(stacked.weights)
@@ -100,13 +100,13 @@ def omg_rule(server_lr: float, kappa: float, lr: float = 25.0, momentum: float =
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  kappa: float = hparam(0.5, "searching radius (seed 002 D.6)", ge=0, search=Uniform(0.0, 1.0))
+  kappa: float = hparam(0.5, "searching radius (Nguyen et al. 2025 D.6)", ge=0, search=Uniform(0.0, 1.0))
   lr: float = hparam(25.0, "solver step (authors' code)", gt=0)
   momentum: float = hparam(0.5, "solver heavy-ball momentum (authors' code)", ge=0, lt=1)
   steps: int = hparam(20, "solver steps (authors' code)", ge=0, integer=True)
 
 
 RULE = RuleSpec("omg", lambda ctx, hp: omg_rule(ctx.server_value("lr"), hp.kappa, hp.lr, hp.momentum, hp.steps),
-                HParams, doc="on-server gradient matching (seed 002): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`",
+                HParams, doc="on-server gradient matching (Nguyen et al. 2025): `theta + eta_g d` with `d = omg_direction(p_i Delta_i)`",
                 activity=("rule_deviation",))
-SPEC = MethodSpec("fedomg", "seed 002", erm_client, rule="omg", group="seed", claim="seed 002")
+SPEC = MethodSpec("fedomg", "Nguyen et al. 2025", erm_client, rule="omg", group="FDG papers", claim="Nguyen et al. 2025")

@@ -1,7 +1,7 @@
 """FedProx (Li et al. 2020): FedAvg with the local objective
 `R_c(theta_c) + (mu / 2) ||theta_c - theta||^2` (squared norm over all parameters).
 
-The benchmark code (seed 001) uses an unsquared per-tensor norm; docs/ALGORITHMS.md fixes the
+The benchmark code (Bai et al. 2024) uses an unsquared per-tensor norm; docs/ALGORITHMS.md fixes the
 squared form of the paper, which we follow.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def proximal_objective(model, mu: float):
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  mu: float = hparam(0.01, "proximal weight (Li et al. 2020; seed 001 App. D)", ge=0,
+  mu: float = hparam(0.01, "proximal weight (Li et al. 2020; Bai et al. 2024 App. D)", ge=0,
                      search=LogUniform(1e-4, 1.0))
 
 

@@ -31,7 +31,7 @@ def sam_objective(objective: Callable, rho: float) -> Callable:
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  rho: float = hparam(0.05, "perturbation radius (Qu et al. 2022; seed 002 D.6 uses 0.6 with OMG)", ge=0,
+  rho: float = hparam(0.05, "perturbation radius (Qu et al. 2022; Nguyen et al. 2025 D.6 uses 0.6 with OMG)", ge=0,
                       search=LogUniform(0.01, 1.0))
 
 

@@ -114,8 +114,8 @@ def fedsr_client(model: Model, sched: LocalSchedule, client_opt: optax.GradientT
 @dataclasses.dataclass(frozen=True)
 class HParams:
   z_dim: int = hparam(64, "representation size (ours)", ge=1, integer=True)
-  l2: float = hparam(0.01, "a_L2 (seed 001 App. D)", ge=0, search=LogUniform(1e-3, 1e-1))
-  cmi: float = hparam(0.001, "a_CMI (seed 001 App. D)", ge=0, search=LogUniform(1e-4, 1e-2))
+  l2: float = hparam(0.01, "a_L2 (Bai et al. 2024 App. D)", ge=0, search=LogUniform(1e-3, 1e-1))
+  cmi: float = hparam(0.001, "a_CMI (Bai et al. 2024 App. D)", ge=0, search=LogUniform(1e-4, 1e-2))
   eval_samples: int = hparam(0, "evaluation: 0 = the mean of z, else samples averaged", ge=0, integer=True)
 
 

@@ -9,7 +9,7 @@ The inner optimizer (the configured client optimizer) keeps its state across the
 steps, as DomainBed's `domainbed/algorithms.py: Fish`: `update` saves
 `optimizer_inner_state` after its inner steps and the next `create_clone` reloads it into
 the fresh inner optimizer, so Adam's moments and step count run on from step to step while
-the inner parameters restart from `theta`. Seed 001's code (FedDG_Benchmark's `Fish`) keeps
+the inner parameters restart from `theta`. Bai et al. 2024's code (FedDG_Benchmark's `Fish`) keeps
 that state for the client's local round; here it starts fresh at every round, as every
 method's local optimizer. On a single-domain client with plain SGD a step is one inner step
 scaled by `meta_lr`, i.e. ERM with step size `meta_lr * lr` (the collapse to ERM of Bai et
@@ -89,7 +89,7 @@ def fish_client(model, sched: LocalSchedule, inner_opt: optax.GradientTransforma
 
 @dataclasses.dataclass(frozen=True)
 class HParams:
-  meta_lr: float = hparam(0.5, "meta step (DomainBed default; seed 001 Table 7: 0.1 on PACS, CelebA, Camelyon17, "
+  meta_lr: float = hparam(0.5, "meta step (DomainBed default; Bai et al. 2024 Table 7: 0.1 on PACS, CelebA, Camelyon17, "
                           "IWildCam)", gt=0, le=1, search=Choice((0.05, 0.1, 0.5)))
   domain_order: str = hparam("random", "order of the inner domain steps: random per step (Shi et al. Alg. 2) or "
                              "ascending id (DomainBed, Bai et al.)", choices=ORDERS)

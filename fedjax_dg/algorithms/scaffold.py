@@ -10,7 +10,7 @@ rule, or any other), and `c <- c + (|S| / C) mean_c (c_i+ - c_i)`, means uniform
 cohort, as in the paper's Alg. 1. With `client.optimizer = "sgd"` the local optimizer is
 `sgd(eta_l)` without momentum, exactly the paper's.
 
-With another local optimizer (`client.optimizer = "adam"`: seed 001's App. D makes Adam
+With another local optimizer (`client.optimizer = "adam"`: Bai et al. 2024's App. D makes Adam
 every method's local optimizer, and its Table 7 gives SCAFFOLD an Adam learning rate), Adam
 reads the corrected gradient `grad R_c - c_i + c` at each step, and the control becomes the
 mean raw minibatch gradient of the round,
@@ -22,7 +22,7 @@ exactly (`theta - theta_c = eta_l sum_k (g_k - c_i + c)`, so option II's quotien
 so the correction `c - c_i` would swamp the data's gradient (after one round
 `||c - c_i|| / ||grad R_c||` is several times the SGD value: tests/test_scaffold_adam.py).
 The mean gradient keeps `c` and `c_i` in gradient units, the quantity SCAFFOLD's drift
-correction subtracts. This deviates from seed 001's code (FedDG_Benchmark,
+correction subtracts. This deviates from Bai et al. 2024's code (FedDG_Benchmark,
 `src/client.py: ScaffoldClient.fit`), which keeps option II's quotient under Adam (and
 divides by `local_epochs * lr`, not by the number of steps). Adam's moments restart every round (as every method's local
 optimizer here). `client.momentum > 0` stays refused. (Option I, a full-pass gradient at the
@@ -94,7 +94,7 @@ def scaffold_client(model, sched: LocalSchedule, local_lr: float, cohort_size: i
 
 def _check(config, hp):
   if config.client.optimizer not in ("sgd", "adam"):
-    return (f"client.optimizer: SCAFFOLD runs with plain SGD (option II) or Adam (seed 001's benchmark), "
+    return (f"client.optimizer: SCAFFOLD runs with plain SGD (option II) or Adam (Bai et al. 2024's benchmark), "
             f"got {config.client.optimizer!r}")
   if config.client.optimizer == "sgd" and config.client.momentum != 0.0:
     return "client.momentum: SCAFFOLD option II needs plain SGD (client.momentum=0)"

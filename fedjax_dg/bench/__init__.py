@@ -1,2 +1,2 @@
-"""The benchmark layer above the runner (seed 001): sweeps as data, launchers, collect to
+"""The benchmark layer above the runner (Bai et al. 2024): sweeps as data, launchers, collect to
 tables, difficulty metrics, figures and the report. `python -m fedjax_dg.bench --help`."""

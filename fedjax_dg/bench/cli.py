@@ -17,7 +17,7 @@ Commands:
            grid, trials finished and the best validation score so far), and an estimate of
            the run time left from the finished jobs' measured time per round (--workers:
            the worker processes it assumes, default sweep.launch.workers)
-  collect  tables.md / tables.tex (seed 001 Table 3 layout under held-out-domain, in-domain
+  collect  tables.md / tables.tex (Bai et al. 2024 Table 3 layout under held-out-domain, in-domain
            and oracle selection), difficulty.md (Table 6), jobs.csv and results.jsonl.gz
            (every job's metrics at every evaluation, config and provenance) into --out
   figures  Fig. 2, Fig. 3, Fig. 4-style curves and per-run curves (PNG + CSV) into --out

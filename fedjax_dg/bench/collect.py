@@ -202,7 +202,7 @@ def display_names(sweep) -> dict:
 
 
 def table_rows(sweep, grid) -> tuple:
-  """Seed 001's row groups (`sweep.table.groups`: (group, (methods, ...)) pairs), keeping the
+  """Bai et al. 2024's row groups (`sweep.table.groups`: (group, (methods, ...)) pairs), keeping the
   grid's methods; methods no group names go last under "other"."""
   display = display_names(sweep)
   methods = list(grid.methods)

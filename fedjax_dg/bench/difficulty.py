@@ -1,4 +1,4 @@
-"""Seed 001's dataset difficulty metrics (Sec. 4.1, Table 6), from a sweep's difficulty grid.
+"""Bai et al. 2024's dataset difficulty metrics (Sec. 4.1, Table 6), from a sweep's difficulty grid.
 
   R_DG       = ERM_Perf(S_DG-train, S'_DG-test) / ERM_Perf(S_DG-train + S''_DG-test, S'_DG-test)
   R_FL(lam)  = FedAvg_Perf(S_DG-train, S_IN-test; lam) / ERM_Perf(S_DG-train, S_IN-test)
@@ -6,7 +6,7 @@
 S''_DG-test is a random `fraction` of each test domain moved into training and S'_DG-test
 the rest, which both R_DG runs are tested on (`data.test_domain_train_fraction`, with
 `data.test_domain_train_include` False for the numerator: that run trains exactly as the
-plain one). Seed 001's sentence ("S', S'' are 20%, 80% partition respectively") moves
+plain one). Bai et al. 2024's sentence ("S', S'' are 20%, 80% partition respectively") moves
 80% in and tests on the other 20%, as `configs/sweeps/report_fmnist.py` does; the fraction
 is a field of the grid (the digits sweeps move 20% in, keeping more test rows of their
 small test domain). S_IN-test is the in-domain test split (`in_test`). Every performance

@@ -383,7 +383,7 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
 
 
 def round_times(data, grid: str) -> str:
-  """Seed 001 Table 13's counterpart: seconds of training per communication round, per
+  """Bai et al. 2024 Table 13's counterpart: seconds of training per communication round, per
   method and number of clients, from the jobs behind the table (the grid and the search it
   selects from): each job's median non-compiling round (`timing.median_round_s`) divided
   by the runs that shared its compiled program, then the mean over jobs and lambdas.

@@ -1,4 +1,4 @@
-"""Sweeps as data: an ml_collections sweep config expanded into jobs (seed 001 Sec. 4.3, App. E).
+"""Sweeps as data: an ml_collections sweep config expanded into jobs (Bai et al. 2024 Sec. 4.3, App. E).
 
 A sweep config (`configs/sweeps/*.py`) holds the base experiment config (`sweep.base`, a
 whole `configs/default.py`-style ConfigDict, so `--sweep.base.num_rounds=10` works) and
@@ -9,18 +9,18 @@ named grids, each crossing the benchmark's axes:
 * `client_counts` entry 1 is the centralised column: the method's centralised counterpart
   from `sweep.centralized` (e.g. FedAvg -> ERM on the pooled training data), run once with
   one client and no lambda; a method without a counterpart is "not applicable" there
-  (seed 001 Tables 3-5, "-").
+  (Bai et al. 2024 Tables 3-5, "-").
 * `folds` are (test_domains, val_domains) pairs (`sweep.folds`; empty = the base config's;
   `sweep.leave_one_domain_out` = every domain once, validated as `data.lodo_validation` says).
 * `seeds` set the fields named in `sweep.seed_fields` (default the training seed).
 * trials: trial 0 runs the defaults; trials 1..n-1 draw hyperparameters at random
-  (DomainBed's protocol; seed 001 App. D.4 selects them on the held-out domain), from each
+  (DomainBed's protocol; Bai et al. 2024 App. D.4 selects them on the held-out domain), from each
   method's declared ranges (`fedjax_dg.algorithms.sample_hparams`, when
   `sweep.search.method_ranges`) and from the sweep's own `sweep.search.distributions`.
   Draws depend on (search seed, trial, algorithm) only, so one trial is one setting of the
   hyperparameters across cells and seeds.
 
-Two phases (seed 001 App. D.4: a random search selected on the held-out domain, then seeds
+Two phases (Bai et al. 2024 App. D.4: a random search selected on the held-out domain, then seeds
 at the chosen values): a grid with `select_from = "<search grid>"` runs its `seeds` at the
 trial the search grid's finished runs select for each cell (method, C, lam, fold), by the
 mean over the search's seeds of the `select_rule` validation score (`select_winners`). Until
@@ -28,10 +28,10 @@ every search job has finished it expands to no jobs and `exp.waiting` says why; 
 and `report` refuse such a sweep in one line.
 
 A grid's `local_steps` (> 0) fixes every client's local steps per round
-(`client.local_steps`), so steps x rounds is the same at every C (seed 001 Fig. 2 with the
+(`client.local_steps`), so steps x rounds is the same at every C (Bai et al. 2024 Fig. 2 with the
 step budget held fixed: the clients' effect alone).
 
-A grid with `kind = "difficulty"` expands into the runs of seed 001's Table 6 (R_DG and
+A grid with `kind = "difficulty"` expands into the runs of Bai et al. 2024's Table 6 (R_DG and
 R_FL; `fedjax_dg.bench.difficulty`).
 
 Every job is one run: its config is the base with the job's dotted overrides, and its
@@ -335,7 +335,7 @@ def _last_failure(workdir: str) -> str:
 
 
 def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, str]:
-  """Seed 001 App. D.4's second phase: for each cell (method, C, lam, fold) of the search grid
+  """Bai et al. 2024 App. D.4's second phase: for each cell (method, C, lam, fold) of the search grid
   `g.select_from`, the trial whose mean validation score over the search's seeds is best
   (rule `g.select_rule`, default the held-out domain; lowest trial on ties). A trial whose
   run diverged (the runner's `FloatingPointError`, recorded in the job's failed event) has
@@ -379,7 +379,7 @@ def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, st
 
 
 def _expand_difficulty(exp: Expansion, sweep, name: str, g) -> None:
-  """Seed 001 Sec. 4.1 / Table 6: ERM without and with `fraction` of the test domain in
+  """Bai et al. 2024 Sec. 4.1 / Table 6: ERM without and with `fraction` of the test domain in
   training (both tested on the rest), centralised ERM and FedAvg at each lambda."""
   frac = float(g.get("fraction", 0.2))
   if not 0.0 < frac < 1.0:

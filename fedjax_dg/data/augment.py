@@ -46,7 +46,7 @@ class AugmentParams:
 
 
 DOMAINBED = AugmentParams()
-# `data.augment_preset` -> params. The Bai et al. benchmark code (seed 001;
+# `data.augment_preset` -> params. The Bai et al. benchmark code (Bai et al. 2024;
 # FedDG_Benchmark `src/dataset_bundle.py`) uses DomainBed's pipeline for PACS, OfficeHome and
 # IWildCam, but for CelebA only a crop (ratio (1, 4/3)) and a flip, and for Camelyon17 no
 # crop (flip, colour jitter, grey).

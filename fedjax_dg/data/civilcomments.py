@@ -7,10 +7,10 @@ identity columns `male, female, LGBTQ, christian, muslim, other_religions, black
 (fractions of raters). Label `y = toxicity >= 0.5`; identity `k` is present when its
 column is `>= 0.5` (an empty cell, NaN for pandas, is absent, as in WILDS).
 
-Official split (seed 001 App. C.2): train -> `train`, val -> `heldout_val`, test -> `test`;
+Official split (Bai et al. 2024 App. C.2): train -> `train`, val -> `heldout_val`, test -> `test`;
 there is no in-domain validation or test split.
 
-Domains. WILDS evaluates on 16 groups, identity k present x label (8 x 2): seed 001's
+Domains. WILDS evaluates on 16 groups, identity k present x label (8 x 2): Bai et al. 2024's
 "D = 16" counts these. They overlap (a comment can mention several identities, or none), so
 they cannot partition clients. Clients are partitioned as WILDS's training grouper and the
 authors' code (`src/dataset_bundle.py: CivilComments._domain_fields = ['black', 'y']`) do:

@@ -146,7 +146,7 @@ def spurious_classification(correlations: Sequence[float] = (0.95, 0.9, 0.8, 0.7
 
 def linear_scm(a_inv, a_sp, sigma2_sq: Sequence[float], sigma3_sq: float = 1.0,
                sigma1_sq: float = 1.0, n_per_domain: int = 1000, seed: int = 0) -> DomainDataset:
-  """The linear structural causal model of seed 000, eq. (5); regression.
+  """The linear structural causal model of the FedLOE paper, eq. (5); regression.
 
   `x_I = xi_1`, `y = x_I . a_I + xi_2`, `x_S = y a_S + xi_3`, with domain `k`'s target
   noise variance `sigma2_sq[k]` and shared `Var(xi_1) = sigma1_sq I`,

@@ -4,7 +4,7 @@
 `{"users": [writer, ...], "num_samples": [n, ...], "user_data": {writer: {"x": [[784
 floats in [0, 1]], ...], "y": [label, ...]}}}` (`"hierarchies"` may also appear and is
 ignored). A writer's rows from both folders are pooled: LEAF's train/test split is a
-per-writer sample split, while seed 001 (App. C.2) holds whole writers out and splits the
+per-writer sample split, while Bai et al. 2024 (App. C.2) holds whole writers out and splits the
 training writers 10% / 10% into in-domain validation / test itself (`splits.make_fold`).
 Images are 28 x 28 x 1 (row-major, as LEAF flattens them), labels 0..61 (10 digits,
 26 upper-case, 26 lower-case letters). With `data.dtype="uint8"` pixels are stored as
@@ -15,7 +15,7 @@ Held-out writers (seeded): writers sorted by id are permuted with `data.seed`; t
 `data.femnist_val_writers` form the held-out validation domains and the next
 `data.femnist_test_writers` the test domains. The dataset lists them first, so their
 domain ids are `heldout_ids(V, T)`: `data.val_domains = (0, ..., V-1)`, `data.test_domains =
-(V, ..., V+T-1)` (configs/femnist.py sets them; a mismatch is an error). Seed 001 does not
+(V, ..., V+T-1)` (configs/femnist.py sets them; a mismatch is an error). Bai et al. 2024 does not
 say how it held writers out; Table 6 counts 2586 training writers, i.e. 964 of LEAF's 3550
 held out, which the config reads as 482 + 482.
 

@@ -1,4 +1,4 @@
-"""Client partitions: Heterogeneous Partitioning (seed 001, Alg. 1), Dirichlet, IID.
+"""Client partitions: Heterogeneous Partitioning (Bai et al. 2024, Alg. 1), Dirichlet, IID.
 
 Every partitioner returns one integer index array per client into the pooled training
 examples; together they are disjoint and exhaustive, and no client is empty.
@@ -39,7 +39,7 @@ def _assign_domains(domain_sizes: np.ndarray, num_clients: int) -> np.ndarray:
 
 
 def heterogeneous_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
-  """Integer counts `n_{d,c}(lambda)` of seed 001 eq. (7), as an array `[C, D]`.
+  """Integer counts `n_{d,c}(lambda)` of Bai et al. 2024 eq. (7), as an array `[C, D]`.
 
   `n_{d,c} = lam n_d / C + (1 - lam) 1[d in D_c] n_d / #{c': d in D_c'}`.
 

@@ -20,11 +20,11 @@ trailing run of pad ids in `x` becomes `text.PAD` (the models' attention mask; W
 passes no mask, which with right padding and causal attention gives the same outputs at
 every real position). `Split.meta` holds the label tokens' types `[N, T]`.
 
-Official split (seed 001 App. C.2): train -> `train`, IDval -> `in_val`, IDtest ->
+Official split (Bai et al. 2024 App. C.2): train -> `train`, IDval -> `in_val`, IDtest ->
 `in_test`, OODval -> `heldout_val`, OODtest -> `test`.
 
 Metric (`wilds_metrics`, `Py150Dataset.eval`): `accuracy` is WILDS's key metric `acc`, the
-accuracy over class and method tokens (seed 001 Table 5); also `overall_accuracy` over every
+accuracy over class and method tokens (Bai et al. 2024 Table 5); also `overall_accuracy` over every
 labelled token and `class_accuracy`, `method_accuracy`. An empty set of positions scores 0,
 as in WILDS. The loss over all labelled tokens is `models.text.token_cross_entropy`.
 """

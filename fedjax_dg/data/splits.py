@@ -1,4 +1,4 @@
-"""Benchmark splits (seed 001 Sec. 4, App. C-D).
+"""Benchmark splits (Bai et al. 2024 Sec. 4, App. C-D).
 
 Per fold: training domains -> train / in-domain validation / in-domain test; one or more
 held-out validation domains; the test domain(s). Domain ids are indices into the
@@ -80,7 +80,7 @@ def make_fold(ds: DomainDataset, test_domains: Sequence[int], val_domains: Seque
   """Holds out `test_domains` and `val_domains`; splits each remaining domain at random.
 
   `test_domain_train_fraction > 0` carves that fraction off every test domain
-  (`carve_test_domains`): seed 001's R_DG (Sec. 4.1) trains with it and tests on the rest.
+  (`carve_test_domains`): Bai et al. 2024's R_DG (Sec. 4.1) trains with it and tests on the rest.
   """
   d_all = set(range(ds.num_domains))
   test_domains, val_domains = tuple(int(d) for d in test_domains), tuple(int(d) for d in val_domains)
@@ -124,7 +124,7 @@ def _join(a: Split, b: Split) -> Split:
 
 
 def carve_test_domains(fold: Fold, fraction: float, include: bool = True, seed: int = 0) -> Fold:
-  """Seed 001's R_DG split (Sec. 4.1): `round(fraction * n_d)` random examples of every
+  """Bai et al. 2024's R_DG split (Sec. 4.1): `round(fraction * n_d)` random examples of every
   test domain `d` (S''_DG-test) leave the test split, which keeps the rest (S'_DG-test).
 
   With `include` they join the training set as examples of their own domain `d` (which
@@ -164,11 +164,11 @@ def fold_from_config(ds: DomainDataset, data_config) -> Fold:
 
 
 # How a leave-one-domain-out fold validates (`data.lodo_validation`):
-#   "heldout_domain"  seed 001 (Sec. 4, App. C): the domain after the test domain is held
+#   "heldout_domain"  Bai et al. 2024 (Sec. 4, App. C): the domain after the test domain is held
 #                     out whole for validation; the rest train (with their in-domain splits).
-#   "in_domain"       seeds 000 (App. D.3), 002, 003 (Sec. 5.1) and 004 (Sec. 5.1): every
+#   "in_domain"       the FedLOE paper (App. D.3), Nguyen et al. 2025, Guo et al. 2023 (Sec. 5.1) and Liao et al. 2025 (Sec. 5.1): every
 #                     non-test domain trains and model selection reads the in-domain
-#                     validation split (`data.in_val_fraction`, 10% there; seed 000 takes
+#                     validation split (`data.in_val_fraction`, 10% there; the FedLOE paper takes
 #                     5% validation and 5% in-domain test). No held-out domain.
 LODO_VALIDATION = ("heldout_domain", "in_domain")
 

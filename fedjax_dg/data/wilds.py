@@ -25,7 +25,7 @@ Text releases: `civilcomments` (v1.0, `fedjax_dg.data.civilcomments`) and `py150
 `fedjax_dg.data.py150`) have their own readers, reached through `load_fold` by
 `data.dataset` (TEXT_LOADERS), and carry their own WILDS metric in `Fold.metrics`.
 
-Fold splits (seed 001 App. C.2, "the Wilds official partitions"): train -> `train`,
+Fold splits (Bai et al. 2024 App. C.2, "the Wilds official partitions"): train -> `train`,
 id_val -> `in_val`, id_test -> `in_test`, val (OOD) -> `heldout_val`, test -> `test`.
 Domain ids are the contiguous indices of the sorted domain values over the whole table
 (so they do not change with `data.max_per_split`), named `<field>_<value>` like

@@ -1,4 +1,4 @@
-"""Evaluation of every split, and model selection (seed 001 Sec. 4).
+"""Evaluation of every split, and model selection (Bai et al. 2024 Sec. 4).
 
 Selection rules pick the evaluation round with the best validation `data.select_metric`
 (accuracy by default; earliest on ties) and report the test metrics there; the test domain

@@ -2,7 +2,7 @@
 
 We use Linen's functional `apply` everywhere: parameters are a plain pytree
 `{"featurizer": ..., "classifier": ...}`, so an algorithm addresses the head as
-`params["classifier"]` (seed papers' `psi`) and the featurizer as `params["featurizer"]`
+`params["classifier"]` (the method papers' `psi`) and the featurizer as `params["featurizer"]`
 (`phi`), and `vmap` / `grad` see nothing but arrays.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ class MNISTCNNFeaturizer(nn.Module):
 
 
 class LeafCNNFeaturizer(nn.Module):
-  """The FEMNIST CNN of seed 001's code (`src/models.py: CNN`, LEAF's FEMNIST model): two
+  """The FEMNIST CNN of Bai et al. 2024's code (`src/models.py: CNN`, LEAF's FEMNIST model): two
   5x5 convs (16, 64 channels, padding 2) each with ReLU and 2x2 max-pooling, then a linear
   layer to 2048 features (no activation). For 28 x 28 x 1 inputs."""
   features: int = 2048
@@ -92,7 +92,7 @@ def torch_linear_init(key, shape, dtype=jnp.float32, fan_in: int | None = None):
 class ProjectedFeaturizer(nn.Module):
   """A featurizer followed by one linear layer to `width` features (`model.feature_projection`).
 
-  Seed 003 (FedIIR) Sec. 5.1: for VLCS and PACS it uses "ResNet-18 as the feature
+  Guo et al. 2023 (FedIIR) Sec. 5.1: for VLCS and PACS it uses "ResNet-18 as the feature
   representation Phi, replacing the last fully connected layer with a 512-dimensional
   linear layer", and for OfficeHome ResNet-50 with "a 2048-dimensional linear layer"; its
   classifier `w` (two FC layers there) reads that layer's output, so FedIIR's penalty acts
@@ -287,7 +287,7 @@ def build_model(model_config, input_shape, num_classes: int) -> Model:
   else:
     raise ValueError(f"model.name: unknown model {name!r}; choose one of {list(MODELS)}")
   width = int(model_config.get("feature_projection", 0))
-  if width:  # seed 003 Sec. 5.1's extra linear layer at the end of the featurizer
+  if width:  # Guo et al. 2023 Sec. 5.1's extra linear layer at the end of the featurizer
     freeze = name.startswith("resnet") and bool(model_config.get("freeze_featurizer", False))
     feat = ProjectedFeaturizer(feat, width, freeze, dtype)
   head = Classifier(num_classes, tuple(model_config.get("head_hidden", ())), dtype)

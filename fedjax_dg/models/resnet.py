@@ -3,7 +3,7 @@
 The layout follows `torchvision.models.resnet` (v1.5: a Bottleneck block strides on its
 3x3 conv) up to the global average pool; torchvision's `fc` is dropped and replaced by our
 classifier head, as DomainBed does (or, with `model.feature_projection` > 0, by a fresh
-linear layer ending the featurizer, seed 003 Sec. 5.1: models.ProjectedFeaturizer). Parameter names mirror torchvision's `state_dict`
+linear layer ending the featurizer, Guo et al. 2023 Sec. 5.1: models.ProjectedFeaturizer). Parameter names mirror torchvision's `state_dict`
 (`conv1`, `bn1`, `layer1_0/conv1`, `layer1_0/downsample_conv`, ...) so that
 `fedjax_dg.models.convert` is a renaming plus a kernel transpose.
 
@@ -167,7 +167,7 @@ def load_pretrained(params, path: str):
   `path` is a torchvision checkpoint (`.pth` / `.pt`, `.safetensors`) or the output of
   `scripts/convert_torchvision_weights.py` (`.npz`, `.msgpack`). Every key and shape must
   match the initialised featurizer; arrays take the dtype of the params they replace.
-  The extra linear layer of `model.feature_projection` (`featurizer/projection`, seed 003
+  The extra linear layer of `model.feature_projection` (`featurizer/projection`, Guo et al. 2023
   Sec. 5.1) has no torchvision weights: it keeps its initialisation, and one line in the
   log says so.
   """

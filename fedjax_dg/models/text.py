@@ -10,7 +10,7 @@ DistilBERT (Sanh et al. 2019; `transformers.DistilBertModel`): word + position e
 LayerNorm (eps 1e-12), `n_layers` post-LN blocks (`sa_layer_norm(x + out_lin(attn))`,
 `output_layer_norm(x + lin2(gelu(lin1(x))))`, exact erf GELU), attention scores masked with
 the dtype's minimum as HF does. The featurizer returns the first token's ([CLS]) vector,
-as the authors' `DistilBertFeaturizer` (seed 001's code) and WILDS's classifier read it;
+as the authors' `DistilBertFeaturizer` (Bai et al. 2024's code) and WILDS's classifier read it;
 the classifier is `Classifier(num_classes, model.head_hidden)`: a linear layer (the
 authors' code), or with `head_hidden=(dim,)` HF's `pre_classifier` + ReLU + `classifier`.
 Dropout is left out (evaluation-mode forward).
