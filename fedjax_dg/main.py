@@ -79,6 +79,9 @@ def main(argv):
   workdir = default_workdir(config, sys.argv)
   if distributed.mode(config) != "off" and not _workdir_given(sys.argv) and not config.resume:
     workdir = config.workdir  # every process must name the same folder: no start time appended
+  if not config.get("quiet", False) and distributed.is_writer():  # the seconds before the progress bar
+    print(f"{workdir}: reading the data, partitioning the clients and building the method; the first "
+          "round compiles next", flush=True)
   try:
     summary = train_and_evaluate(config, workdir)
   except stopping.Stopped as e:  # SIGTERM / SIGUSR1: the round finished and saved
@@ -96,8 +99,14 @@ def main(argv):
     raise
   if not distributed.is_writer():
     return 0
-  print(f"done: {_summary_line(summary)}")
-  print(f"results in {workdir}/summary.json")
+  if "runs" in summary:  # a run list: each run's line, and the list's file
+    for i, r in enumerate(summary["runs"]):
+      line = _summary_line(r) if "selection" in r else f"error: {r.get('error', '')}"
+      print(f"run {i} ({r['workdir']}): {line or 'no selection'}")
+    print(f"results in {workdir}/runs.json and each run's summary.json")
+  else:
+    print(f"done: {_summary_line(summary)}")
+    print(f"results in {workdir}/summary.json")
   if "communication" in summary:
     print("communication: " + json.dumps(summary["communication"]))
   return 0

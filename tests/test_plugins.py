@@ -85,3 +85,15 @@ def test_a_plugin_file_registers_what_it_defines(tmp_path, monkeypatch):
   plugins.import_plugin(str(tmp_path / "my_plugin_copy.py"))
   assert "shrinkavg" in algorithms.METHODS and "damped" in algorithms.RULES and "shifted_blobs" in datasets.DATASETS
   algorithms.resolve("shrinkavg+damped")
+
+
+def test_a_run_list_on_the_command_line_names_each_run_and_its_file(outside):
+  """A batch from the command line prints one line per run and points to runs.json (a
+  batch writes no summary.json of its own)."""
+  r = _run(["-m", "fedjax_dg", "--config", "my_config.py", "--config.workdir=runs/list", "--config.quiet=True",
+            "--config.num_rounds=2", "--config.runs=('seed=0', 'seed=1')"], cwd=outside)
+  lines = r.stdout.strip().splitlines()
+  assert lines[-3].startswith("run 0 (runs/list/run_0): heldout_domain-selected test accuracy")
+  assert lines[-2].startswith("run 1 (runs/list/run_1): heldout_domain-selected test accuracy")
+  assert lines[-1] == "results in runs/list/runs.json and each run's summary.json"
+  assert (outside / "runs" / "list" / "runs.json").exists() and not (outside / "runs" / "list" / "summary.json").exists()
