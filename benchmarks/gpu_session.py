@@ -45,9 +45,11 @@ and the whole stops starting stages after `--total-s`; the defaults fit one comm
 CPU in the default suite).
 
 On the lent GPU machine (its image lacks ml-collections; benchmarks/gpu_wheels.sh, run here
-first, downloads it into .whl/), one `run` call with `carry: [".whl"]`:
+first, downloads it into .whl/), one `run` call with `carry: [".whl"]` and `timeout_s` 540 (the
+editable install only records the package's metadata: the script imports fedjax_dg from the
+tree either way):
 
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-deps --no-build-isolation -e . && PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/session.log
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: fedjax_dg is imported from the tree"; PYTHONUNBUFFERED=1 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/session.log
 """
 from __future__ import annotations
 
