@@ -14,7 +14,8 @@
            extrapolated, against FLUTE's published 8 min 22 s (502 s, 4 processes) and
            FedML's 5 h 50 min (21,000 s);
   pacs     the PACS shape: ResNet-50 at 224x224, C = 100, 3 local steps of 32 (one epoch over
-           ~70 examples, the last batch padded), 7 classes, against Bai et al. 2024's Table 13
+           ~70 examples, the last batch padded), 7 classes, against Table 13 of Bai, Bagchi
+           and Inouye, "Benchmarking Algorithms for Federated Domain Generalization", ICLR 2024
            (143 s a round for FedAvg on PACS at C = 100, hardware not given) and the PyTorch
            peer on a few clients scaled linearly to 100;
   cifar    pfl-research's CIFAR-10 shape: ResNet-18 at 32x32, 50 clients a round of 50
@@ -40,16 +41,17 @@ and TF32 989 TFLOP/s with 2:4 sparsity, so 989 and 494.7 dense (`--bf16-peak`,
 
 Budgets: each stage stops starting variants when its budget (`--budget`, seconds) is spent,
 and the whole stops starting stages after `--total-s`; the defaults fit one command in
-8 minutes on an H100 (the device tool allows 10). `--only cnn,batched` runs those stages.
+8 minutes on an H100. `--only cnn,batched` runs those stages.
 `--smoke` runs every stage at toy sizes on any backend (tests/test_gpu_session.py runs it on
 CPU in the default suite).
 
-On the lent GPU machine (its image lacks ml-collections; benchmarks/gpu_wheels.sh, run here
-first, downloads it into .whl/), one `run` call with `carry: [".whl"]` and `timeout_s` 540 (the
+On a GPU machine without a package index whose image lacks ml-collections
+(benchmarks/gpu_wheels.sh, run first where PyPI is reachable, downloads it into .whl/), one
+command with .whl/ copied beside the working tree, under a 540-second limit (the
 editable install only records the package's metadata: the script imports fedjax_dg from the
 tree either way):
 
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: fedjax_dg is imported from the tree"; PYTHONUNBUFFERED=1 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/session.log
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: fedjax_dg is imported from the tree"; PYTHONUNBUFFERED=1 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/gpu_session.log
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Downloads the wheels that the lent GPU machine's image lacks into .whl/ (ignored by git),
-# for the device tool to carry there: run here, on a machine that reaches PyPI, before the
-# GPU session. The image (Python 3.12; jax 0.11.2 with CUDA 13, flax, optax,
+# Downloads the wheels that the GPU machine's image lacks into .whl/ (ignored by git), to be
+# copied there with the working tree: run it where PyPI is reachable, before the GPU run. The image (Python 3.12; jax 0.11.2 with CUDA 13, flax, optax,
 # orbax-checkpoint, chex, numpy, scipy, scikit-learn, tqdm, torch, torchvision, absl-py,
 # pyyaml, ...) holds every dependency in pyproject.toml but ml-collections; this script checks
 # that again against the image's package list below and checks each downloaded wheel's own
@@ -9,17 +8,17 @@
 #
 #   bash benchmarks/gpu_wheels.sh            # -> .whl/ml_collections-1.1.0-py3-none-any.whl
 #
-# Then one `run` call of the device tool, with carry [".whl"] (PYTHONUNBUFFERED: each line as it
-# is printed; `timeout 470`: inside the 8 minutes one command is given here, 10 allowed):
+# Then one command on the GPU machine, with .whl/ beside the working tree and a 540-second
+# limit (PYTHONUNBUFFERED: each line as it is printed; `timeout 470`: inside 8 minutes):
 #
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: fedjax_dg is imported from the tree"; PYTHONUNBUFFERED=1 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/session.log
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: fedjax_dg is imported from the tree"; PYTHONUNBUFFERED=1 timeout 470 python3 benchmarks/gpu_session.py --out $OUT 2>&1 | tee $OUT/gpu_session.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST="${1:-.whl}"
 PY="${PYTHON:-python3}"
 WHEELS=("ml-collections==1.1.0")  # pinned: the version the project is tested with here
 
-# The image's Python packages (the device tool's KINDS.md, "Python packages already there").
+# The GPU image's Python packages, as listed on that machine.
 IMAGE="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
@@ -71,7 +70,7 @@ if missing:
   sys.exit(f"gpu_wheels.sh: not in the GPU image and not carried: {', '.join(missing)}; add them to WHEELS")
 size = sum(os.path.getsize(w) for w in wheels)
 if size > 32 * 2**20:  # the working tree and the carried paths travel within 64 MiB together
-  sys.exit(f"gpu_wheels.sh: the wheels take {size / 2**20:.1f} MiB; the device tool carries 64 MiB in all")
+  sys.exit(f"gpu_wheels.sh: the wheels take {size / 2**20:.1f} MiB; the working tree and the wheels travel within 64 MiB")
 print(f"{len(wheels)} wheel(s), {size / 1024:.0f} KiB in {os.environ['DEST']}: " + ", ".join(map(os.path.basename, wheels)))
 print("pyproject.toml's dependencies, each in the image or carried: " + ", ".join(deps))
 EOF
