@@ -28,8 +28,8 @@
 Each stage writes `<out>/<stage>.json` (`--out`, default `$OUT`) after every record, so a run
 cut off at its time limit still returns what it measured. Every JSON holds the environment
 (device, driver, library versions). A timed record has seconds per round (median of
-`--repeats` after one compiling round, synchronised), the first round's seconds (compile +
-one round), the device's peak memory so far in this process (`memory_stats()`, which cannot
+`--repeats`, synchronised, after the compiling round and one more), the first round's
+seconds (compile + one round) and the second's, the device's peak memory so far in this process (`memory_stats()`, which cannot
 be reset: stages and variants run smallest-memory first where it matters), model FLOPs per
 round counted from the jaxpr (benchmarks/flops.py: 3x the forward pass's convolution and
 matrix-product FLOPs per training example; the MNIST CNN is 145.4 MFLOP forward, 6.98 TFLOP
@@ -275,18 +275,27 @@ def finite(jax, tree) -> bool:
 
 
 def time_calls(jax, step, state, repeats: int):
-  """(state, first call's seconds, the timed calls' seconds) of `state = step(state, r)`."""
+  """(state, first call's seconds, second call's seconds, the timed calls' seconds) of
+  `state = step(state, r)`.
+
+  Two calls come before the timed ones: the compiling one, and one on a state the step
+  itself returned (a round state whose types differ from the initial one in any way
+  compiles again there, never inside the timed calls)."""
   t = time.perf_counter()
   state = step(state, 0)
   jax.block_until_ready(state)
   first = time.perf_counter() - t
+  t = time.perf_counter()
+  state = step(state, 1)
+  jax.block_until_ready(state)
+  second = time.perf_counter() - t
   times = []
   for r in range(repeats):
     t = time.perf_counter()
-    state = step(state, r + 1)
+    state = step(state, r + 2)
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t)
-  return state, first, times
+  return state, first, second, times
 
 
 def rates(flop: float, seconds: float, args) -> dict:
@@ -307,9 +316,11 @@ def time_variant(jax, w: dict, variant: str, store, flop: float, args) -> dict:
                           v["strategy"], v["chunk_size"])
   state = init_round_state(alg, jax.random.PRNGKey(1), model.init(jax.random.PRNGKey(0)), w["clients"])
   placed = getattr(rf, "place", lambda s: s)(store)
-  state, first, times = time_calls(jax, lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0], state, args.repeats)
+  state, first, second, times = time_calls(jax, lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0], state,
+                                          args.repeats)
   med = float(np.median(times))
-  rec.update(median_s=med, times=times, first_round_s=first, peak_bytes=peak_bytes(jax), state_finite=finite(jax, state),
+  rec.update(median_s=med, times=times, first_round_s=first, second_round_s=second, peak_bytes=peak_bytes(jax),
+             state_finite=finite(jax, state),
              **rates(flop, med, args))
   return rec
 
@@ -379,6 +390,8 @@ def round_stage(jax, name: str, args, env: dict) -> dict:
   del store
   if args.no_peer:
     st.doc["peer"] = {"skipped": "--no-peer"}
+  elif args.smoke and name != "cnn":  # torch_peer.py's models read their full-size inputs only
+    st.doc["peer"] = {"skipped": "smoke: toy inputs the peer's model does not take"}
   else:
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
     clients = min(PEER_CLIENTS[name], w["cohort"])
@@ -487,9 +500,10 @@ def batched_on(jax, job: dict, args, device, until: float, st: Stage, where: str
         active = jnp.ones((R,), bool)
         fn = lambda s, r, R=R, bstep=bstep, active=active: bstep(
             s, store, jax.random.split(jax.random.PRNGKey(r), R), active)[0]
-      state, first, times = time_calls(jax, fn, state, args.repeats)
+      state, first, second, times = time_calls(jax, fn, state, args.repeats)
       med = float(np.median(times))
       rec = {**base, "median_s_per_round": med, "times": times, "first_round_s": first,
+             "second_round_s": second,
              "runs_per_s": R / (med * job["rounds"]), "flop_per_round": flop1 * R,
              "peak_bytes": peak_bytes(jax, device), "state_finite": finite(jax, state), **rates(flop1 * R, med, args)}
       print(f"  [{where}] {mode:5s} R={R:3d} {med:9.5f} s/round  {rec['runs_per_s']:9.3f} runs/s "
@@ -522,7 +536,7 @@ def bitwise_stage(jax, args, env: dict) -> dict:
   w = dict(WORKLOADS["cnn"], clients=8, cohort=8, steps=2, batch=16)
   rounds = 4
   if args.smoke:
-    w.update(clients=2, cohort=2, steps=1, batch=4, shape=(8, 8, 1))
+    w.update(clients=2, cohort=2, steps=1, batch=2, shape=(4, 4, 1))
     rounds = 2
   name = "bitwise_deterministic" if args.deterministic_child else "bitwise"
   st = Stage(name, args.out, env, args.budget["bitwise"], {**w, "rounds": rounds, "batch_runs": 4})
@@ -546,7 +560,7 @@ def bitwise_stage(jax, args, env: dict) -> dict:
   a_state, a_m = alone(init(0), 0, rounds)
   results["alone_first_s"] = time.perf_counter() - t
   ref = state_digest(a_state)
-  _, _, times = time_calls(jax, lambda s, r: step(s, jax.random.fold_in(k_run, r))[0], init(0), args.repeats)
+  _, _, _, times = time_calls(jax, lambda s, r: step(s, jax.random.fold_in(k_run, r))[0], init(0), args.repeats)
   results["alone_round_median_s"] = float(np.median(times))
 
   def compare(label, state, metrics):

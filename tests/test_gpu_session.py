@@ -107,13 +107,16 @@ def test_smoke_mode_writes_every_stage_with_finite_numbers_and_hand_counted_flop
     for r in timed:
       assert r["flop_per_round"] == cfg["flop_per_round"]
       assert len(r["times"]) == 2 and r["median_s"] == pytest.approx(sum(r["times"]) / 2, rel=1e-12)
-      assert all(_finite(v) and v > 0 for v in [r["median_s"], r["first_round_s"], r["tflops"]])
+      assert all(_finite(v) and v > 0 for v in [r["median_s"], r["first_round_s"], r["second_round_s"], r["tflops"]])
       assert r["tflops"] == pytest.approx(r["flop_per_round"] / r["median_s"] / 1e12, rel=1e-12)
       assert r["bf16_peak_fraction"] == pytest.approx(r["flop_per_round"] / r["median_s"] / 989e12, rel=1e-12)
       assert r["tf32_peak_fraction"] == pytest.approx(r["flop_per_round"] / r["median_s"] / 494.7e12, rel=1e-12)
       assert r["state_finite"] is True and "peak_bytes" in r
     assert d["summary"]["best_median_s"] == min(r["median_s"] for r in timed)
-    assert "skipped" in d["peer"] or _finite(d["peer"].get("median_s_scaled"))
+    if stage == "cnn":  # the peer runs where this Python has torch and torchvision
+      assert "skipped" in d["peer"] or _finite(d["peer"].get("median_s_scaled")), d["peer"]
+    else:
+      assert d["peer"] == {"skipped": "smoke: toy inputs the peer's model does not take"}
   fem = docs["femnist"]["summary"]
   assert fem["rounds_1500_s"] == pytest.approx(1500 * fem["best_median_s"], rel=1e-12)
   assert fem["flute_over_ours"] == pytest.approx(502 / fem["rounds_1500_s"], rel=1e-12)
