@@ -9,9 +9,10 @@ client holds exactly `steps * batch` examples.
 For each strategy it prints the median seconds per round over `--repeats` rounds (after
 one compiling round), the ratio to the "sequential" per-client loop (the `lax.scan` over
 single clients; > 1 means slower), and the fraction of the machine's measured float32
-matmul rate that the round achieves, counting model FLOPs as 3x XLA's forward-pass count
-(forward + backward) per example seen. With more than one local device (e.g.
-`--host-devices 2` on CPU) the jitted strategies shard the client axis over devices and
+matmul rate that the round achieves, counting model FLOPs as 3x the forward pass's
+convolution and matrix-product FLOPs (forward + backward) per example seen, counted from
+the model's jaxpr (benchmarks/flops.py; XLA's cost analysis counts no convolution on GPU).
+With more than one local device (e.g. `--host-devices 2` on CPU) the jitted strategies shard the client axis over devices and
 "host_loop" dispatches clients round-robin to the devices.
 
     python benchmarks/round_speed.py --out benchmarks/results/round_speed_cpu.json
@@ -125,6 +126,8 @@ def run(args):
   from fedjax_dg.data.store import ClientStore
   from fedjax_dg.engine import init_round_state, make_round
   from fedjax_dg.models import build_model
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from flops import forward_flops, round_flops
 
   rate = matmul_rate(jax, jnp)
   n_dev = jax.local_device_count()
@@ -142,10 +145,7 @@ def run(args):
     n = K * B
     model = build_model(ml_collections.ConfigDict({"name": w["model"], "hidden": (200, 200)}), w["input_shape"], 10)
     params = model.init(jax.random.PRNGKey(0))
-    x1 = jnp.zeros((1,) + w["input_shape"], jnp.float32)
-    fwd = jax.jit(model.apply).lower(params, x1).compile().cost_analysis()
-    fwd = fwd[0] if isinstance(fwd, list) else fwd
-    flops = 3.0 * float(fwd["flops"]) * C * K * B
+    flops = round_flops(forward_flops(model, w["input_shape"]), C, K, B)
     rng = np.random.default_rng(0)
     store = ClientStore(rng.random((C, n) + w["input_shape"], dtype=np.float32),
                         rng.integers(0, 10, (C, n)).astype(np.int32), np.zeros((C, n), np.int32),
