@@ -3,7 +3,7 @@ checkpoints.
 
 `train_and_evaluate(config, workdir)` writes into `workdir`:
   metrics.jsonl   one line per evaluation: round, train loss, every split's metrics, and how
-                  much the method's own term acted since the previous evaluation
+                  much the method's own term acted in the evaluated round
   summary.json    config, wall time, communication, and per selection rule the selected
                   round and the test metrics there (its keys: `train_and_evaluate`)
   checkpoints/    orbax checkpoints of the round state every `checkpoint_every` rounds

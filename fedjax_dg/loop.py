@@ -21,6 +21,7 @@ runs, how the runs' states are stacked and picked apart, and how the splits are 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
@@ -75,7 +76,8 @@ class Solo:
   def round(self, k: int, state, t: int, active):
     """`(state, {metric: [value]})` after round `t` of stage `k`."""
     state, metrics = self.stages[k].round_fn(state, self.placed[k], jax.random.fold_in(self.book.k_rounds, t))
-    return state, {name: np.asarray(v)[None] for name, v in metrics.items()}  # waits for the round
+    loss = float(metrics["train_loss"])  # waits for the round: the bar times work, not dispatch
+    return state, {**{name: np.asarray(v)[None] for name, v in metrics.items()}, "train_loss": np.asarray([loss])}
 
   def finite(self, k: int, state):
     """Per run, (model finite, round state finite), each a callable: one transfer, when asked."""
@@ -277,7 +279,7 @@ def train(program, books, live, starts, states, timing: Timing, quiet: bool):
       phase("evaluating")
       evaluate(t, plan.stage_of(t), again, {r: books[r].saved_loss(t) for r in again})
 
-  with bar, stopping.StopRequest() as stop:
+  with contextlib.closing(bar), stopping.StopRequest() as stop:
     for t in range(t0, total):
       join(t)
       if not active.any() and not any(starts[r] > t for r in live):

@@ -148,17 +148,13 @@ ACTIVITY = "activity/"  # the prefix of a round metric that measures how much a 
 
 
 def run_activity(records: list) -> dict:
-  """`{name: mean}` of every activity value over a run's rounds, from its evaluation records
-  (each record holds the mean over the rounds since the previous one, so the records are
-  weighted by the rounds they cover)."""
-  sums, weights, prev = {}, {}, 0
+  """`{name: mean}` of every activity value over a run's evaluation records (each record
+  holds the values of its own round)."""
+  values = {}
   for r in records:
-    n = max(1, r["round"] - prev)
-    prev = r["round"]
     for name, v in r.get("activity", {}).items():
-      sums[name] = sums.get(name, 0.0) + n * v
-      weights[name] = weights.get(name, 0) + n
-  return {name: sums[name] / weights[name] for name in sorted(sums)}
+      values.setdefault(name, []).append(v)
+  return {name: float(np.mean(v)) for name, v in sorted(values.items())}
 
 
 class Timing:
@@ -247,7 +243,7 @@ class RunBook:
     self.k_init, self.k_server, self.k_rounds = jax.random.split(key, 3)
     self.ckpts = self.tb = None
     self.records, self.pending, self.again, self.reporters = [], [], False, []
-    self.activity = {}  # name -> values of the rounds since the last evaluation
+    self.activity = {}  # name -> value in the latest trained round
     self.failed = None
     self.preflight = list(prepared.findings)
     self.host = bool(config.engine.get("host_client_states", False))  # client states in host memory
@@ -277,13 +273,12 @@ class RunBook:
                       hparams=self.stages[k].builder.hparams, host_states=self.host)
 
   def add_round(self, metrics: dict) -> None:
-    """Keeps a trained round's reporters and activity values (`activity/<name>` metrics) for
-    the next evaluation's record."""
+    """Keeps a trained round's reporters (for the next evaluation's record) and its activity
+    values (`activity/<name>` metrics: the record of that round, if it is evaluated)."""
     if "reporters" in metrics:  # clients may fail (engine.dropout, engine.straggler_fraction)
       self.reporters.append(int(metrics["reporters"]))
-    for k, v in metrics.items():
-      if k.startswith(ACTIVITY):
-        self.activity.setdefault(k[len(ACTIVITY):], []).append(float(v))
+    # the activity of the latest round (a record holds its round's values: the same after a resume)
+    self.activity = {k[len(ACTIVITY):]: float(v) for k, v in metrics.items() if k.startswith(ACTIVITY)}
 
   def open(self, state):
     """Opens the checkpoints and, with `config.resume`, restores the newest intact one:
@@ -322,9 +317,11 @@ class RunBook:
       rec["reporters"] = reporters[:]
       rec["rounds_without_reporters"] = [done - len(reporters) + 1 + i for i, n in enumerate(reporters) if n == 0]
       reporters.clear()
-    if self.activity:  # how much the method's own term acted: means over the rounds since the last evaluation
-      rec["activity"] = {name: float(np.mean(v)) for name, v in sorted(self.activity.items())}
+    if self.activity:  # how much the method's own term acted in the evaluated round
+      rec["activity"] = dict(sorted(self.activity.items()))
       self.activity = {}
+    elif train_loss is None and self.saved_record_activity(done) is not None:  # a lost record written again
+      rec["activity"] = self.saved_record_activity(done)
     if len(self.stages) > 1:
       rec["stage"] = k + 1
     if self.spec.record:  # what the method logs of its server state
@@ -341,24 +338,36 @@ class RunBook:
     return rec
 
   def save(self, done: int, state, train_loss: float) -> None:
-    """Saves the checkpoint of round `done`, and that round's training loss beside it, so an
-    evaluation of that round lost after the checkpoint is written again with its loss."""
+    """Saves the checkpoint of round `done` and, beside it (LOSSES_FILE), what a resume from
+    it needs to write round `done`'s record again as a run never stopped wrote it: that
+    round's training loss and its activity values."""
     self.ckpts.save(done, state)
     if rundir.is_writer():
       path = os.path.join(self.workdir, LOSSES_FILE)
-      losses = rundir.read_json(path, "the checkpoints' training losses") or {}
-      losses = {k: v for k, v in losses.items() if k.isdigit() and int(k) < done}  # a rerun's later rounds: gone
-      losses[str(done)] = train_loss
-      rundir.atomic_write(path, json.dumps({"run": self.run, **losses}, sort_keys=True).encode())
+      old = self._saved()
+      steps = {k: v for k, v in old.items() if k.isdigit() and int(k) < done}  # a rerun's later rounds: gone
+      last = self.records[-1] if self.records and self.records[-1]["round"] == done else None
+      steps[str(done)] = {"train_loss": train_loss, "record_activity": last.get("activity") if last else None}
+      rundir.atomic_write(path, json.dumps({"run": self.run, **steps}, sort_keys=True).encode())
+
+  def _saved(self) -> dict:
+    """This run's LOSSES_FILE (`{round: {...}}`), {} when absent, unreadable or another run's."""
+    try:
+      saved = rundir.read_json(os.path.join(self.workdir, LOSSES_FILE), "the checkpoints' training losses") or {}
+    except rundir.RunDirError:
+      return {}
+    return {k: v for k, v in saved.items() if k.isdigit() and isinstance(v, dict)} if saved.get("run") == self.run \
+        else {}
 
   def saved_loss(self, done: int):
     """The training loss saved with the checkpoint of round `done` by this run, or None."""
-    try:
-      losses = rundir.read_json(os.path.join(self.workdir, LOSSES_FILE), "the checkpoints' training losses") or {}
-    except rundir.RunDirError:
-      return None
-    v = losses.get(str(done)) if losses.get("run") == self.run else None
+    v = self._saved().get(str(done), {}).get("train_loss")
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+  def saved_record_activity(self, done: int):
+    """The activity of round `done`'s record, saved with its checkpoint, or None."""
+    v = self._saved().get(str(done), {}).get("record_activity")
+    return v if isinstance(v, dict) else None
 
   def checks_due(self, done: int) -> tuple[bool, bool]:
     """(evaluate, checkpoint) after round `done`."""

@@ -89,7 +89,8 @@ def _one_line(text: str, what: str) -> str:
 
 
 def _run(tmp, argv, timeout=300) -> str:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))  # this checkout's package, not an installed one
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT),  # this checkout's package
+             FEDJAX_DG_COMPILATION_CACHE="off")  # a case's limits (ulimit -f) reach only its own files
   out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
   assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
   return _one_line(out.stderr, "stderr")

@@ -291,7 +291,7 @@ def _method_config(tiny_config, name, strategy, **over):
   extra = {"algorithm.irm.anneal_steps": 0}
   if name == "fedloe":  # two stages: 2 rounds of FedAvg, then 2 of the invariant manager (Table 5's shape, small)
     extra.update({"algorithm.fedloe.stage2_rounds": 2, "num_rounds": 2, "algorithm.fedloe.head_steps": 2,
-                  "algorithm.fedloe.solver_steps": 5})
+                  "algorithm.fedloe.solver_steps": 5, "algorithm.fedloe.stage1_syncs": 0})
   return _config(tiny_config, name, strategy, **extra, **over)
 
 

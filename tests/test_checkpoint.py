@@ -299,7 +299,8 @@ def test_progress_bar_waits_for_each_round_and_shows_the_phase(tiny_config, tmp_
 
     def close(self):
       pass
-  monkeypatch.setattr(experiment, "tqdm", Bar)
+  from fedjax_dg import loop
+  monkeypatch.setattr(loop, "tqdm", Bar)
   _wrap_rounds(monkeypatch, lambda n, state, m: (state, {**m, "train_loss": Probe(n, m["train_loss"])}))
   tiny_config.num_rounds, tiny_config.eval_every, tiny_config.checkpoint_every = 3, 2, 0
   experiment.train_and_evaluate(tiny_config, str(tmp_path / "w"))
@@ -390,7 +391,7 @@ def test_resume_refuses_lost_evaluations_and_rebuilds_a_torn_last_one(reference,
   want = [json.loads(l) for l in full.decode().splitlines()]
   got = _records(workdir)
   assert [r["round"] for r in got] == [2, 4, 6] and got[:2] == want[:2]
-  assert got[2]["splits"] == want[2]["splits"] and got[2]["train_loss"] is None
+  assert got[2]["splits"] == want[2]["splits"] and got[2]["train_loss"] == want[2]["train_loss"]  # saved beside checkpoint 6
   assert summary["selection"] == reference[2]["selection"]
 
 

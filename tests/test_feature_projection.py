@@ -95,7 +95,7 @@ def test_pretrained_resnet_load_keeps_the_projection(tmp_path, caplog):
   load without it, the projection stays at its initialisation, and one log line says so;
   also through FedSR's wrapper (experiment.load_pretrained)."""
   from fedjax_dg.algorithms.fedsr import probabilistic_model
-  from fedjax_dg.experiment import load_pretrained
+  from fedjax_dg.runbook import load_pretrained
   path = str(tmp_path / "r18.safetensors")
   sd = torchvision_state_dict("resnet18")
   save_file(sd, path)

@@ -80,7 +80,8 @@ def test_a_plugin_file_registers_what_it_defines(tmp_path, monkeypatch):
   from fedjax_dg.data import datasets
   shutil.copy(os.path.join(ROOT, "examples", "plugin", "my_plugin.py"), tmp_path / "my_plugin_copy.py")
   for table, key in ((algorithms.METHODS, "shrinkavg"), (algorithms.RULES, "damped"), (datasets.DATASETS, "shifted_blobs")):
-    monkeypatch.delitem(table, key, raising=False)
+    monkeypatch.setitem(table, key, None)  # undone at the end: the registries as they were
+    del table[key]
   monkeypatch.delitem(sys.modules, "my_plugin_copy", raising=False)
   plugins.import_plugin(str(tmp_path / "my_plugin_copy.py"))
   assert "shrinkavg" in algorithms.METHODS and "damped" in algorithms.RULES and "shifted_blobs" in datasets.DATASETS

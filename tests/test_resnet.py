@@ -480,7 +480,7 @@ def test_runner_loads_pretrained_weights_into_fedsr_base(tmp_path):
   its base and leaves the projection and the head alone."""
   from fedjax_dg.algorithms import fedsr
   from fedjax_dg.algorithms.fedsr import probabilistic_model
-  from fedjax_dg.experiment import load_pretrained
+  from fedjax_dg.runbook import load_pretrained
   sd = torchvision_state_dict("resnet18")
   path = str(tmp_path / "r18.safetensors")
   save_file(sd, path)

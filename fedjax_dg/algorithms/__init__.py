@@ -83,6 +83,7 @@ for _rule in (*fedavg.RULES, fedomg.RULE, fedgma.RULE, fedga.RULE, learned.RULE)
 # compositions the method papers report (Nguyen et al. 2025 Table 2; FedIIR+OMG and FedSR+OMG).
 COMPOSITIONS = ("fedprox+omg", "fedsam+omg", "fediir+omg", "fedsr+omg")
 ALGORITHMS = tuple(METHODS) + COMPOSITIONS
+BAI_FIG2 = ("fedavg", "feddg", "fedadg", "fedsr")  # Bai et al. 2024, App. E i: the methods of their Fig. 2
 BASELINE = "fedavg"  # the method others are compared with (Bai et al. 2024 Remark 4.1: FedAvg-ERM)
 
 

@@ -24,6 +24,7 @@ import re
 
 import numpy as np
 
+from fedjax_dg import algorithms
 from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
 
 def _fmt(v, digits=3):
@@ -455,8 +456,7 @@ def figure_caption(name: str, sweep, metric: str) -> str:
   return name
 
 
-# Bai et al. 2024, App. E i: the methods of their Fig. 2.
-BAI_FIG2 = ("fedavg", "feddg", "fedadg", "fedsr")
+BAI_FIG2 = algorithms.BAI_FIG2
 
 
 def deviations(data, st: dict) -> list[str]:
