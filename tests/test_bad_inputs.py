@@ -1628,6 +1628,7 @@ def _(tmp):
 def _(tmp):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT))
   env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the suite's cache: JAX warns when an entry is over the limit
+  env["FEDJAX_DG_COMPILATION_CACHE"] = "off"  # nor the user's: an entry cut at the limit would stay behind
   # the limit set by the shell, not a preexec_fn: no Python runs in a forked child of this multithreaded process
   out = subprocess.run(["bash", "-c", 'ulimit -f 16 && exec "$@"', "bash", sys.executable, "-m", "fedjax_dg", "--config", "configs/default.py", *P,
                         f"--config.workdir={tmp}/W", "--config.checkpoint_every=2", "--config.quiet=True", "--config.algorithm.name=scaffold",
