@@ -51,7 +51,7 @@ for name in NAMES:
 # would amplify summation-order noise.
 loe = {{"algorithm.name": "fedloe", **sgd_config(0.1), "client.batch_size": 4, "algorithm.fedloe.penalty": "fish",
         "algorithm.fedloe.lam": 1.0, "algorithm.fedloe.solver_steps": 20}}
-ctx = method(loe, model, sched, C, 7, num_domains=3, store=store, tune_store=store, builder=True).ctx
+ctx = method(loe, model, sched, C, 7, num_domains=3, store=store, tune_store=store, builder=True).source_ctx
 [(_, _, build)] = algorithms.later_stages(ctx)
 s2_alg = build()
 s2 = [make_round(s2_alg, C, 7, "vmap", devices=d)(init_round_state(s2_alg, None, params, C), store,

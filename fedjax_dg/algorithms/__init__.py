@@ -221,6 +221,9 @@ class Builder:
     hparams: the config's run-time values (`hyperparameters(config)`).
     hp, rule_hp: the method's and rule's hyperparameter records.
     stage: a later stage (FedLOE's stage 2) built instead of the first, or None.
+    ctx: the context every build passes on (the config's static view, no data).
+    source_ctx: the whole context the builder was made from (data and config), for
+      `later_stages`.
   """
 
   def __init__(self, ctx: Context, stage=None):
@@ -233,6 +236,7 @@ class Builder:
     owner = stage if stage is not None else self.spec
     self._prepared = owner.prepare(ctx, self.hp) if owner.prepare else None  # once, outside any trace
     self._rule_prepared = self.rule.prepare(ctx, self.rule_hp) if stage is None and self.rule.prepare else None
+    self.source_ctx = ctx  # the whole context (data, config) the builder was made from
     self.ctx = ctx._replace(config=static_view(config), store=None, tune_store=None, heldout_val=None)
     if stage is None and not _in_package(self.spec):  # once, outside any trace, with the config's values
       label_shape = tuple(ctx.store.y.shape[2:]) if ctx.store is not None else ()
