@@ -1,4 +1,4 @@
-"""FedLOE's linear theory (seed 000, Sec. 3 and App. A-B), checked numerically.
+"""FedLOE's linear theory (the FedLOE paper, Sec. 3 and App. A-B), checked numerically.
 
 The SCM of eq. (5): `x_I = xi_1`, `y = x_I . a_I + xi_2`, `x_S = y a_S + xi_3`, one domain per
 client, domain `k`'s target-noise variance `s2(k)`, shared `s3` (Assumptions 3.1-3.2).

@@ -9,8 +9,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBERED = re.compile(r"seeds?[\s_-]*00\d", re.I)
 READ_BY_USERS = ("README.md", "CITATION.cff", "CHANGELOG.md", "mkdocs.yml", "fedjax_dg", "docs", "configs", "examples",
-                 "scripts", "benchmarks")
-SUFFIXES = (".md", ".py", ".sh", ".yml", ".yaml", ".cff", ".txt")
+                 "experiments", "scripts", "benchmarks")
+SUFFIXES = (".md", ".py", ".sh", ".yml", ".yaml", ".cff", ".txt", ".tex")
 def user_files(root: str = ROOT) -> list[str]:
   """Paths, relative to `root`, of the text files in `READ_BY_USERS` (folders walked)."""
   out = []
