@@ -58,8 +58,6 @@ import os
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from fedjax_dg import algorithms
 from fedjax_dg import checks
@@ -68,10 +66,10 @@ from fedjax_dg import folds as folds_lib
 from fedjax_dg import loop
 from fedjax_dg import plan as plan_lib
 from fedjax_dg import rundir
-from fedjax_dg.data import store as store_lib
-from fedjax_dg.algorithms.spec import SEED_FIELDS as SEEDS
-from fedjax_dg.errors import ConfigError
 from fedjax_dg import runbook as runbook_lib
+from fedjax_dg.algorithms.spec import SEED_FIELDS as SEEDS
+from fedjax_dg.data import store as store_lib
+from fedjax_dg.errors import ConfigError
 from fedjax_dg.runbook import RunBook, communication, prepare_directory
 
 

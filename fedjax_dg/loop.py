@@ -22,6 +22,7 @@ runs, how the runs' states are stacked and picked apart, and how the splits are 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import jax
@@ -151,7 +152,6 @@ class BatchEvaluator:
   all runs when their splits are equal, stacked per run otherwise. Metrics as `Evaluator`."""
 
   def __init__(self, model, folds: list, batch_size: int, axis: str = "vmap"):
-    import math
     self.folds = folds
     self.shared = len(folds) == 1
     self.splits = [{k: v for k, v in f.eval_splits().items() if len(v)} for f in folds]

@@ -5,14 +5,8 @@ per job run as several tasks of one `jax.distributed` run: `fedjax_dg.bench.task
 `execute` runs one job in this process, `execute_batch` a batch (`fedjax_dg.bench.batches`
 groups and sizes them; `fedjax_dg.batch` runs them).
 
-A job's workdir holds, besides the runner's outputs (metrics.jsonl, summary.json,
-checkpoints/):
-  job.json     the resolved config and the job's grid entries (written before it runs)
-  RUNNING      a lock: host, pid and start time of the process running it
-  events.jsonl one line per start / done / failed, with host, pid and time; a batched job's
-               start line names its batch (`batch`, `batch_jobs`: the keys run with it)
-  error.txt    the traceback of the last failure (removed when the job later succeeds)
-  log.txt      the job's Python-level stdout and stderr
+A job's folder (job.json, RUNNING, events.jsonl, error.txt, log.txt) and one run of it in
+this process are `fedjax_dg.bench.jobs`'s.
 
 A finished job (its summary.json and metrics.jsonl parse) is skipped; a job whose files do
 not parse is "broken" (status names the file) and runs again; an interrupted one restarts with
