@@ -25,7 +25,7 @@ import re
 import numpy as np
 
 from fedjax_dg import algorithms
-from fedjax_dg.bench import collect, figures, stats, sweep as sweep_lib
+from fedjax_dg.bench import collect, figures, reference, stats, sweep as sweep_lib
 
 def _fmt(v, digits=3):
   return "X" if v is None else f"{v:.{digits}f}"
@@ -235,9 +235,9 @@ CLAIM_WORDS = {"better": "holds", "worse": "does not hold (below the baseline)",
 
 
 def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
-                      ) -> list[tuple[str, str, list[str]]]:
+                      ) -> list[tuple[str, str, str, list[str]]]:
   """Each method paper's headline claim, "our method beats FedAvg", in every federated
-  column: [(claim, verdict, lines)] for the methods the table holds. A claim's comparisons
+  column: [(method, claim, verdict, lines)] for the methods the table holds. A claim's comparisons
   (one per column) are one family (`stats.against_baseline`: paired by seed, Holm over the
   columns, equivalence at +-margin, the detectable difference at alpha / columns)."""
   from fedjax_dg import algorithms
@@ -258,7 +258,7 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
       word = CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")
       lines.append(f"{collect.column_label(col)}: {names.get(m, m)} {collect.format_cell(a, 3)} vs "
                    f"{names.get(baseline, baseline)} {collect.format_cell(b, 3)}: {word} ({stats.fmt_powered(r)})")
-    out.append((f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}",
+    out.append((m, f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}",
                 stats.verdict_powered([r["outcome"] for r in res], "better", margin), lines))
   return out
 
@@ -675,6 +675,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   dg = [m for g, ms in sweep.get("table", {}).get("groups", ()) if g == r.get("dg_group", "DG adapted") for m in ms]
   dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
   margin = st["margin"]
+  bai = reference.bai_cells()
   md = ["## Reading", "",
         f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above. "
         "Cells: mean ± standard deviation "
@@ -690,21 +691,22 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "difference that large was present. Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
         "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "
-        "in the tables are left out of every test.", ""]
+        "in the tables are left out of every test.", "", reference.intro(bai), ""]
 
-  def section(title, res):
+  def section(title, res, theirs: str = ""):
     v, lines = res
-    return [_headline(title, v), "", _bullets(lines), ""]
+    return [_headline(title, v), "", _bullets(lines), ""] + ([theirs, ""] if theirs else [])
 
   if table is not None:
     md += section("Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; "
                   "paired by seed, Holm over each column's methods)",
-                  remark_4_1(table, baseline, names, margin))
+                  remark_4_1(table, baseline, names, margin), reference.remark_4_1(bai))
     if any(c[0] == 1 for c in table.columns):
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons)",
-                    remark_4_2_federated(table, dg_in, baseline, names))
+                    remark_4_2_federated(table, dg_in, baseline, names),
+                    reference.remark_4_2_federated(bai) + (" " + reference.fish(bai) if "fish" in dg_in else ""))
     md += section("Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons)",
-                  remark_4_2_lambda(table, dg_in, names))
+                  remark_4_2_lambda(table, dg_in, names), reference.remark_4_2_lambda(bai))
   rule, metric, ddof = "heldout_domain", st["metric"], st["ddof"]
   for key, what in (("clients_grid", "at a fixed number of local epochs per round"),
                     ("clients_steps_grid", "at a fixed number of local steps per round (steps x rounds equal at "
@@ -712,13 +714,13 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
     if f.get(key, "") in sweep.grids and sweep_lib.grid_entries(exp, f[key]):
       rows = figures.clients_rows(sweep, exp, results, f[key], rule, metric, ddof, data.stale)
       md += section(f"Remark 4.7, accuracy falls with the number of clients, {what} (Fig. 2; smallest vs largest C)",
-                    remark_4_7(rows, names))
+                    remark_4_7(rows, names), reference.figure_only("Fig. 2"))
   if f.get("rounds_grid", "") in sweep.grids and sweep_lib.grid_entries(exp, f.rounds_grid):
     rows = figures.rounds_rows(exp, results, f.rounds_grid, rule, metric, ddof, data.stale)
     md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; the best interior "
                   "schedule significantly above both ends, Bonferroni over the interior schedules)",
-                  remark_4_8(rows, names))
+                  remark_4_8(rows, names), reference.figure_only("Fig. 3"))
   if table is not None:
-    for claim, v, lines in seed_paper_claims(table, baseline, names, margin):
-      md += [_headline(claim, v), "", _bullets(lines), ""]
+    for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):
+      md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
   return md

@@ -1,0 +1,81 @@
+"""Bai et al.'s own cells (`fedjax_dg.bench.reference`): the packaged transcription of their
+Tables 8-11 against values read off the paper, Welch's test from summary statistics against
+its closed form, and the remark readings on small hand-made tables whose answers are known."""
+import math
+
+import pytest
+from scipy import stats as sps
+
+from fedjax_dg.bench import reference
+
+
+@pytest.fixture(scope="module")
+def cells():
+  return reference.bai_cells()
+
+
+def test_the_transcription_holds_the_papers_tables(cells):
+  ds = cells["datasets"]
+  assert list(ds) == ["PACS", "IWildCam", "CelebA", "Camelyon17", "CivilComments", "Py150", "FEMNIST"]
+  assert {d: v["table"] for d, v in ds.items()} == {"PACS": 8, "IWildCam": 8, "CelebA": 9, "Camelyon17": 9,
+                                                   "CivilComments": 10, "Py150": 10, "FEMNIST": 11}
+  # 14 methods on the image datasets; the text datasets have no Mixup, FedDG, FedADG.
+  for d in ("PACS", "IWildCam", "CelebA", "Camelyon17", "FEMNIST"):
+    assert len(ds[d]["methods"]) == 14, d
+  for d in ("CivilComments", "Py150"):
+    assert set(ds[d]["methods"]) == set(ds["PACS"]["methods"]) - {"Mixup", "FedDG", "FedADG"}, d
+  # values read off the paper (mean, std), one per table and a few famous ones
+  read = {("PACS", "Fish", 2): [0.345, 0.107], ("PACS", "FedAvg-ERM", 0): [0.943, 0.012],
+          ("IWildCam", "AFL", 3): [0.034, 0.001], ("CelebA", "FedProx", 3): [0.0, 0.0],
+          ("CelebA", "Mixup", 0): [0.288, 0.498], ("Camelyon17", "Fish", 1): [0.881, 0.006],
+          ("CivilComments", "MMD", 1): [0.634, 0.012], ("Py150", "GroupDRO", 0): [0.513, 0.001],
+          ("FEMNIST", "DeepCoral", 3): [0.851, 0.003]}
+  for (d, m, col), v in read.items():
+    assert ds[d]["methods"][m][col] == v, (d, m, col)
+  # "-": centralised cells of federated methods, and DG methods at lambda = 0 on PACS
+  assert ds["PACS"]["methods"]["FedProx"][0] is None and ds["PACS"]["methods"]["IRM"][3] is None
+  assert ds["FEMNIST"]["methods"]["IRM"][3] is not None  # FEMNIST prints lambda = 0 for DG methods
+
+
+def test_welch_from_summary_statistics_is_its_closed_form():
+  a, b, n = [0.6, 0.05], [0.5, 0.02], 3
+  va, vb = a[1] ** 2 / n, b[1] ** 2 / n
+  t = (a[0] - b[0]) / math.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1))
+  assert reference.welch_p(a, b) == pytest.approx(2 * sps.t.sf(abs(t), df), rel=1e-10)
+  assert reference.compare(a, b) == ("higher" if 2 * sps.t.sf(abs(t), df) < 0.05 else "no difference")
+  assert reference.compare([0.5, 0.0], [0.5, 0.0]) == "no difference"
+  assert reference.compare([0.4, 0.0], [0.5, 0.0]) == "lower"
+
+
+def _table(rows):
+  return {"source": "test", "columns": ["C=1", "lam=1", "lam=0.1", "lam=0"],
+          "datasets": {"D": {"table": 0, "methods": rows}}}
+
+
+def test_remark_4_1_finds_the_one_method_above_the_baseline():
+  base = [[0.5, 0.01]] * 4
+  t = _table({"FedAvg-ERM": base, "IRM": [[0.5, 0.01], [0.7, 0.01], [0.5, 0.01], None],
+              "Fish": [[0.49, 0.01]] * 3 + [None]})
+  text = reference.remark_4_1(t)
+  assert "significantly above it (Holm within the column) in 1 of 3: D [λ=1: IRM]." in text
+  assert "highest mean in 2 of 3 columns" in text  # lambda = 1 has IRM above; lambda = 0 has no other method
+  flipped = _table({"FedAvg-ERM": base, "IRM": [[0.5, 0.01], [0.3, 0.01], [0.5, 0.01], None]})
+  assert "in 0 of 3." in reference.remark_4_1(flipped)
+
+
+def test_remark_4_2_counts_the_drops_from_the_centralised_cell():
+  t = _table({"FedAvg-ERM": [[0.5, 0.01]] * 4,
+              "IRM": [[0.9, 0.01], [0.5, 0.01], [0.5, 0.01], None],     # drops twice
+              "Fish": [[0.5, 0.01], [0.5, 0.01], [0.9, 0.01], None]})   # equal, then rises
+  text = reference.remark_4_2_federated(t)
+  assert "does not hold (2 of 4 testable comparisons support it)" in text and "D 2/4" in text
+  t["datasets"]["D"]["methods"]["Fish"] = [[0.9, 0.01], [0.5, 0.01], [0.5, 0.01], None]
+  assert "holds (4 of 4" in reference.remark_4_2_federated(t)
+  lam = reference.remark_4_2_lambda(_table({"IRM": [[0.9, 0.01], [0.8, 0.01], [0.5, 0.01], None]}))
+  assert "holds (1 of 1" in lam
+
+
+def test_a_claim_on_cells_bai_et_al_did_not_run(cells):
+  assert reference.claim(cells, "FedIIR") == "Bai et al. did not run FedIIR: their tables have no cell to compare with."
+  assert reference.claim(cells, "FedProx").startswith("On Bai et al.'s cells: ")
