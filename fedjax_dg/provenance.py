@@ -75,76 +75,190 @@ NOT_NUMERIC = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench
                "data/prepare.py", "eval/tensorboard.py", "provenance.py")
 
 
-def code_of(source: str, path: str = "<source>") -> str:
-  """The parsed code of a Python source, without its comments, docstrings or layout:
-  `ast.dump` of the module with every docstring (a string constant opening a module, class
-  or function body) removed.
-
-  Args:
-    source: the file's text.
-    path: its name, for the error.
-
-  Returns:
-    The dump (equal for two sources that differ only in comments, docstrings, blank lines
-    or line breaks).
-
-  Raises:
-    SyntaxError: when the source does not parse.
-  """
-  tree = ast.parse(source, filename=path)
+def _silence(tree: ast.AST) -> None:
+  """Drops what only speaks to a reader: every docstring (a string constant opening a module,
+  class or function body), the arguments of a `raise` (the exception's message), and the
+  arguments of `print(...)` and `warnings.warn(...)`. Whether a raise, print or warning
+  happens stays in the tree."""
   for node in ast.walk(tree):
     if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
       body = node.body
       if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
           and isinstance(body[0].value.value, str):
         node.body = body[1:]
+    elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+      node.exc.args, node.exc.keywords = [], []
+    elif isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id == "print")
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == "warn"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "warnings")):
+      node.args, node.keywords = [], []
+
+
+def code_of(source: str, path: str = "<source>") -> str:
+  """The parsed code of a Python source, without its comments, docstrings, layout or messages:
+  `ast.dump` of the module with every docstring removed and the arguments of `raise`,
+  `print` and `warnings.warn` dropped (`_silence`).
+
+  Args:
+    source: the file's text.
+    path: its name, for the error.
+
+  Returns:
+    The dump (equal for two sources that differ only in comments, docstrings, blank lines,
+    line breaks or the text of an error, a print or a warning).
+
+  Raises:
+    SyntaxError: when the source does not parse.
+  """
+  tree = ast.parse(source, filename=path)
+  _silence(tree)
   return ast.dump(tree, annotate_fields=True, include_attributes=False)
 
 
-def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC) -> dict:
+ALWAYS = ("algorithms/__init__.py", "algorithms/base.py", "algorithms/spec.py", "algorithms/fedavg.py")
+
+
+def _imported_algorithm_files(root: str, rel: str) -> set:
+  """The `algorithms/*.py` files that `algorithms/<rel>` imports (at any depth of its body)."""
+  with open(os.path.join(root, rel), encoding="utf-8") as f:
+    tree = ast.parse(f.read(), filename=rel)
+  out = set()
+  for node in ast.walk(tree):
+    names = []
+    if isinstance(node, ast.ImportFrom):
+      mod = node.module or ""
+      if node.level == 1:  # from . import x / from .x import y
+        names = [mod] if mod else [a.name for a in node.names]
+      elif mod == "fedjax_dg.algorithms":
+        names = [a.name for a in node.names]
+      elif mod.startswith("fedjax_dg.algorithms."):
+        names = [mod.split(".")[2]]
+    elif isinstance(node, ast.Import):
+      names = [a.name.split(".")[2] for a in node.names if a.name.startswith("fedjax_dg.algorithms.")]
+    out |= {f"algorithms/{n.split('.')[0]}.py" for n in names if n}
+  return {r for r in out if os.path.exists(os.path.join(root, r))}
+
+
+def _defining_files(spec) -> set | None:
+  """The files defining a method's or rule's record: every function it holds (its client or
+  build, model, checks, stages, preparation) and its hyperparameter class; None when one is
+  not a plain function or class."""
+  import dataclasses
+  import inspect
+  out = set()
+  for f in dataclasses.fields(spec):
+    v = getattr(spec, f.name)
+    if v is None or isinstance(v, (str, bool, int, float, tuple)):
+      continue
+    v = getattr(v, "func", v)  # functools.partial
+    try:
+      out.add(os.path.basename(inspect.getfile(v)))
+    except TypeError:
+      return None
+  return out
+
+
+def algorithm_scope(algorithm: str, root: str | None = None) -> frozenset | None:
+  """The files under `algorithms/` that a run of `algorithm.name = algorithm` can execute:
+  the files defining its method's record and its server rule's (`fediir+omg`: FedIIR's
+  clients, FedOMG's rule; without `+`, the method's own rule), everything they import from
+  `algorithms/`, transitively, and always the registry, `base.py`, `spec.py` and `fedavg.py`
+  (FedAvg's client and rules, which other methods reach through the registry). The
+  registry's own imports (every method, to register it) are not followed.
+
+  Args:
+    algorithm: the config's `algorithm.name`.
+    root: the package directory (default: this package).
+
+  Returns:
+    Paths relative to `root`; None when the method or rule is not one of the package's own
+    (a plugin's code lives outside the package: the whole package then counts).
+  """
+  from fedjax_dg import algorithms
+  root = root or package_dir()
+  method_name, _, rule_name = algorithm.partition("+")
+  method = algorithms.METHODS.get(method_name)
+  rule = algorithms.RULES.get(rule_name or (method.rule if method is not None else ""))
+  if method is None or rule is None:
+    return None
+  files = [_defining_files(method), _defining_files(rule)]
+  if None in files:
+    return None
+  scope = set(ALWAYS) | {f"algorithms/{f}" for f in files[0] | files[1]}
+  if not all(os.path.exists(os.path.join(root, r)) for r in scope):
+    return None
+  todo = sorted(scope - {"algorithms/__init__.py"})  # the registry imports every method to register it
+  while todo:
+    for r in _imported_algorithm_files(root, todo.pop()) - scope:
+      scope.add(r)
+      todo.append(r)
+  return frozenset(scope)
+
+
+def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC, algorithm: str | None = None) -> dict:
   """The source fingerprint: sha256 over the parsed code (`code_of`) of every `.py` file
   under `root` but those in `skip` (its path relative to `root`, then its code, in sorted
   path order), and how many files it covers.
 
-  It covers what decides a run's numbers and nothing else: a docstring, a comment or a
-  layout change leaves it unchanged (the code is hashed as parsed, not as bytes), and so
-  does any change to the modules of `NOT_NUMERIC` (readers, the launcher's bookkeeping, the
-  preparation tool); caches (`__pycache__`) and other file types never enter. Any change to
-  the code of the rest (methods, engine, data, models, runner) changes it, and the runs
+  It covers what decides a run's numbers and nothing else: a docstring, a comment, a layout
+  change or the text of an error message leaves it unchanged (the code is hashed as parsed,
+  not as bytes), and so does any change to the modules of `NOT_NUMERIC` (readers, the
+  launcher's bookkeeping, the preparation tool); caches (`__pycache__`) and other file types
+  never enter. For one `algorithm`, the method files it cannot execute are left out too
+  (`algorithm_scope`): editing FedSR leaves a finished Fish run current. Any change to the
+  code of the rest (its method, the engine, data, models, runner) changes it, and the runs
   made before become stale. What else decides bitwise results, the machine and the
   libraries, is recorded beside it (`determinism`).
 
   Args:
     root: the package directory.
     skip: paths relative to `root` left out.
+    algorithm: the run's `algorithm.name`, or None for the whole package.
 
   Returns:
-    {"sha256", "files", "scope": "parsed code (ast), no docstrings or comments; readers, "
-    "launcher and preparation tools left out"}.
+    {"sha256", "files", "scope", "algorithm"}.
   """
+  scope = None if algorithm is None else algorithm_scope(algorithm, root)
   h, n = hashlib.sha256(), 0
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
     for name in sorted(f for f in filenames if f.endswith(".py")):
       path = os.path.join(dirpath, name)
       rel = os.path.relpath(path, root).replace(os.sep, "/")
-      if rel in skip:
+      if rel in skip or (scope is not None and rel.startswith("algorithms/") and rel not in scope):
         continue
       with open(path, encoding="utf-8") as f:
         code = code_of(f.read(), path).encode()
       h.update(rel.encode() + b"\0" + str(len(code)).encode() + b"\0" + code)
       n += 1
-  return {"sha256": h.hexdigest(), "files": n, "scope": SCOPE}
+  return {"sha256": h.hexdigest(), "files": n, "scope": SCOPE if scope is None else SCOPE + "; " + METHOD_SCOPE,
+          "algorithm": None if scope is None else algorithm}
 
 
-SCOPE = "parsed code (ast), no docstrings or comments; readers, launcher and preparation tools left out"
+SCOPE = "parsed code (ast), no docstrings, comments or messages; readers, launcher and preparation tools left out"
+METHOD_SCOPE = "method files the algorithm cannot execute left out"
 
 
-@functools.lru_cache(maxsize=1)
-def source_fingerprint() -> dict:
-  """`fingerprint_of` this package's directory, computed once per process (the code a
-  process imported does not change under it)."""
-  return fingerprint_of(package_dir())
+@functools.lru_cache(maxsize=64)
+def source_fingerprint(algorithm: str | None = None) -> dict:
+  """`fingerprint_of` this package's directory, for one `algorithm.name` (or the whole
+  package), computed once per process (the code a process imported does not change under
+  it)."""
+  return fingerprint_of(package_dir(), algorithm=algorithm)
+
+
+def algorithm_of(summary: dict) -> str | None:
+  """The `algorithm.name` of a run's summary (None when it records no config)."""
+  return ((summary.get("config") or {}).get("algorithm") or {}).get("name")
+
+
+def current_fingerprint(summary: dict) -> str:
+  """The current code's fingerprint for the run a summary describes, in the scope its own
+  record used (its algorithm's files, or the whole package for a run recorded before
+  fingerprints were scoped)."""
+  recorded = (summary.get("provenance") or {}).get("source") or {}
+  return source_fingerprint(recorded.get("algorithm"))["sha256"]
 
 
 # The instruction-set extensions that decide which vector code XLA's CPU backend emits: it
@@ -218,10 +332,11 @@ def determinism(environ=None) -> dict:
           "python": platform.python_version()}
 
 
-def provenance() -> dict:
-  """What produced a run: versions, git state, the machine, the source fingerprint and what
-  else decides bitwise results (`determinism`)."""
-  return {"versions": versions(), "git": git_state(), "machine": machine(), "source": source_fingerprint(),
+def provenance(algorithm: str | None = None) -> dict:
+  """What produced a run: versions, git state, the machine, the source fingerprint (for the
+  run's `algorithm.name`: `fingerprint_of`) and what else decides bitwise results
+  (`determinism`)."""
+  return {"versions": versions(), "git": git_state(), "machine": machine(), "source": source_fingerprint(algorithm),
           "determinism": determinism()}
 
 

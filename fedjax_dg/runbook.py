@@ -407,7 +407,7 @@ class RunBook:
         "devices": jax.device_count(), "processes": jax.process_count(),
         "num_clients": plan.num_clients, "client_sizes": self.prepared.packed.counts.tolist(),
         "num_params": count_params(params), "local_steps": plan.local_steps,
-        "provenance": provenance(),
+        "provenance": provenance(self.config.algorithm.name),
         "communication": reporter_bytes(comm, [n for r in records for n in r.get("reporters", ())]),
         "stages": [{"name": st.name, "rounds": [st.first + 1, st.first + st.rounds]} for st in stages],
         "domains": {"names": list(fold.domain_names), "train": list(fold.train_domains),

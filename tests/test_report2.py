@@ -166,7 +166,7 @@ def test_status_lists_stale_jobs_and_collect_refuses_them(tmp_path, monkeypatch)
   assert {r["state"] for r in rows} == {"done"}
   # One source line changes: the current fingerprint is no longer the one the runs recorded.
   now = dict(provenance.source_fingerprint(), sha256="0" * 64)
-  monkeypatch.setattr(provenance, "source_fingerprint", lambda: now)
+  monkeypatch.setattr(provenance, "source_fingerprint", lambda algorithm=None: now)
   rows = launch.status(exp)
   assert {r["state"] for r in rows} == {"stale"}
   assert launch.status_text(rows).startswith("0 done, 0 running, 0 failed, 0 interrupted, 0 pending, 33 stale")

@@ -464,12 +464,13 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
   stays finished for `run`, and collect / report refuse it unless told otherwise."""
   from fedjax_dg import provenance
   label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
-  current = provenance.source_fingerprint()["sha256"]
   rows = []
   for key, job in exp.jobs.items():
     state = job_state(job.workdir)
-    if state == "done" and provenance.recorded_fingerprint(rundir.read_summary(job.workdir)) != current:
-      state = "stale"
+    if state == "done":
+      summary = rundir.read_summary(job.workdir)
+      if provenance.recorded_fingerprint(summary) != provenance.current_fingerprint(summary):
+        state = "stale"
     err = ""
     if state == "failed":
       ev = [e for e in read_events(job.workdir) if e["event"] == "failed"]

@@ -308,7 +308,7 @@ def provenance_lines(data) -> list[str]:
   n = len(data.results)
   fmt = lambda c: ", ".join(f"{k} ({v})" for k, v in sorted(c.items()))
   return [f"runs: {n} finished; git commits: {fmt(commits) or '-'}; trees: {fmt(dirty) or '-'}",
-          f"source fingerprints (sha256 of fedjax_dg/**/*.py): {fmt(fps) or '-'}; stale runs: {len(data.stale)}"]
+          f"source fingerprints (sha256 of the parsed code each run can execute, `fedjax_dg.provenance`): {fmt(fps) or '-'}; stale runs: {len(data.stale)}"]
 
 
 def setup_lines(data, st) -> list[str]:

@@ -64,9 +64,11 @@ class Data:
   notes: list = dataclasses.field(default_factory=list)    # one line per job a results file's cells leave out
 
 
-def is_stale(summary: dict, current: str) -> bool:
-  """A finished run is stale when its recorded source fingerprint is not `current` (a run
-  that recorded none predates fingerprints: its code is unknown, so it is stale too)."""
+def is_stale(summary: dict, current: str | None = None) -> bool:
+  """A finished run is stale when its recorded source fingerprint is not `current` (default:
+  the current code's fingerprint in the run's own scope, `provenance.current_fingerprint`);
+  a run that recorded none predates fingerprints: its code is unknown, so it is stale too."""
+  current = provenance.current_fingerprint(summary) if current is None else current
   return provenance.recorded_fingerprint(summary) != current
 
 
@@ -98,14 +100,13 @@ def from_runs(sweep, exp=None, sweep_arg: str = "") -> Data:
   from fedjax_dg.bench import launch
   exp = exp or sweep_lib.expand(sweep)
   results = load_results(exp)
-  current = provenance.source_fingerprint()["sha256"]
   states = {k: launch.job_state(j.workdir) for k, j in exp.jobs.items()}
   errors = {}
   for k, state in states.items():
     if state == "failed":
       ev = [e for e in launch.read_events(exp.jobs[k].workdir) if e["event"] == "failed"]
       errors[k] = ev[-1].get("error", "") if ev else ""
-  stale = frozenset(k for k, r in results.items() if is_stale(r["summary"], current))
+  stale = frozenset(k for k, r in results.items() if is_stale(r["summary"]))
   return Data(sweep, exp, results, states, stale, sweep_arg, f"the runs under `{sweep.root}`", errors)
 
 
