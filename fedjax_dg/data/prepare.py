@@ -88,7 +88,10 @@ SOURCES = {s.name: s for s in (
     Source("pacs", ("pacs.py",), "PACS", (Archive(_GDRIVE + "1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd", "PACS.zip"),),
            "DomainBed's download script (domainbed/scripts/download.py); original: "
            "http://www.eecs.qmul.ac.uk/~dl307/project_iccv2017", rename="kfold",
-           domains=(("art_painting", 2048), ("cartoon", 2344), ("photo", 1670), ("sketch", 3929))),
+           domains=(("art_painting", 2048), ("cartoon", 2344), ("photo", 1670), ("sketch", 3929)),
+           note="any common layout of the archive is read: DomainBed's (`kfold/<domain>/<class>/*.jpg`), the "
+                "official release's (`PACS/kfold/...`), Kaggle's (`pacs_data/pacs_data/...`), or any other "
+                "folder holding the four domain folders"),
     Source("vlcs", ("vlcs.py",), "VLCS", (Archive(_GDRIVE + "1skwblH1_okBwxWxmRsp9_qi15hyPpxg8", "VLCS.tar.gz"),),
            "DomainBed's download script", rename="VLCS",
            domains=(("Caltech101", 1415), ("LabelMe", 2656), ("SUN09", 3282), ("VOC2007", 3376))),
@@ -223,6 +226,57 @@ def _top(folder: str, name: str) -> str:
   raise PrepareError(f"the archive holds no folder {name!r} (found {sorted(os.listdir(folder))})")
 
 
+def _holds_domains(folder: str, domains: tuple[str, ...]) -> bool:
+  return all(os.path.isdir(os.path.join(folder, d)) for d in domains)
+
+
+def find_dataset_folder(unpacked: str, spec: Source, archives: list[str]) -> str:
+  """The folder of an unpacked release that the loader reads.
+
+  A dataset with domain folders is found wherever its release puts them: the folder
+  `spec.rename` at the top or one level down when it holds every domain folder
+  (DomainBed's `PACS.zip`: `kfold/<domain>/<class>/*.jpg`), else the shallowest folder
+  holding every domain folder (`PACS/kfold/...`, Kaggle's `pacs_data/pacs_data/...`,
+  `pacs/images/...`); folders named `__MACOSX` or starting with a dot are not searched.
+  Any other dataset is the folder `spec.rename` at the top or one level down.
+
+  Args:
+    unpacked: the folder the archives were unpacked into.
+    spec: the dataset.
+    archives: the archives' paths, named in the error.
+
+  Returns:
+    The path of the dataset folder inside `unpacked`.
+
+  Raises:
+    PrepareError: one line naming the archives, what they were expected to hold and what
+      their top level holds, when no folder matches.
+  """
+  domains = tuple(d for d, _ in spec.domains)
+  names = ", ".join(os.path.basename(a) for a in archives)
+  found = sorted(os.listdir(unpacked))
+  if not domains:
+    try:
+      return _top(unpacked, spec.rename)
+    except PrepareError:
+      raise PrepareError(f"{names}: expected a folder {spec.rename!r} at the top or one level down; "
+                         f"the top level holds {found}") from None
+  named = [os.path.join(unpacked, *top, spec.rename) for top in [()] + [(e,) for e in found]] if spec.rename else []
+  for folder in named:
+    if _holds_domains(folder, domains):
+      return folder
+  candidates = []  # (depth, path) of every folder holding the domain folders
+  for d, dirs, _ in os.walk(unpacked):
+    dirs[:] = sorted(x for x in dirs if x != "__MACOSX" and not x.startswith("."))
+    if _holds_domains(d, domains):
+      candidates.append((0 if d == unpacked else os.path.relpath(d, unpacked).count(os.sep) + 1, d))
+      dirs[:] = []  # a dataset folder is not searched further
+  if candidates:
+    return min(candidates)[1]
+  raise PrepareError(f"{names}: expected a folder holding the domain folders {', '.join(domains)} "
+                     f"(e.g. {spec.rename or spec.folder}/{domains[0]}/<class>/*.jpg); the top level holds {found}")
+
+
 def _terra_incognita(tmp: str, dest: str, spec: Source) -> None:
   """DomainBed's selection: images of locations 38, 43, 46, 100 whose annotation is one of
   ten categories, copied to `location_<id>/<category>/<file>`."""
@@ -283,7 +337,7 @@ def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
         for part in ("train", "test"):
           shutil.move(_top(tmp, part), os.path.join(dest, part))
       else:
-        shutil.move(_top(tmp, spec.rename), dest)
+        shutil.move(find_dataset_folder(tmp, spec, paths), dest)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
   write_manifest(dest)
