@@ -4,6 +4,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -232,3 +233,53 @@ def test_release_without_its_top_folder_is_one_line(tmp_path):
     prepare.prepare("civilcomments", str(tmp_path), [str(tmp_path / "civil.tar.gz")])
   assert str(e.value) == ("civil.tar.gz: expected a folder 'civilcomments_v1.0' at the top or one level down; "
                           "the top level holds ['other']")
+
+
+def test_root_is_the_parent_or_the_dataset_folder(tmp_path):
+  """`--root` as documented (the archives' folder), as the config's `data.root` (ends in the
+  dataset's folder name; for verify, a folder holding the dataset), and `--data-root`."""
+  (tmp_path / "data").mkdir()
+  parent, folder = str(tmp_path / "data"), str(tmp_path / "data" / "PACS")
+  assert prepare.resolve_root("pacs", parent) == prepare.Place(parent, folder)
+  itself = prepare.resolve_root("pacs", folder)
+  assert (itself.parent, itself.folder) == (parent, folder)
+  assert itself.note == (f"--root {folder} is read as the dataset folder itself (the config's data.root), "
+                         f"not as the folder holding PACS/; archives are read from {parent}")
+  assert prepare.resolve_root("pacs", data_root=folder) == prepare.Place(parent, folder)
+  custom = tmp_path / "pacs_images"  # a dataset folder of another name: only verify can tell
+  for d, _ in prepare.SOURCES["pacs"].domains:
+    (custom / d).mkdir(parents=True)
+  assert prepare.resolve_root("pacs", str(custom)).folder == str(custom / "PACS")
+  got = prepare.resolve_root("pacs", str(custom), existing=True)
+  assert (got.parent, got.folder) == (str(tmp_path), str(custom)) and got.note
+  (tmp_path / "data" / "PACS" / "PACS").mkdir(parents=True)  # a PACS folder inside: the parent, as documented
+  assert prepare.resolve_root("pacs", folder).folder == os.path.join(folder, "PACS")
+  with pytest.raises(prepare.PrepareError, match=r"^--root and --data-root: give one"):
+    prepare.resolve_root("pacs", parent, folder)
+  with pytest.raises(prepare.PrepareError, match=r"^--root: the folder for the archives"):
+    prepare.resolve_root("pacs")
+
+
+def test_cli_accepts_the_dataset_folder_as_root(tmp_path, tiny_pacs):
+  """`prepare pacs --root D/PACS` and `--data-root D/PACS` unpack D/PACS.zip into D/PACS,
+  saying so in one line; verify reads the same folder from each spelling."""
+  _small_pacs(tmp_path / "PACS.zip")
+  dest = tmp_path / "PACS"
+  assert prepare.main(["pacs", "--root", str(dest)]) in (0, 1)  # the real counts: 1 (images missing)
+  assert sorted(prepare._files(str(dest)))[:1] == ["art_painting/dog/0.png"]
+  for args in (["--root", str(tmp_path)], ["--root", str(dest)], ["--data-root", str(dest)]):
+    r = _cli("verify", "pacs", *args)
+    assert len(r.stdout.strip().splitlines()) == 1 and f"FAILED: {dest}: " in r.stdout, r.stdout + r.stderr
+    assert r.stderr == ("" if args[0] == "--data-root" or args[1] == str(tmp_path) else
+                        f"note: --root {dest} is read as the dataset folder itself (the config's data.root), "
+                        f"not as the folder holding PACS/; archives are read from {tmp_path}\n")
+  renamed = tmp_path / "mine"
+  os.rename(dest, renamed)  # any name: verify finds the dataset in it; the manifest agrees
+  assert prepare.verify("pacs", str(tmp_path), folder=str(renamed)).ok
+  r = _cli("verify", "pacs", "--root", str(renamed))
+  assert r.returncode == 1 and f"FAILED: {renamed}: " in r.stdout and "note: --root" in r.stderr
+  shutil.rmtree(renamed)
+  r = _cli("pacs", "--data-root", str(tmp_path / "x" / "pacs_here"), "--archive", str(tmp_path / "PACS.zip"))
+  assert f"prepared pacs in {tmp_path / 'x' / 'pacs_here'}\n" in r.stdout and r.stderr == ""
+  r = _cli("verify", "pacs", "--data-root", str(tmp_path / "nowhere"))
+  assert r.returncode == 1 and f"--data-root {tmp_path / 'nowhere'})" in r.stdout
