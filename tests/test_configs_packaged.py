@@ -82,6 +82,8 @@ def test_installed_package_runs_its_configs_outside_the_checkout(tmp_path):
   installed = {os.path.relpath(os.path.join(d, f), shipped) for d, _, fs in os.walk(shipped)
                for f in fs if f.endswith(".py")}
   assert installed == _repo_configs()
+  from fedjax_dg import provenance  # the shipped configs are no part of the code a run's staleness reads
+  assert provenance.fingerprint_of(str(target / "fedjax_dg")) == provenance.source_fingerprint()
 
   away = tmp_path / "elsewhere"
   away.mkdir()
