@@ -252,8 +252,12 @@ def test_root_is_the_parent_or_the_dataset_folder(tmp_path):
   assert prepare.resolve_root("pacs", str(custom)).folder == str(custom / "PACS")
   got = prepare.resolve_root("pacs", str(custom), existing=True)
   assert (got.parent, got.folder) == (str(tmp_path), str(custom)) and got.note
-  (tmp_path / "data" / "PACS" / "PACS").mkdir(parents=True)  # a PACS folder inside: the parent, as documented
-  assert prepare.resolve_root("pacs", folder).folder == os.path.join(folder, "PACS")
+  (tmp_path / "data" / "PACS").mkdir()
+  (tmp_path / "data" / "PACS" / "PACS.zip").write_bytes(b"")  # the release archive inside: the parent, as documented
+  assert prepare.resolve_root("pacs", folder) == prepare.Place(folder, os.path.join(folder, "PACS"))
+  os.remove(tmp_path / "data" / "PACS" / "PACS.zip")
+  (tmp_path / "data" / "PACS" / "PACS").mkdir()  # a PACS folder inside: the parent, as documented
+  assert prepare.resolve_root("pacs", folder, existing=True) == prepare.Place(folder, os.path.join(folder, "PACS"))
   with pytest.raises(prepare.PrepareError, match=r"^--root and --data-root: give one"):
     prepare.resolve_root("pacs", parent, folder)
   with pytest.raises(prepare.PrepareError, match=r"^--root: the folder for the archives"):

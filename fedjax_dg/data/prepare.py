@@ -10,10 +10,10 @@ layout the loaders read, and a check of what is on disk.
 `DIR/<folder>` (`list` names each folder), the folder the dataset's config reads:
 `--config.data.root=DIR/<folder>` (`data.path` for the MNIST-format datasets). The
 dataset folder itself is accepted too: `--data-root DIR/<folder>` names it exactly as the
-config does (the archives are then read from its parent), and a `--root` that ends in the
-dataset's folder name (`--root /data/PACS`), or for `verify` a `--root` holding the
-dataset's manifest or domain folders, is read as the dataset folder, with a one-line note
-on stderr saying so. `prepare` and `verify` print the dataset folder they used.
+config does (the archives are then read from its parent), and a `--root` holding neither
+the dataset's folder nor a release archive that ends in the dataset's folder name
+(`--root /data/PACS`), or for `verify` holds the dataset's manifest or domain folders, is
+read as the dataset folder, with a one-line note on stderr saying so. `prepare` and `verify` print the dataset folder they used.
 
 `NAME --root DIR` unpacks the release archives (given with `--archive`, or found in `DIR`
 under their release file names), finding the dataset wherever the archive puts it (for a
@@ -210,9 +210,10 @@ def resolve_root(name: str, root: str | None = None, data_root: str | None = Non
   """The archives' folder and the dataset folder from `--root` or `--data-root`.
 
   `--root` is the folder holding the archives, with the dataset in `root/<folder>`; a
-  `--root` that is the dataset folder itself (it ends in the dataset's folder name and has
-  no such folder inside, or with `existing`, it holds the dataset's manifest, domain
-  folders or required files) is read as that, as the config's `data.root` names it.
+  `--root` that is the dataset folder itself (it holds neither such a folder nor a release
+  archive, and it ends in the dataset's folder name or, with `existing`, holds the
+  dataset's manifest, domain folders or required files) is read as that, as the config's
+  `data.root` names it.
   `--data-root` is always the dataset folder.
 
   Args:
@@ -238,7 +239,8 @@ def resolve_root(name: str, root: str | None = None, data_root: str | None = Non
     raise PrepareError("--root: the folder for the archives and the dataset is required "
                        "(or --data-root: the dataset folder, as the config's data.root)")
   inside = os.path.join(root, spec.folder)
-  if not os.path.isdir(inside):
+  holds_archives = any(os.path.isfile(os.path.join(root, a.filename)) for a in spec.archives)
+  if not os.path.isdir(inside) and not holds_archives:
     itself = os.path.basename(os.path.normpath(root)) == spec.folder
     if itself or (existing and os.path.isdir(root) and _looks_prepared(root, spec)):
       parent = os.path.dirname(os.path.normpath(root)) or "."
