@@ -67,12 +67,13 @@ def package_dir() -> str:
 # launcher's bookkeeping (job states and locks, the command line, submitit tasks, and the
 # sweep expansion, which only writes configs: a run's config is part of its job key, so a
 # changed expansion makes new jobs rather than stale ones), the dataset preparation tool
-# (it unpacks archives before any run), the TensorBoard writer and this module. The batch
+# (it unpacks archives before any run), the TensorBoard writer, this module and the shipped
+# config files (`configs/`, a folder: a run records the config it read whole). The batch
 # grouping (bench/batches.py) stays in: it decides which runs share a vectorised program.
 NOT_NUMERIC = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench/figures.py", "bench/report.py",
                "bench/results.py", "bench/runs.py", "bench/stats.py",
                "bench/__main__.py", "bench/launch.py", "bench/tasks.py", "bench/sweep.py", "bench/provenance.py",
-               "data/prepare.py", "eval/tensorboard.py", "provenance.py")
+               "data/prepare.py", "eval/tensorboard.py", "provenance.py", "configs/")
 
 
 def _silence(tree: ast.AST) -> None:
@@ -226,7 +227,9 @@ def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC, algorithm: str | None =
     for name in sorted(f for f in filenames if f.endswith(".py")):
       path = os.path.join(dirpath, name)
       rel = os.path.relpath(path, root).replace(os.sep, "/")
-      if rel in skip or (scope is not None and rel.startswith("algorithms/") and rel not in scope):
+      if rel in skip or rel.split("/")[0] + "/" in skip:  # a file, or a top folder ending in "/"
+        continue
+      if scope is not None and rel.startswith("algorithms/") and rel not in scope:
         continue
       with open(path, encoding="utf-8") as f:
         code = code_of(f.read(), path).encode()

@@ -4,6 +4,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,22 +19,25 @@ from fedjax_dg.data import prepare
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _png(seed: int) -> bytes:
+def _png(seed: int, fmt: str = "PNG") -> bytes:
   buf = io.BytesIO()
-  Image.fromarray(np.random.default_rng(seed).integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(buf, "PNG")
+  Image.fromarray(np.random.default_rng(seed).integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(buf, fmt)
   return buf.getvalue()
 
 
-def _small_pacs(path, per_class=2):
-  """PACS.zip as DomainBed's archive holds it: kfold/<domain>/<class>/*.png."""
+def _small_pacs(path, per_class=2, prefix="kfold/", ext="png", extra=()):
+  """PACS.zip as DomainBed's archive holds it: kfold/<domain>/<class>/*.png (another
+  release's layout: `prefix` before the domain folders, `extra` members beside them)."""
   names = []
   with zipfile.ZipFile(path, "w") as z:
     for d, domain in enumerate(("art_painting", "cartoon", "photo", "sketch")):
       for c, cls in enumerate(("dog", "horse")):
         for i in range(per_class):
-          name = f"kfold/{domain}/{cls}/{i}.png"
-          z.writestr(name, _png(100 * d + 10 * c + i))
-          names.append(name[len("kfold/"):])
+          name = f"{prefix}{domain}/{cls}/{i}.{ext}"
+          z.writestr(name, _png(100 * d + 10 * c + i, "JPEG" if ext == "jpg" else "PNG"))
+          names.append(name[len(prefix):])
+    for name, data in extra:
+      z.writestr(name, data)
   return names
 
 
@@ -170,3 +174,116 @@ def test_every_dataset_config_has_a_source():
   assert configs - embedded_or_shared == covered
   r = _cli("list")
   assert r.returncode == 0 and all(name in r.stdout for name in prepare.SOURCES)
+
+
+RELEASE_LAYOUTS = {  # the folder before the domain folders, and what else the archive holds
+    "domainbed": ("kfold/", ()),
+    "official": ("PACS/kfold/", (("PACS/pacs_label/photo_test_kfold.txt", b"photo/dog/0.jpg 1\n"),
+                                 ("__MACOSX/PACS/kfold/photo/dog/._0.jpg", b"\x00\x05\x16\x07"))),
+    "kaggle": ("pacs_data/pacs_data/", (("pacs_label/sketch_train_kfold.txt", b"sketch/dog/0.jpg 1\n"),)),
+    "dassl": ("pacs/images/", (("pacs/splits/art_painting_train_kfold.txt", b"art_painting/dog/0.jpg 1\n"),)),
+    "domains at the top": ("", (("README.txt", b"PACS"),)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(RELEASE_LAYOUTS))
+def test_pacs_release_layouts_unpack_the_domain_folders(tmp_path, tiny_pacs, layout):
+  """Each distributed layout of PACS.zip: the folder holding the four domain folders becomes
+  `<root>/PACS`, with exactly the images written and the files beside them, nothing else."""
+  prefix, extra = RELEASE_LAYOUTS[layout]
+  names = _small_pacs(tmp_path / "PACS.zip", prefix=prefix, ext="jpg", extra=extra)
+  names += [n[len(prefix):] for n, _ in extra if n.startswith(prefix)]
+  dest = prepare.prepare("pacs", str(tmp_path))
+  assert dest == str(tmp_path / "PACS")
+  assert sorted(prepare._files(dest)) == sorted(names)
+  rep = prepare.verify("pacs", str(tmp_path))
+  assert rep.ok and rep.counts == {"art_painting": 4, "cartoon": 4, "photo": 4, "sketch": 4}
+  assert sorted(os.listdir(tmp_path)) == ["PACS", "PACS.zip"]  # the unpacking folder is gone
+
+
+def test_pacs_release_with_two_copies_takes_the_shallower(tmp_path, tiny_pacs):
+  """PACS/kfold/... and PACS/pacs_data/pacs_data/... in one archive: kfold's images (PNG)."""
+  other = [(f"PACS/pacs_data/pacs_data/{d}/dog/9.jpg", _png(7, "JPEG"))
+           for d in ("art_painting", "cartoon", "photo", "sketch")]
+  names = _small_pacs(tmp_path / "PACS.zip", prefix="PACS/kfold/", extra=other)
+  dest = prepare.prepare("pacs", str(tmp_path))
+  assert sorted(prepare._files(dest)) == sorted(names)
+
+
+def test_pacs_archive_without_the_domain_folders_is_one_line(tmp_path, tiny_pacs):
+  with zipfile.ZipFile(tmp_path / "PACS.zip", "w") as z:  # sketch is missing
+    for d in ("art_painting", "cartoon", "photo"):
+      z.writestr(f"PACS/kfold/{d}/dog/0.png", _png(0))
+  with pytest.raises(prepare.PrepareError) as e:
+    prepare.prepare("pacs", str(tmp_path))
+  assert str(e.value) == ("PACS.zip: expected a folder holding the domain folders art_painting, cartoon, photo, "
+                          "sketch (e.g. kfold/art_painting/<class>/*.jpg); the top level holds ['PACS']")
+  assert not (tmp_path / "PACS").exists() and sorted(os.listdir(tmp_path)) == ["PACS.zip"]
+  r = _cli("pacs", "--root", str(tmp_path))
+  assert r.returncode == 2 and r.stderr == f"error: {e.value}\n"
+
+
+def test_release_without_its_top_folder_is_one_line(tmp_path):
+  """A dataset without domain folders (a WILDS release) names the folder it expected."""
+  with tarfile.open(tmp_path / "civil.tar.gz", "w:gz") as t:
+    info = tarfile.TarInfo("other/all_data_with_identities.csv")
+    info.size = 3
+    t.addfile(info, io.BytesIO(b"a,b"))
+  with pytest.raises(prepare.PrepareError) as e:
+    prepare.prepare("civilcomments", str(tmp_path), [str(tmp_path / "civil.tar.gz")])
+  assert str(e.value) == ("civil.tar.gz: expected a folder 'civilcomments_v1.0' at the top or one level down; "
+                          "the top level holds ['other']")
+
+
+def test_root_is_the_parent_or_the_dataset_folder(tmp_path):
+  """`--root` as documented (the archives' folder), as the config's `data.root` (ends in the
+  dataset's folder name; for verify, a folder holding the dataset), and `--data-root`."""
+  (tmp_path / "data").mkdir()
+  parent, folder = str(tmp_path / "data"), str(tmp_path / "data" / "PACS")
+  assert prepare.resolve_root("pacs", parent) == prepare.Place(parent, folder)
+  itself = prepare.resolve_root("pacs", folder)
+  assert (itself.parent, itself.folder) == (parent, folder)
+  assert itself.note == (f"--root {folder} is read as the dataset folder itself (the config's data.root), "
+                         f"not as the folder holding PACS/; archives are read from {parent}")
+  assert prepare.resolve_root("pacs", data_root=folder) == prepare.Place(parent, folder)
+  custom = tmp_path / "pacs_images"  # a dataset folder of another name: only verify can tell
+  for d, _ in prepare.SOURCES["pacs"].domains:
+    (custom / d).mkdir(parents=True)
+  assert prepare.resolve_root("pacs", str(custom)).folder == str(custom / "PACS")
+  got = prepare.resolve_root("pacs", str(custom), existing=True)
+  assert (got.parent, got.folder) == (str(tmp_path), str(custom)) and got.note
+  (tmp_path / "data" / "PACS").mkdir()
+  (tmp_path / "data" / "PACS" / "PACS.zip").write_bytes(b"")  # the release archive inside: the parent, as documented
+  assert prepare.resolve_root("pacs", folder) == prepare.Place(folder, os.path.join(folder, "PACS"))
+  os.remove(tmp_path / "data" / "PACS" / "PACS.zip")
+  (tmp_path / "data" / "PACS" / "PACS").mkdir()  # a PACS folder inside: the parent, as documented
+  assert prepare.resolve_root("pacs", folder, existing=True) == prepare.Place(folder, os.path.join(folder, "PACS"))
+  with pytest.raises(prepare.PrepareError, match=r"^--root and --data-root: give one"):
+    prepare.resolve_root("pacs", parent, folder)
+  with pytest.raises(prepare.PrepareError, match=r"^--root: the folder for the archives"):
+    prepare.resolve_root("pacs")
+
+
+def test_cli_accepts_the_dataset_folder_as_root(tmp_path, tiny_pacs):
+  """`prepare pacs --root D/PACS` and `--data-root D/PACS` unpack D/PACS.zip into D/PACS,
+  saying so in one line; verify reads the same folder from each spelling."""
+  _small_pacs(tmp_path / "PACS.zip")
+  dest = tmp_path / "PACS"
+  assert prepare.main(["pacs", "--root", str(dest)]) in (0, 1)  # the real counts: 1 (images missing)
+  assert sorted(prepare._files(str(dest)))[:1] == ["art_painting/dog/0.png"]
+  for args in (["--root", str(tmp_path)], ["--root", str(dest)], ["--data-root", str(dest)]):
+    r = _cli("verify", "pacs", *args)
+    assert len(r.stdout.strip().splitlines()) == 1 and f"FAILED: {dest}: " in r.stdout, r.stdout + r.stderr
+    assert r.stderr == ("" if args[0] == "--data-root" or args[1] == str(tmp_path) else
+                        f"note: --root {dest} is read as the dataset folder itself (the config's data.root), "
+                        f"not as the folder holding PACS/; archives are read from {tmp_path}\n")
+  renamed = tmp_path / "mine"
+  os.rename(dest, renamed)  # any name: verify finds the dataset in it; the manifest agrees
+  assert prepare.verify("pacs", str(tmp_path), folder=str(renamed)).ok
+  r = _cli("verify", "pacs", "--root", str(renamed))
+  assert r.returncode == 1 and f"FAILED: {renamed}: " in r.stdout and "note: --root" in r.stderr
+  shutil.rmtree(renamed)
+  r = _cli("pacs", "--data-root", str(tmp_path / "x" / "pacs_here"), "--archive", str(tmp_path / "PACS.zip"))
+  assert f"prepared pacs in {tmp_path / 'x' / 'pacs_here'}\n" in r.stdout and r.stderr == ""
+  r = _cli("verify", "pacs", "--data-root", str(tmp_path / "nowhere"))
+  assert r.returncode == 1 and f"--data-root {tmp_path / 'nowhere'})" in r.stdout

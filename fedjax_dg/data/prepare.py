@@ -4,14 +4,24 @@ layout the loaders read, and a check of what is on disk.
     python -m fedjax_dg.data.prepare list
     python -m fedjax_dg.data.prepare NAME --root DIR [--archive FILE ...] [--download]
     python -m fedjax_dg.data.prepare verify NAME --root DIR [--fast]
+    python -m fedjax_dg.data.prepare [verify] NAME --data-root DIR/<folder> ...
+
+`--root DIR` is the folder holding the archives; the dataset is unpacked into
+`DIR/<folder>` (`list` names each folder), the folder the dataset's config reads:
+`--config.data.root=DIR/<folder>` (`data.path` for the MNIST-format datasets). The
+dataset folder itself is accepted too: `--data-root DIR/<folder>` names it exactly as the
+config does (the archives are then read from its parent), and a `--root` holding neither
+the dataset's folder nor a release archive that ends in the dataset's folder name
+(`--root /data/PACS`), or for `verify` holds the dataset's manifest or domain folders, is
+read as the dataset folder, with a one-line note on stderr saying so. `prepare` and `verify` print the dataset folder they used.
 
 `NAME --root DIR` unpacks the release archives (given with `--archive`, or found in `DIR`
-under their release file names) into `DIR/<folder>`, the folder the dataset's config reads
-(`--config.data.root=DIR/<folder>` or `data.path`), checks each archive's SHA-256 where the
-source publishes one (and its size where it states one), and writes a manifest of every
-unpacked file (`.fedjax_dg_manifest.json`: size and SHA-256). `--download` first fetches
-the archives from their official URLs with `urllib` (a thin call; Google Drive and Kaggle
-links need a browser or `gdown`, and this library never downloads at run time).
+under their release file names), finding the dataset wherever the archive puts it (for a
+dataset of domain folders: the folder holding all of them), checks each archive's SHA-256
+where the source publishes one (and its size where it states one), and writes a manifest
+of every unpacked file (`.fedjax_dg_manifest.json`: size and SHA-256). `--download` first
+fetches the archives from their official URLs with `urllib` (a thin call; Google Drive and
+Kaggle links need a browser or `gdown`, and this library never downloads at run time).
 
 `verify NAME --root DIR` prints one line naming what is missing, extra or corrupt, and
 exits 1 if anything is: with a manifest, every file against its size and SHA-256 (`--fast`:
@@ -88,7 +98,10 @@ SOURCES = {s.name: s for s in (
     Source("pacs", ("pacs.py",), "PACS", (Archive(_GDRIVE + "1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd", "PACS.zip"),),
            "DomainBed's download script (domainbed/scripts/download.py); original: "
            "http://www.eecs.qmul.ac.uk/~dl307/project_iccv2017", rename="kfold",
-           domains=(("art_painting", 2048), ("cartoon", 2344), ("photo", 1670), ("sketch", 3929))),
+           domains=(("art_painting", 2048), ("cartoon", 2344), ("photo", 1670), ("sketch", 3929)),
+           note="any common layout of the archive is read: DomainBed's (`kfold/<domain>/<class>/*.jpg`), the "
+                "official release's (`PACS/kfold/...`), Kaggle's (`pacs_data/pacs_data/...`), or any other "
+                "folder holding the four domain folders"),
     Source("vlcs", ("vlcs.py",), "VLCS", (Archive(_GDRIVE + "1skwblH1_okBwxWxmRsp9_qi15hyPpxg8", "VLCS.tar.gz"),),
            "DomainBed's download script", rename="VLCS",
            domains=(("Caltech101", 1415), ("LabelMe", 2656), ("SUN09", 3282), ("VOC2007", 3376))),
@@ -168,6 +181,74 @@ def source(name: str) -> Source:
   return SOURCES[name]
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+  """Where a dataset's archives and folder are.
+
+  Attributes:
+    parent: the folder the archives are read from (`--root` as documented).
+    folder: the dataset folder, the config's `data.root` (`data.path` for MNIST formats).
+    note: one line saying how `--root` was read when it named the dataset folder itself,
+      else "".
+  """
+  parent: str
+  folder: str
+  note: str = ""
+
+
+def _looks_prepared(folder: str, spec: Source) -> bool:
+  """Whether `folder` itself holds the dataset: its manifest, or every domain folder or
+  required file."""
+  if os.path.isfile(os.path.join(folder, MANIFEST)):
+    return True
+  needed = [d for d, _ in spec.domains] + list(spec.required)
+  return bool(needed) and all(os.path.exists(os.path.join(folder, n)) for n in needed)
+
+
+def resolve_root(name: str, root: str | None = None, data_root: str | None = None,
+                 existing: bool = False) -> Place:
+  """The archives' folder and the dataset folder from `--root` or `--data-root`.
+
+  `--root` is the folder holding the archives, with the dataset in `root/<folder>`; a
+  `--root` that is the dataset folder itself (it holds neither such a folder nor a release
+  archive, and it ends in the dataset's folder name or, with `existing`, holds the
+  dataset's manifest, domain folders or required files) is read as that, as the config's
+  `data.root` names it.
+  `--data-root` is always the dataset folder.
+
+  Args:
+    name: the dataset.
+    root: `--root`, or None.
+    data_root: `--data-root`, or None.
+    existing: whether the dataset is expected on disk already (`verify`).
+
+  Returns:
+    The `Place`: the archives' folder, the dataset folder, and a note when `root` was read
+    as the dataset folder.
+
+  Raises:
+    PrepareError: one line when neither or both are given, or the dataset is unknown.
+  """
+  spec = source(name)
+  if root and data_root:
+    raise PrepareError("--root and --data-root: give one (--root: the folder holding the archives; "
+                       "--data-root: the dataset folder, as the config's data.root)")
+  if data_root:
+    return Place(os.path.dirname(os.path.normpath(data_root)) or ".", data_root)
+  if not root:
+    raise PrepareError("--root: the folder for the archives and the dataset is required "
+                       "(or --data-root: the dataset folder, as the config's data.root)")
+  inside = os.path.join(root, spec.folder)
+  holds_archives = any(os.path.isfile(os.path.join(root, a.filename)) for a in spec.archives)
+  if not os.path.isdir(inside) and not holds_archives:
+    itself = os.path.basename(os.path.normpath(root)) == spec.folder
+    if itself or (existing and os.path.isdir(root) and _looks_prepared(root, spec)):
+      parent = os.path.dirname(os.path.normpath(root)) or "."
+      return Place(parent, root, f"--root {root} is read as the dataset folder itself (the config's data.root), "
+                                 f"not as the folder holding {spec.folder}/; archives are read from {parent}")
+  return Place(root, inside)
+
+
 def download(src: Source, root: str) -> list[str]:
   """Fetches every archive of `src` into `root` (urllib; nothing else). The thin documented
   call: Google Drive links may answer with a confirmation page instead of the file."""
@@ -223,6 +304,57 @@ def _top(folder: str, name: str) -> str:
   raise PrepareError(f"the archive holds no folder {name!r} (found {sorted(os.listdir(folder))})")
 
 
+def _holds_domains(folder: str, domains: tuple[str, ...]) -> bool:
+  return all(os.path.isdir(os.path.join(folder, d)) for d in domains)
+
+
+def find_dataset_folder(unpacked: str, spec: Source, archives: list[str]) -> str:
+  """The folder of an unpacked release that the loader reads.
+
+  A dataset with domain folders is found wherever its release puts them: the folder
+  `spec.rename` at the top or one level down when it holds every domain folder
+  (DomainBed's `PACS.zip`: `kfold/<domain>/<class>/*.jpg`), else the shallowest folder
+  holding every domain folder (`PACS/kfold/...`, Kaggle's `pacs_data/pacs_data/...`,
+  `pacs/images/...`); folders named `__MACOSX` or starting with a dot are not searched.
+  Any other dataset is the folder `spec.rename` at the top or one level down.
+
+  Args:
+    unpacked: the folder the archives were unpacked into.
+    spec: the dataset.
+    archives: the archives' paths, named in the error.
+
+  Returns:
+    The path of the dataset folder inside `unpacked`.
+
+  Raises:
+    PrepareError: one line naming the archives, what they were expected to hold and what
+      their top level holds, when no folder matches.
+  """
+  domains = tuple(d for d, _ in spec.domains)
+  names = ", ".join(os.path.basename(a) for a in archives)
+  found = sorted(os.listdir(unpacked))
+  if not domains:
+    try:
+      return _top(unpacked, spec.rename)
+    except PrepareError:
+      raise PrepareError(f"{names}: expected a folder {spec.rename!r} at the top or one level down; "
+                         f"the top level holds {found}") from None
+  named = [os.path.join(unpacked, *top, spec.rename) for top in [()] + [(e,) for e in found]] if spec.rename else []
+  for folder in named:
+    if _holds_domains(folder, domains):
+      return folder
+  candidates = []  # (depth, path) of every folder holding the domain folders
+  for d, dirs, _ in os.walk(unpacked):
+    dirs[:] = sorted(x for x in dirs if x != "__MACOSX" and not x.startswith("."))
+    if _holds_domains(d, domains):
+      candidates.append((0 if d == unpacked else os.path.relpath(d, unpacked).count(os.sep) + 1, d))
+      dirs[:] = []  # a dataset folder is not searched further
+  if candidates:
+    return min(candidates)[1]
+  raise PrepareError(f"{names}: expected a folder holding the domain folders {', '.join(domains)} "
+                     f"(e.g. {spec.rename or spec.folder}/{domains[0]}/<class>/*.jpg); the top level holds {found}")
+
+
 def _terra_incognita(tmp: str, dest: str, spec: Source) -> None:
   """DomainBed's selection: images of locations 38, 43, 46, 100 whose annotation is one of
   ten categories, copied to `location_<id>/<category>/<file>`."""
@@ -251,8 +383,22 @@ def _terra_incognita(tmp: str, dest: str, spec: Source) -> None:
         shutil.copyfile(bounded.inside(images, str(file_name), where), bounded.inside(out, str(file_name), where))
 
 
-def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
-  """Unpacks `name`'s archives into `root/<folder>` and writes its manifest; returns the folder."""
+def prepare(name: str, root: str, archives: list[str] | None = None, dest: str | None = None) -> str:
+  """Unpacks a dataset's release archives into its folder and writes the folder's manifest.
+
+  Args:
+    name: the dataset (`SOURCES`).
+    root: the folder the archives are read from (under their release file names) when
+      `archives` is not given.
+    archives: the archives' paths, else those in `root`.
+    dest: the dataset folder, default `root/<folder>`; it must be absent or empty.
+
+  Returns:
+    The dataset folder.
+
+  Raises:
+    PrepareError: one line naming the archive or folder and what is wrong.
+  """
   spec = source(name)
   paths = archives or [os.path.join(root, a.filename) for a in spec.archives]
   published = {a.filename: a for a in spec.archives}
@@ -261,16 +407,17 @@ def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
       bounded.regular_file(p)
     if os.path.basename(p) in published or not archives:
       check_archive(published.get(os.path.basename(p), spec.archives[paths.index(p)]), p)
-  dest = os.path.join(root, spec.folder)
+  dest = dest or os.path.join(root, spec.folder)
   if os.path.exists(dest) and os.listdir(dest):
     raise PrepareError(f"{dest}: exists and is not empty; remove it or verify it")
-  os.makedirs(root, exist_ok=True)
+  work = os.path.dirname(os.path.normpath(dest)) or "."  # beside the dataset folder: a rename moves it in
+  os.makedirs(work, exist_ok=True)
   if spec.unpack == "copy":
     os.makedirs(dest, exist_ok=True)
     for p in paths:
       shutil.copyfile(p, os.path.join(dest, os.path.basename(p)))
   else:
-    tmp = tempfile.mkdtemp(dir=root, prefix=".unpack-")
+    tmp = tempfile.mkdtemp(dir=work, prefix=".unpack-")
     try:
       for p in paths:
         if not os.path.isfile(p):
@@ -283,7 +430,7 @@ def prepare(name: str, root: str, archives: list[str] | None = None) -> str:
         for part in ("train", "test"):
           shutil.move(_top(tmp, part), os.path.join(dest, part))
       else:
-        shutil.move(_top(tmp, spec.rename), dest)
+        shutil.move(find_dataset_folder(tmp, spec, paths), dest)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
   write_manifest(dest)
@@ -403,13 +550,24 @@ class Report:
     return f"verify {name}: FAILED: {folder}: " + ", ".join(parts)
 
 
-def verify(name: str, root: str, fast: bool = False) -> Report:
-  """What is missing, extra or corrupt in `root/<folder>` (see the module docstring)."""
+def verify(name: str, root: str, fast: bool = False, folder: str | None = None) -> Report:
+  """What is missing, extra or corrupt in a dataset folder (see the module docstring).
+
+  Args:
+    name: the dataset (`SOURCES`).
+    root: the folder holding the dataset folder.
+    fast: compare sizes only with the manifest, no SHA-256 of every file.
+    folder: the dataset folder, default `root/<folder>`.
+
+  Returns:
+    The `Report`: missing, extra and corrupt files, and the image count per domain.
+  """
   spec = source(name)
-  folder = os.path.join(root, spec.folder)
+  folder = folder or os.path.join(root, spec.folder)
   rep = Report()
   if not os.path.isdir(folder):
-    rep.missing.append(f"{folder}/ (run: python -m fedjax_dg.data.prepare {name} --root {root})")
+    how = f"--root {root}" if folder == os.path.join(root, spec.folder) else f"--data-root {folder}"
+    rep.missing.append(f"{folder}/ (run: python -m fedjax_dg.data.prepare {name} {how})")
     return rep
   present = set(_files(folder))
   unread = {f: why for f in sorted(present) if (why := _unreadable(os.path.join(folder, f), folder))}
@@ -453,7 +611,10 @@ def _parser() -> argparse.ArgumentParser:
                               epilog="datasets: " + ", ".join(SOURCES))
   p.add_argument("name", help="a dataset, or 'verify' / 'list'")
   p.add_argument("dataset", nargs="?", help="after 'verify': the dataset")
-  p.add_argument("--root", help="the folder holding the archives and the unpacked dataset")
+  p.add_argument("--root", help="the folder holding the archives; the dataset is unpacked into ROOT/<folder> "
+                 "(the dataset folder itself is accepted too, see above)")
+  p.add_argument("--data-root", metavar="DIR", help="the dataset folder itself, as the config's data.root "
+                 "(data.path for MNIST formats); the archives are read from its parent")
   p.add_argument("--archive", action="append", help="an archive to unpack (repeat for several)")
   p.add_argument("--download", action="store_true", help="fetch the archives from their official URLs first")
   p.add_argument("--fast", action="store_true", help="verify: sizes only, no SHA-256 of every file")
@@ -476,20 +637,21 @@ def main(argv=None) -> int:
     if args.name == "list":
       print(_list())
       return 0
-    if not args.root:
-      raise PrepareError("--root: the folder for the archives and the dataset is required")
+    if args.name == "verify" and not args.dataset:
+      raise PrepareError("verify: name the dataset, e.g. verify pacs --root DIR")
+    name = args.dataset if args.name == "verify" else args.name
+    place = resolve_root(name, args.root, args.data_root, existing=args.name == "verify")
+    if place.note:
+      print(f"note: {place.note}", file=sys.stderr)
     if args.name == "verify":
-      if not args.dataset:
-        raise PrepareError("verify: name the dataset, e.g. verify pacs --root DIR")
-      rep = verify(args.dataset, args.root, args.fast)
-      print(rep.line(args.dataset, os.path.join(args.root, source(args.dataset).folder)))
+      rep = verify(name, place.parent, args.fast, place.folder)
+      print(rep.line(name, place.folder))
       return 0 if rep.ok else 1
-    spec = source(args.name)
     if args.download:
-      download(spec, args.root)
-    dest = prepare(args.name, args.root, args.archive)
-    rep = verify(args.name, args.root, fast=True)
-    print(f"prepared {args.name} in {dest}\n" + rep.line(args.name, dest))
+      download(source(name), place.parent)
+    dest = prepare(name, place.parent, args.archive, place.folder)
+    rep = verify(name, place.parent, True, dest)
+    print(f"prepared {name} in {dest}\n" + rep.line(name, dest))
     return 0 if rep.ok else 1
   except (PrepareError, bounded.UntrustedFileError, OSError) as e:
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
