@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 
+import ml_collections
+
 from fedjax_dg import config as config_lib
 from fedjax_dg import batch as batch_lib
 from fedjax_dg import distributed
@@ -71,7 +73,7 @@ def run_fold(config, fold: splits.Fold, workdir: str) -> dict:
     return loop.run_one(prepared, fold, book)
 
 
-def train_and_evaluate(config, workdir: str | None = None) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict:
   """Trains and evaluates the run (or runs) `config` describes.
 
   A plain config trains one run into `workdir`; with `data.leave_one_domain_out`, one run
