@@ -86,7 +86,8 @@ def test_readme_sweep_draws_figures(tmp_path):
 def test_site_builds_with_warnings_as_errors(tmp_path):
   pytest.importorskip("mkdocs")
   pytest.importorskip("mkdocstrings")
-  r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+  # Not -q: quiet mode drops warnings below errors, and strict mode then counts none of them.
+  r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                      cwd=ROOT, env={**_env(), "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   page = open(tmp_path / "site" / "methods" / "fedprox" / "index.html").read()
