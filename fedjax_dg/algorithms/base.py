@@ -21,6 +21,7 @@ level up (see docs/concepts/algorithm-contract.md):
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -502,11 +503,18 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   return carry, loss
 
 
-def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
+def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSchedule, first_step_fn=None):
   """`local_loop` for a step that also records: `step_fn(carry, batch, rng) -> (carry,
   loss, record)` with `record = {name: (value, counts)}`, `counts` 0 or 1 (whether the
   step's value enters the mean). Returns `(carry, mean_loss, {name: mean value})`, the
-  mean over the steps with data that count (0 where none does)."""
+  mean over the steps with data that count (0 where none does).
+
+  `first_step_fn` (same signature) takes the round's first step instead of `step_fn`, for
+  a record taken once a round (`recording_step`'s gradient share): that step runs ahead of
+  the scanned loop rather than behind a `lax.cond` inside it, because a conditional whose
+  operands are the parameters, the batch and the gradient costs about as much as its
+  branch on XLA:CPU even where the branch is not taken. A name may appear in either
+  step's record or in both."""
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
@@ -522,20 +530,32 @@ def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSche
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(steps)
   read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here
 
-  def step(carry, inp):
-    i, m, k, s, pos = inp
-    x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
-    if sched.augment is not None:
-      x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
-    new_carry, loss, record = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
-    real = (jnp.sum(m) > 0).astype(jnp.float32)
-    record = {n: (jax.lax.stop_gradient(v) * c * real, c * real) for n, (v, c) in record.items()}
-    return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m), record)
+  def step_with(fn):
+    def step(carry, inp):
+      i, m, k, s, pos = inp
+      x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
+      if sched.augment is not None:
+        x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
+      new_carry, loss, record = fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
+      real = (jnp.sum(m) > 0).astype(jnp.float32)
+      record = {n: (jax.lax.stop_gradient(v) * c * real, c * real) for n, (v, c) in record.items()}
+      return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m), record)
+    return step
 
-  carry, (losses, seen, record) = jax.lax.scan(
-      step, carry, (idx, mask, step_keys, steps, jnp.arange(steps.shape[0])), unroll=sched.unroll)
-  means = {n: jnp.sum(v) / jnp.maximum(jnp.sum(c), 1.0) for n, (v, c) in record.items()}
-  return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0), means
+  inputs = (idx, mask, step_keys, steps, jnp.arange(steps.shape[0]))
+  parts = []
+  if first_step_fn is not None:
+    carry, out = step_with(first_step_fn)(carry, jax.tree.map(lambda a: a[0], inputs))
+    parts.append(jax.tree.map(lambda a: a[None], out))
+    inputs = jax.tree.map(lambda a: a[1:], inputs)
+  carry, out = jax.lax.scan(step_with(step_fn), carry, inputs, unroll=sched.unroll)
+  parts.append(out)
+  total = lambda arrays: functools.reduce(jnp.add, [jnp.sum(a) for a in arrays])
+  losses, seen = total([p[0] for p in parts]), total([p[1] for p in parts])
+  names = sorted({n for p in parts for n in p[2]})
+  means = {n: total([p[2][n][0] for p in parts if n in p[2]])
+              / jnp.maximum(total([p[2][n][1] for p in parts if n in p[2]]), 1.0) for n in names}
+  return carry, losses / jnp.maximum(seen, 1.0), means
 
 
 def gradient_step(objective, optimizer, grad_correction: Callable | None = None):
@@ -557,30 +577,36 @@ def _share(part, whole):
   return jnp.abs(part) / jnp.maximum(jnp.abs(whole), 1e-12)
 
 
-def recording_step(objective, optimizer):
+def recording_step(objective, optimizer, grad_share: bool = False):
   """`gradient_step` that also records what the objective's penalty did, for an objective
   whose aux holds `penalty_term` (the weighted penalty, a part of the loss) and optionally
   `at_target` (1 where a scheduled weight is at its target). Records, per local step:
 
     penalty_loss_share   |penalty_term| / |loss|                         every step
     weight_at_target     at_target                                       every step (when given)
-    penalty_grad_share   ||grad penalty_term|| / ||grad loss||           the round's first step only
+    penalty_grad_share   ||grad penalty_term|| / ||grad loss||           with `grad_share` only
 
-  The gradient share costs one more backward pass of the penalty, so it is taken once a
-  round (`lax.cond` on the step index, which no client axis batches)."""
+  The gradient share costs one more backward pass of the penalty, so `recorded_train`
+  takes it at the round's first step only (`local_loop_recording`'s `first_step_fn`).
+
+  Args:
+    objective: `objective(params, batch, rng) -> (loss, aux)`, aux with `penalty_term`.
+    optimizer: the local optax optimizer.
+    grad_share: also record `penalty_grad_share` at this step.
+
+  Returns:
+    `step_fn(carry, batch, rng) -> ((params, opt_state), loss, record)`.
+  """
   grad_fn = jax.value_and_grad(objective, has_aux=True)
-
-  def grad_share(p, batch, rng, g):
-    g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
-    return (optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12)).astype(jnp.float32)
 
   def step_fn(carry, batch, rng):
     p, opt_state = carry
     (loss, aux), g = grad_fn(p, batch, rng)
-    first = jnp.asarray(batch.step) == 0
-    share = jax.lax.cond(first, grad_share, lambda *a: jnp.zeros((), jnp.float32), p, batch, rng, g)
-    record = {"penalty_loss_share": (_share(aux["penalty_term"], loss), 1.0),
-              "penalty_grad_share": (share, first.astype(jnp.float32))}
+    record = {"penalty_loss_share": (_share(aux["penalty_term"], loss), 1.0)}
+    if grad_share:
+      g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
+      record["penalty_grad_share"] = ((optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12))
+                                      .astype(jnp.float32), 1.0)
     if "at_target" in aux:
       record["weight_at_target"] = (aux["at_target"], 1.0)
     updates, opt_state = optimizer.update(g, opt_state, p)
@@ -589,10 +615,12 @@ def recording_step(objective, optimizer):
 
 
 def recorded_train(params, opt_state, objective, optimizer, data: ClientData, rng, sched: LocalSchedule):
-  """`local_train_from` on an objective with a `penalty_term` (`recording_step`); returns
-  `(params, opt_state, mean_loss, {"activity/<name>": mean})`."""
-  (params, opt_state), loss, record = local_loop_recording((params, opt_state), recording_step(objective, optimizer),
-                                                           data, rng, sched)
+  """`local_train_from` on an objective with a `penalty_term` (`recording_step`, the
+  gradient share at the round's first step); returns `(params, opt_state, mean_loss,
+  {"activity/<name>": mean})`."""
+  (params, opt_state), loss, record = local_loop_recording(
+      (params, opt_state), recording_step(objective, optimizer), data, rng, sched,
+      first_step_fn=recording_step(objective, optimizer, grad_share=True))
   return params, opt_state, loss, {f"activity/{n}": v for n, v in record.items()}
 
 
