@@ -21,14 +21,21 @@ so a step costs S inner passes instead of D (Py150 has 5,477 repositories).
 
 Domain order (`domain_order`). The order of the inner steps matters for Fish: with Adam
 restarted at every local step (one local step a round) the first domain of a fixed order
-gets the largest, sign-like step. Shi et al. ("Gradient Matching for Domain
-Generalization", ICLR 2022), Alg. 2, visit the domains in a random permutation at every
-step. DomainBed (`domainbed/algorithms.py: Fish.update`) takes the environments'
-minibatches in the environments' fixed order, and Bai et al.'s federated Fish
-(FedDG_Benchmark, `src/client.py: Fish.step`) in ascending group id (`split_into_groups`).
-The default, "random", follows the paper: a uniformly random order of the slots at each
-step (`permutation(fold_in(step key, 7), S)`), so relabelling the domains changes no
-result in distribution. "ascending" is DomainBed's and Bai et al.'s fixed order.
+gets the largest, sign-like step. The references differ:
+  - Shi, Seely, Torr, Siddharth, Hannun, Usunier and Synnaeve, "Gradient Matching for
+    Domain Generalization" (ICLR 2022), in their own code (`src/main.py: train_fish`
+    with `src/utils.py: sample_domains`): at every iteration `meta_steps` distinct
+    domains are drawn at random (weighted by the batches each has left in the epoch)
+    and the inner steps follow the order of the draw, a random order that changes from
+    step to step (their meta step is `meta_lr / meta_steps`).
+  - DomainBed (`domainbed/algorithms.py: Fish.update`) loops over the environments'
+    minibatches in the environments' fixed order.
+  - Bai et al.'s federated Fish (FedDG_Benchmark, `src/client.py: Fish.step`) loops over
+    `split_into_groups` of the batch, i.e. ascending group id, a fixed order.
+The default, "random", follows Shi et al.'s code: a uniformly random order of the
+present domains at each step (`permutation(fold_in(step key, 7), S)`), so relabelling the
+domains changes no result in distribution. "ascending" is DomainBed's and Bai et al.'s
+fixed order.
 
 Activity (`activity/step_deviation`), at each client's first local step of the round:
 `||d_fish - d_plain|| / ||d_plain||` with `d_fish = meta_lr (theta~ - theta)` the step
@@ -36,8 +43,8 @@ Fish takes and `d_plain = meta_lr S u(g_bar)` the plain step from the same point
 same batch: `S` (the present domains) steps of the inner optimizer on the mean gradient
 `g_bar = grad mean_e R_e(theta)`, all taken at `theta` (`u` is the inner optimizer's
 update from the step's inner state). For SGD `d_plain = -meta_lr lr S g_bar`, the step
-Fish's inner loop takes to first order in `lr` (Shi et al. Sec. 3: `theta~ - theta =
--lr sum_e g_e + O(lr^2)`), so the record measures what the sequential inner loop (the
+Fish's inner loop takes to first order in `lr` (`theta~ - theta = -lr sum_e g_e +
+O(lr^2)`, each `g_e` at `theta`), so the record measures what the sequential inner loop (the
 gradient matching) adds: 0 on a single-domain client, whatever the optimizer. It costs
 one more gradient of the batch's mean domain risk once a round.
 """
@@ -157,7 +164,7 @@ def fish_client(model, sched: LocalSchedule, inner_opt: optax.GradientTransforma
 class HParams:
   meta_lr: float = hparam(0.5, "meta step (DomainBed default; Bai et al. 2024 Table 7: 0.1 on PACS, CelebA, Camelyon17, "
                           "IWildCam)", gt=0, le=1, search=Choice((0.05, 0.1, 0.5)))
-  domain_order: str = hparam("random", "order of the inner domain steps: random per step (Shi et al. Alg. 2) or "
+  domain_order: str = hparam("random", "order of the inner domain steps: random per step (Shi et al.'s code) or "
                              "ascending id (DomainBed, Bai et al.)", choices=ORDERS)
 
 
