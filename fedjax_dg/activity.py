@@ -64,6 +64,9 @@ def preflight(config, *, local_steps: int, rounds: int, client_domains: Sequence
   found += zero_weight_findings(key, hp, plain_rule)
   found += proximal_findings(key, hp, local_steps, plain_rule)
   found += fish_findings(key, client_domains)
+  found += groupdro_findings(key, client_domains, plain_rule)
+  found += mixup_findings(key, client_domains)
+  found += fedloe_findings(key, hp, rounds, plain_rule)
   return sorted(found, key=lambda f: f.level != "error")
 
 
@@ -172,3 +175,97 @@ def fish_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
   return [Finding("warning", "algorithm.fish.meta_lr",
                   "algorithm.fish.meta_lr: every client holds one domain, so Fish's inner loop has one step and "
                   "its update is local ERM with the step scaled by meta_lr (no gradient matching)")]
+
+
+def groupdro_findings(key: str, client_domains: Sequence[int], plain_rule: bool) -> list[Finding]:
+  """GroupDRO on single-domain clients: the group weights renormalised over the present
+  domains weigh one domain, so the loss is that domain's mean loss, the ERM loss.
+
+  Args:
+    key: the method's config key.
+    client_domains: distinct training domains per client.
+    plain_rule: the server rule is FedAvg's.
+
+  Returns:
+    One "warning" finding, or none.
+  """
+  if key != "groupdro" or not len(client_domains):
+    return []
+  single = sum(1 for n in client_domains if n <= 1)
+  if single == 0:
+    return []
+  if single < len(client_domains):
+    return [Finding("warning", "algorithm.groupdro.eta",
+                    f"algorithm.groupdro.eta: {single} of {len(client_domains)} clients hold one domain, where the "
+                    f"group weights weigh one group and the loss is ERM's; they act on the other "
+                    f"{len(client_domains) - single} only")]
+  same = "FedAvg's update" if plain_rule else "its server rule on plain ERM clients"
+  return [Finding("warning", "algorithm.groupdro.eta",
+                  "algorithm.groupdro.eta: every client holds one domain, so the group weights weigh one group "
+                  f"and each local loss is ERM's: the run computes {same} (to rounding)", equals_baseline=plain_rule)]
+
+
+def mixup_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
+  """Mixup on single-domain clients: with one domain present the pairing has no other
+  domain to mix with, so the client mixes examples within its domain (Zhang et al.'s
+  Mixup, `objectives.mixup_partners`); DomainBed's pairing would pair the lone domain's
+  minibatch with itself, which is ERM.
+
+  Args:
+    key: the method's config key.
+    client_domains: distinct training domains per client.
+
+  Returns:
+    One "warning" finding, or none.
+  """
+  if key != "mixup" or not len(client_domains):
+    return []
+  single = sum(1 for n in client_domains if n <= 1)
+  if single == 0:
+    return []
+  who = "every client holds" if single == len(client_domains) else f"{single} of {len(client_domains)} clients hold"
+  return [Finding("warning", "algorithm.mixup.alpha",
+                  f"algorithm.mixup.alpha: {who} one domain, where Mixup mixes examples within the domain "
+                  "(plain Mixup, not inter-domain Mixup; DomainBed's pairing would mix the minibatch with itself, "
+                  "i.e. ERM)")]
+
+
+def fedloe_findings(key: str, hp, rounds: int, plain_rule: bool) -> list[Finding]:
+  """FedLOE: stage 1 at fewer synchronisations than asked, or a stage 2 that does nothing.
+
+  Args:
+    key: the method's config key.
+    hp: its hyperparameter record.
+    rounds: stage 1's rounds (its synchronisations, after `stage1_schedule`).
+    plain_rule: the server rule is FedAvg's.
+
+  Returns:
+    "warning" findings: `stage1_syncs` above what the budget of local steps allows (one
+    step per synchronisation), no stage 2 (`stage2_rounds = 0`: the run is its stage 1,
+    and with `stage1_syncs = 0` FedAvg exactly), a manager that keeps the uniform
+    combination (`solver_steps = 0`: stage 2 averages the heads) or one without its
+    penalty (`lam = 0` with the IRM or REx manager).
+  """
+  if key != "fedloe":
+    return []
+  found = []
+  if hp.stage1_syncs > rounds:
+    found.append(Finding("warning", "algorithm.fedloe.stage1_syncs",
+                         f"algorithm.fedloe.stage1_syncs={hp.stage1_syncs}: the run's budget of local steps allows "
+                         f"{rounds} synchronisations of at least one step, so stage 1 runs {rounds}"))
+  if hp.stage2_rounds == 0:
+    what = ("FedAvg's run exactly" if hp.stage1_syncs == 0 and plain_rule
+            else "its stage 1 alone (FedAvg at stage1_syncs synchronisations)")
+    found.append(Finding("warning", "algorithm.fedloe.stage2_rounds",
+                         f"algorithm.fedloe.stage2_rounds=0: no head is trained or combined, the run is {what}",
+                         equals_baseline=hp.stage1_syncs == 0 and plain_rule))
+    return found
+  if hp.solver_steps == 0:
+    found.append(Finding("warning", "algorithm.fedloe.solver_steps",
+                         "algorithm.fedloe.solver_steps=0: the manager keeps the uniform combination, so stage 2 "
+                         f"averages the heads and its {hp.penalty} penalty never acts"))
+  elif hp.penalty in ("irm", "rex") and hp.lam == 0:
+    found.append(Finding("warning", "algorithm.fedloe.lam",
+                         f"algorithm.fedloe.lam=0: the manager minimises the clients' loss without its {hp.penalty} "
+                         "penalty"))
+  return found

@@ -202,7 +202,8 @@ def test_rule_deviation_is_the_step_against_the_plain_average(name, server_lr, w
   assert got > 0.05  # the rule does move away from the average here
 
 
-@pytest.mark.parametrize("name", ["irm", "vrex", "coral", "mmd", "fediir", "fedprox", "fedavg", "fish", "fedloe", "feddim",
+@pytest.mark.parametrize("name", ["irm", "vrex", "coral", "mmd", "fediir", "fedprox", "fedavg", "fish", "fedsam", "fedloe",
+                                  "feddim",
                                   "fedsr"])
 def test_a_round_emits_exactly_the_declared_activity_records(name):
   """`MethodSpec.activity` + the rule's `RuleSpec.activity` are the round's `activity/*` metrics."""

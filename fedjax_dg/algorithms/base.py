@@ -229,6 +229,9 @@ class LocalSchedule(NamedTuple):
     passes: the static number of permutations of a client's data drawn per round.
     unroll: `lax.scan`'s `unroll` for the local loop.
     augment: `(rng, x) -> x` on float images, applied to every training batch; None: none.
+    activity: the clients record how much the method's own term acted (`activity/<name>`
+      metrics, docs/activity.md); False skips every client record, the training itself
+      unchanged.
   """
   num_steps: int
   batch_size: int
@@ -236,10 +239,11 @@ class LocalSchedule(NamedTuple):
   passes: int
   unroll: int | bool
   augment: Callable | None = None
+  activity: bool = True
 
 
 def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: int, n_min: int,
-                  unroll: int | bool = 1, augment: Callable | None = None) -> LocalSchedule:
+                  unroll: int | bool = 1, augment: Callable | None = None, activity: bool = True) -> LocalSchedule:
   """The local loop's `LocalSchedule`: `local_steps` steps, or `local_epochs` epochs.
 
   Args:
@@ -250,14 +254,16 @@ def make_schedule(batch_size: int, local_steps: int, local_epochs: int, n_max: i
     n_min: the smallest client's example count (the permutations a step stream needs).
     unroll: `lax.scan`'s `unroll`.
     augment: `(rng, x) -> x` on every training batch, or None.
+    activity: the clients record their activity (`LocalSchedule.activity`).
 
   Returns:
     The `LocalSchedule`.
   """
   if local_steps > 0:
-    return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll, augment)
+    return LocalSchedule(local_steps, batch_size, 0, math.ceil(local_steps * batch_size / n_min), unroll, augment,
+                         activity)
   return LocalSchedule(local_epochs * math.ceil(n_max / batch_size), batch_size, local_epochs,
-                       local_epochs, unroll, augment)
+                       local_epochs, unroll, augment, activity)
 
 
 def batch_indices(rng, count, n_max: int, sched: LocalSchedule):
@@ -502,11 +508,18 @@ def local_loop(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
   return carry, loss
 
 
-def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSchedule):
+def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSchedule, first_step_fn=None):
   """`local_loop` for a step that also records: `step_fn(carry, batch, rng) -> (carry,
   loss, record)` with `record = {name: (value, counts)}`, `counts` 0 or 1 (whether the
   step's value enters the mean). Returns `(carry, mean_loss, {name: mean value})`, the
-  mean over the steps with data that count (0 where none does)."""
+  mean over the steps with data that count (0 where none does).
+
+  `first_step_fn` (same signature) takes the round's first step instead of `step_fn`, for
+  a record taken once a round (`recording_step`'s gradient share): that step runs ahead of
+  the scanned loop rather than behind a `lax.cond` inside it, because a conditional whose
+  operands are the parameters, the batch and the gradient costs about as much as its
+  branch on XLA:CPU even where the branch is not taken. A name may appear in either
+  step's record or in both."""
   n_max = data.y.shape[0]
   k_order, k_steps = jax.random.split(rng)
   idx, mask = batch_indices(k_order, data.count, n_max, sched)
@@ -522,20 +535,32 @@ def local_loop_recording(carry, step_fn, data: ClientData, rng, sched: LocalSche
   step_keys = jax.vmap(lambda s: jax.random.fold_in(k_steps, s))(steps)
   read = minibatch_reader(data.x, idx)  # host-resident inputs start gathering the plan here
 
-  def step(carry, inp):
-    i, m, k, s, pos = inp
-    x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
-    if sched.augment is not None:
-      x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
-    new_carry, loss, record = step_fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
-    real = (jnp.sum(m) > 0).astype(jnp.float32)
-    record = {n: (jax.lax.stop_gradient(v) * c * real, c * real) for n, (v, c) in record.items()}
-    return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m), record)
+  def step_with(fn):
+    def step(carry, inp):
+      i, m, k, s, pos = inp
+      x = to_float(read(i, pos))  # pos: the plan's row (= s unless capped); uint8 -> [0, 1]
+      if sched.augment is not None:
+        x = sched.augment(jax.random.fold_in(k, 1 << 20), x)
+      new_carry, loss, record = fn(carry, Batch(x, data.y[i], data.domain[i], m, s), k)
+      real = (jnp.sum(m) > 0).astype(jnp.float32)
+      record = {n: (jax.lax.stop_gradient(v) * c * real, c * real) for n, (v, c) in record.items()}
+      return tree_where(jnp.sum(m) > 0, new_carry, carry), (loss * jnp.sum(m), jnp.sum(m), record)
+    return step
 
-  carry, (losses, seen, record) = jax.lax.scan(
-      step, carry, (idx, mask, step_keys, steps, jnp.arange(steps.shape[0])), unroll=sched.unroll)
-  means = {n: jnp.sum(v) / jnp.maximum(jnp.sum(c), 1.0) for n, (v, c) in record.items()}
-  return carry, jnp.sum(losses) / jnp.maximum(jnp.sum(seen), 1.0), means
+  inputs = (idx, mask, step_keys, steps, jnp.arange(steps.shape[0]))
+  parts = []
+  if first_step_fn is not None:
+    carry, out = step_with(first_step_fn)(carry, jax.tree.map(lambda a: a[0], inputs))
+    parts.append(jax.tree.map(lambda a: a[None], out))
+    inputs = jax.tree.map(lambda a: a[1:], inputs)
+  carry, out = jax.lax.scan(step_with(step_fn), carry, inputs, unroll=sched.unroll)
+  parts.append(out)
+  total = lambda arrays: jnp.sum(jnp.concatenate(arrays))  # one sum over every step, as without a first step
+  losses, seen = total([p[0] for p in parts]), total([p[1] for p in parts])
+  names = sorted({n for p in parts for n in p[2]})
+  means = {n: total([p[2][n][0] for p in parts if n in p[2]])
+              / jnp.maximum(total([p[2][n][1] for p in parts if n in p[2]]), 1.0) for n in names}
+  return carry, losses / jnp.maximum(seen, 1.0), means
 
 
 def gradient_step(objective, optimizer, grad_correction: Callable | None = None):
@@ -557,42 +582,65 @@ def _share(part, whole):
   return jnp.abs(part) / jnp.maximum(jnp.abs(whole), 1e-12)
 
 
-def recording_step(objective, optimizer):
-  """`gradient_step` that also records what the objective's penalty did, for an objective
-  whose aux holds `penalty_term` (the weighted penalty, a part of the loss) and optionally
-  `at_target` (1 where a scheduled weight is at its target). Records, per local step:
+def recording_step(objective, optimizer, grad_share: bool = False):
+  """`gradient_step` that also records what the objective's own term did, read from the
+  objective's aux: `penalty_term` (the weighted penalty, a part of the loss), `at_target`
+  (1 where a scheduled weight is at its target) and `plain_grad` (the plain gradient at
+  the same point and batch, for an objective that changes the gradient itself: SAM's).
+  Records, per local step, those whose aux entry is present:
 
     penalty_loss_share   |penalty_term| / |loss|                         every step
-    weight_at_target     at_target                                       every step (when given)
-    penalty_grad_share   ||grad penalty_term|| / ||grad loss||           the round's first step only
+    weight_at_target     at_target                                       every step
+    penalty_grad_share   ||grad penalty_term|| / ||grad loss||           with `grad_share` only
+    step_deviation       ||grad loss - plain_grad|| / ||plain_grad||     every step
 
-  The gradient share costs one more backward pass of the penalty, so it is taken once a
-  round (`lax.cond` on the step index, which no client axis batches)."""
+  The gradient share costs one more backward pass of the penalty, so `recorded_train`
+  takes it at the round's first step only (`local_loop_recording`'s `first_step_fn`).
+
+  Args:
+    objective: `objective(params, batch, rng) -> (loss, aux)`.
+    optimizer: the local optax optimizer.
+    grad_share: also record `penalty_grad_share` at this step.
+
+  Returns:
+    `step_fn(carry, batch, rng) -> ((params, opt_state), loss, record)`.
+  """
   grad_fn = jax.value_and_grad(objective, has_aux=True)
-
-  def grad_share(p, batch, rng, g):
-    g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
-    return (optax.tree.norm(g_pen) / jnp.maximum(optax.tree.norm(g), 1e-12)).astype(jnp.float32)
 
   def step_fn(carry, batch, rng):
     p, opt_state = carry
     (loss, aux), g = grad_fn(p, batch, rng)
-    first = jnp.asarray(batch.step) == 0
-    share = jax.lax.cond(first, grad_share, lambda *a: jnp.zeros((), jnp.float32), p, batch, rng, g)
-    record = {"penalty_loss_share": (_share(aux["penalty_term"], loss), 1.0),
-              "penalty_grad_share": (share, first.astype(jnp.float32))}
+    record = {}
+    if "penalty_term" in aux:
+      record["penalty_loss_share"] = (_share(aux["penalty_term"], loss), 1.0)
+      if grad_share:
+        g_pen = jax.grad(lambda q: objective(q, batch, rng)[1]["penalty_term"])(p)
+        record["penalty_grad_share"] = (_share(optax.tree.norm(g_pen), optax.tree.norm(g)).astype(jnp.float32), 1.0)
     if "at_target" in aux:
       record["weight_at_target"] = (aux["at_target"], 1.0)
+    if "plain_grad" in aux:
+      record["step_deviation"] = (relative_distance(g, aux["plain_grad"]), 1.0)
     updates, opt_state = optimizer.update(g, opt_state, p)
     return (optax.apply_updates(p, updates), opt_state), loss, record
   return step_fn
 
 
+def relative_distance(a, b):
+  """`||a - b|| / ||b||` over all leaves of two same-shaped pytrees (0 where `b` is 0)."""
+  norm = tree_norm(b)
+  return jnp.where(norm > 0, tree_norm(jax.tree.map(jnp.subtract, a, b)) / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+
 def recorded_train(params, opt_state, objective, optimizer, data: ClientData, rng, sched: LocalSchedule):
-  """`local_train_from` on an objective with a `penalty_term` (`recording_step`); returns
-  `(params, opt_state, mean_loss, {"activity/<name>": mean})`."""
-  (params, opt_state), loss, record = local_loop_recording((params, opt_state), recording_step(objective, optimizer),
-                                                           data, rng, sched)
+  """`local_train_from` on an objective whose aux says what its own term did
+  (`recording_step`, the gradient share at the round's first step); returns `(params,
+  opt_state, mean_loss, {"activity/<name>": mean})`. With `sched.activity` False it is
+  `local_train_from` and records nothing."""
+  if not sched.activity:
+    return (*local_train_from(params, opt_state, objective, optimizer, data, rng, sched), {})
+  (params, opt_state), loss, record = local_loop_recording(
+      (params, opt_state), recording_step(objective, optimizer), data, rng, sched,
+      first_step_fn=recording_step(objective, optimizer, grad_share=True))
   return params, opt_state, loss, {f"activity/{n}": v for n, v in record.items()}
 
 

@@ -36,8 +36,17 @@ iterations per sync, SGD lr 0.05, weight decay 5e-4):
       Per solver step: `phi~ <- phi`, one SGD step of `phi~` on `R_c'` for every reporting
       client in turn (step `solver_lr`), then `phi <- phi + meta_lr (phi~ - phi)`.
 With `lambda = 0` and no solver steps, stage 2 is plain head averaging.
-Both stages run through the engine (strategies, host store, checkpoints); model
-selection for FedLOE considers the final stage's evaluations only.
+Both stages run through the engine (strategies, host store, checkpoints).
+
+Model selection considers stage 2's evaluations only, one per synchronisation: a
+selection among `stage2_rounds` models (4 by default) where a method evaluated every
+round of a 60-round run chooses among 30. This is kept on purpose. FedLOE's model is the
+combined head of a stage-2 synchronisation; a stage-1 model is "Our FedAvg" (FedAvg with
+infrequent communication), so letting the selection pick one would report another
+method under FedLOE's name. Fewer candidates make FedLOE's selected score, if anything,
+less optimistic than the others' (the maximum of fewer noisy validation scores); a user
+who wants as many choices raises `stage2_rounds` (each adds `head_steps` local steps to
+stage 2, taken from stage 1's budget).
 """
 from __future__ import annotations
 
@@ -260,7 +269,8 @@ def _stage2_data(ctx, hp: HParams) -> dict:
 
 def _stage2(ctx, hp: HParams) -> Algorithm:
   data = ctx.prepared
-  sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, data["n_max"], data["n_min"], ctx.sched.unroll)
+  sched = make_schedule(ctx.config.client.batch_size, hp.head_steps, 0, data["n_max"], data["n_min"], ctx.sched.unroll,
+                        activity=ctx.sched.activity)
   head_opt = make_optimizer(ml_collections.ConfigDict(
       {"optimizer": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": hp.head_weight_decay}), values={"lr": hp.head_lr})
   return stage2(ctx.model, sched, head_opt, data["tune"], hp.penalty, hp.lam, ctx.num_clients, hp.solver_steps,
