@@ -189,10 +189,12 @@ def determinism(environ=None) -> dict:
   """What decides a run's results bit for bit beyond its code and config: the host CPU's
   features (`cpu_features`), the threads the process may use and the environment variables
   that set XLA's and the BLAS libraries' flags and thread counts (`XLA_FLAGS`, e.g.
-  `--xla_cpu_multi_thread_eigen`, `OMP_NUM_THREADS`), the JAX backend and device kind where
-  JAX is already imported, and the Python and library versions. Two runs of one job agree
-  bit for bit only where all of these agree; where they differ, the difference bounds what
-  a rerun can be expected to reproduce.
+  `--xla_cpu_max_isa`, `OMP_NUM_THREADS`), and, where JAX is already imported, its backend,
+  device kind, x64 and matmul precision settings and its random-number implementation
+  (`jax_default_prng_impl`, `jax_threefry_partitionable`: they decide every random draw),
+  and the Python version. Two runs of one job agree bit for bit only where these, the
+  library versions and the source fingerprint agree (`differences`); docs/reproducibility.md
+  says which of them were measured to matter.
 
   Args:
     environ: the environment (os.environ when None).
@@ -209,8 +211,10 @@ def determinism(environ=None) -> dict:
     try:
       jax = sys.modules["jax"]
       jax_info = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-                  "devices": jax.device_count(), "x64": bool(jax.config.read("jax_enable_x64")),
-                  "matmul_precision": str(jax.config.read("jax_default_matmul_precision"))}
+                  "devices": jax.device_count(), "x64": bool(jax.config.jax_enable_x64),
+                  "matmul_precision": str(jax.config.jax_default_matmul_precision),
+                  "prng_impl": str(jax.config.jax_default_prng_impl),
+                  "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
     except Exception as e:  # a backend that fails to start is recorded, not fatal
       jax_info = {"error": f"{type(e).__name__}: {e}"}
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -228,3 +232,73 @@ def provenance() -> dict:
 def recorded_fingerprint(summary: dict) -> str | None:
   """The source fingerprint a run's summary records (None: the run predates fingerprints)."""
   return ((summary.get("provenance") or {}).get("source") or {}).get("sha256")
+
+
+# The distributions whose code computes a run's numbers (the checkpoint library and the
+# config parser only store and read them).
+NUMERIC_PACKAGES = ("jax", "jaxlib", "numpy", "flax", "optax")
+
+
+def deciding_fields(prov: dict) -> dict:
+  """What in a provenance record decides a run's results bit for bit, flattened.
+
+  Args:
+    prov: a run's provenance record (`provenance()`, summary.json's "provenance").
+
+  Returns:
+    {dotted name: value}: `source.sha256`, `versions.<p>` for each of `NUMERIC_PACKAGES`,
+    `determinism.cpu.simd`, `determinism.usable_cores`, `determinism.env.<VAR>` and
+    `determinism.jax.<setting>`; a record made before `determinism` was recorded gives
+    `determinism: None` in place of the last four.
+  """
+  out = {"source.sha256": (prov.get("source") or {}).get("sha256")}
+  recorded_versions = prov.get("versions") or {}
+  out.update({f"versions.{p}": recorded_versions.get(p) for p in NUMERIC_PACKAGES})
+  det = prov.get("determinism")
+  if not isinstance(det, dict):
+    out["determinism"] = None
+    return out
+  out["determinism.cpu.simd"] = (det.get("cpu") or {}).get("simd")
+  out["determinism.usable_cores"] = det.get("usable_cores")
+  out.update({f"determinism.env.{k}": v for k, v in (det.get("env") or {}).items()})
+  if isinstance(det.get("jax"), dict):
+    out.update({f"determinism.jax.{k}": v for k, v in det["jax"].items()})
+  else:
+    out["determinism.jax"] = det.get("jax")
+  return out
+
+
+def differences(recorded: dict, current: dict | None = None) -> list[str]:
+  """The fields deciding bitwise results (`deciding_fields`) on which two runs differ.
+
+  Args:
+    recorded: the provenance record of the run to reproduce.
+    current: the rerun's record (`provenance()` of this process when None; import JAX first
+      so that its settings are seen).
+
+  Returns:
+    One "name: recorded -> current" string per differing field, in name order; a recorded
+    run without a `determinism` block gives one "determinism: not recorded" entry.
+  """
+  a, b = deciding_fields(recorded), deciding_fields(provenance() if current is None else current)
+  if a.get("determinism", True) is None:
+    return [f"{k}: {a[k]} -> {b.get(k)}" for k in sorted(a) if k != "determinism" and a[k] != b.get(k)] + \
+        ["determinism: not recorded (the run predates it)"]
+  return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def rerun_warning(recorded: dict, current: dict | None = None) -> str | None:
+  """One line saying why a rerun may not reproduce a recorded run bit for bit.
+
+  Args:
+    recorded: the provenance record of the run to reproduce.
+    current: the rerun's record (this process's when None).
+
+  Returns:
+    None where every field of `deciding_fields` agrees, else one line naming each differing
+    field with its recorded and current value.
+  """
+  diffs = differences(recorded, current)
+  if not diffs:
+    return None
+  return "a rerun here may not reproduce the recorded run bit for bit; it differs in " + "; ".join(diffs)
