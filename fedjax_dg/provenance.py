@@ -249,7 +249,8 @@ def deciding_fields(prov: dict) -> dict:
     {dotted name: value}: `source.sha256`, `versions.<p>` for each of `NUMERIC_PACKAGES`,
     `determinism.cpu.simd`, `determinism.usable_cores`, `determinism.env.<VAR>` and
     `determinism.jax.<setting>`; a record made before `determinism` was recorded gives
-    `determinism: None` in place of the last four.
+    `determinism: None` in place of the last four, and one whose JAX settings were not read
+    (JAX not imported, or an error) `determinism.jax: None`.
   """
   out = {"source.sha256": (prov.get("source") or {}).get("sha256")}
   recorded_versions = prov.get("versions") or {}
@@ -261,10 +262,11 @@ def deciding_fields(prov: dict) -> dict:
   out["determinism.cpu.simd"] = (det.get("cpu") or {}).get("simd")
   out["determinism.usable_cores"] = det.get("usable_cores")
   out.update({f"determinism.env.{k}": v for k, v in (det.get("env") or {}).items()})
-  if isinstance(det.get("jax"), dict):
-    out.update({f"determinism.jax.{k}": v for k, v in det["jax"].items()})
+  jax_info = det.get("jax")
+  if isinstance(jax_info, dict) and "error" not in jax_info:
+    out.update({f"determinism.jax.{k}": v for k, v in jax_info.items()})
   else:
-    out["determinism.jax"] = det.get("jax")
+    out["determinism.jax"] = None
   return out
 
 
@@ -277,14 +279,20 @@ def differences(recorded: dict, current: dict | None = None) -> list[str]:
       so that its settings are seen).
 
   Returns:
-    One "name: recorded -> current" string per differing field, in name order; a recorded
-    run without a `determinism` block gives one "determinism: not recorded" entry.
+    One "name: recorded -> current" string per differing field, in name order; a block
+    that one side did not record (`determinism`, `determinism.jax`) gives one "name: not
+    recorded in the ..." entry instead of its fields.
   """
   a, b = deciding_fields(recorded), deciding_fields(provenance() if current is None else current)
-  if a.get("determinism", True) is None:
-    return [f"{k}: {a[k]} -> {b.get(k)}" for k in sorted(a) if k != "determinism" and a[k] != b.get(k)] + \
-        ["determinism: not recorded (the run predates it)"]
-  return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+  missing = []
+  for block in ("determinism", "determinism.jax"):
+    for side, name in ((a, "recorded run (it predates it or could not read it)"), (b, "rerun")):
+      if block in side and not any(block in m for m in missing):
+        missing.append(f"{block}: not recorded in the {name}")
+    if any(m.startswith(block + ":") for m in missing):
+      a = {k: v for k, v in a.items() if k != block and not k.startswith(block + ".")}
+      b = {k: v for k, v in b.items() if k != block and not k.startswith(block + ".")}
+  return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)] + missing
 
 
 def rerun_warning(recorded: dict, current: dict | None = None) -> str | None:
@@ -302,3 +310,40 @@ def rerun_warning(recorded: dict, current: dict | None = None) -> str | None:
   if not diffs:
     return None
   return "a rerun here may not reproduce the recorded run bit for bit; it differs in " + "; ".join(diffs)
+
+
+def check_run(workdir: str) -> str:
+  """Whether rerunning the run in `workdir` here is expected to reproduce it bit for bit.
+
+  Args:
+    workdir: a finished run's folder (its summary.json), or the summary.json itself.
+
+  Returns:
+    `rerun_warning`'s line, or a line saying that every field deciding bitwise results agrees.
+
+  Raises:
+    ValueError: the summary is missing, does not parse, or records no provenance (one line
+      naming the file).
+  """
+  import json
+  path = workdir if workdir.endswith(".json") else os.path.join(workdir, "summary.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      summary = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: cannot read the run's summary ({type(e).__name__}: {e})".splitlines()[0]) from None
+  recorded = summary.get("provenance") if isinstance(summary, dict) else None
+  if not isinstance(recorded, dict):
+    raise ValueError(f"{path}: records no provenance, so nothing says what produced the run")
+  import jax  # noqa: F401  (its settings enter the current record)
+  return rerun_warning(recorded) or "every field deciding bitwise results agrees with the recorded run's"
+
+
+if __name__ == "__main__":
+  import sys
+  if len(sys.argv) != 2:
+    sys.exit("usage: python -m fedjax_dg.provenance RUN_DIR (or its summary.json)")
+  try:
+    print(check_run(sys.argv[1]))
+  except ValueError as e:
+    sys.exit(str(e))
