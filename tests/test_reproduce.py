@@ -152,8 +152,8 @@ def test_a_committed_fedavg_job_of_the_report_reruns_bit_for_bit(tmp_path):
   `run_axis="map"` computes each run's arithmetic as alone.
 
   Bit-for-bit equality needs the machine of tests/data/repro_reference.json: the same
-  vector features (XLA compiles for the host CPU; capping them at AVX moved the IRM job of
-  docs/reproducibility.md, a FedAvg run in all but name, by up to 0.04 in one evaluation),
+  vector features (XLA compiles for the host CPU; capping them at AVX moves this job's test
+  accuracy by up to 0.06 in one evaluation, docs/reproducibility.md),
   the same library versions and JAX settings, and no XLA_FLAGS. Elsewhere the test is
   skipped with the line naming what differs: no bound holds across machines for a run whose
   learning rate amplifies the last bit over 60 rounds.
