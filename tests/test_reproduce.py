@@ -15,6 +15,8 @@ from fedjax_dg import provenance
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "experiments", "report_fmnist", "results.jsonl.gz")
 REFERENCE = os.path.join(ROOT, "tests", "data", "repro_reference.json")
+# The job's line of RESULTS, kept here so that the test outlives the report's folder.
+JOB = os.path.join(ROOT, "tests", "data", "repro_fedavg_job.json.gz")
 
 
 def _record(simd=("sse4_2", "avx", "avx2", "fma"), xla_flags=None, jaxlib="0.10.2", sha="a" * 64):
@@ -106,12 +108,20 @@ def test_check_run_refuses_a_folder_without_a_readable_summary_in_one_line(tmp_p
 
 
 def _stored_job(key):
+  with gzip.open(JOB, "rt") as f:
+    job = json.load(f)
+  assert job["key"] == key, f"{JOB} holds job {job['key']}, not {key}"
+  return job
+
+
+def test_the_kept_job_is_the_reports_line():
+  if not os.path.exists(RESULTS):
+    pytest.skip(f"{RESULTS} is gone; the kept copy stands for it")
+  with open(REFERENCE) as f:
+    key = json.load(f)["job"]
   with gzip.open(RESULTS, "rt") as f:
-    for line in f:
-      job = json.loads(line)
-      if job.get("key") == key:
-        return job
-  raise AssertionError(f"{RESULTS}: no job {key}")
+    lines = [json.loads(line) for line in f]
+  assert [j for j in lines if j.get("key") == key] == [_stored_job(key)]
 
 
 def _flat(record):
@@ -144,7 +154,8 @@ print("SELECTION " + json.dumps(summary["selection"]))
 @pytest.mark.slow
 def test_a_committed_fedavg_job_of_the_report_reruns_bit_for_bit(tmp_path):
   """FedAvg with 20 single-domain clients, 60 rounds, client lr 0.0089 (seed 1, a "table" job
-  of the second edition of experiments/report_fmnist/, key 3dc1629bd7f60916), run then in a
+  of the second edition of experiments/report_fmnist/, key 3dc1629bd7f60916, its line kept
+  in tests/data/repro_fedavg_job.json.gz), run then in a
   batch of 3 under older code, rerun here alone by today's code: every one of its 30
   evaluations (every metric of every split and the training loss) and both selections equal
   the stored ones bit for bit. FedAvg's numeric code is unchanged since (the source
