@@ -286,12 +286,11 @@ def differences(recorded: dict, current: dict | None = None) -> list[str]:
   a, b = deciding_fields(recorded), deciding_fields(provenance() if current is None else current)
   missing = []
   for block in ("determinism", "determinism.jax"):
-    for side, name in ((a, "recorded run (it predates it or could not read it)"), (b, "rerun")):
-      if block in side and not any(block in m for m in missing):
-        missing.append(f"{block}: not recorded in the {name}")
-    if any(m.startswith(block + ":") for m in missing):
-      a = {k: v for k, v in a.items() if k != block and not k.startswith(block + ".")}
-      b = {k: v for k, v in b.items() if k != block and not k.startswith(block + ".")}
+    sides = [name for side, name in ((a, "the recorded run (it predates it or could not read it)"),
+                                     (b, "this rerun")) if block in side]
+    if sides:
+      missing.append(f"{block}: not recorded in {' or '.join(sides)}")
+      a, b = ({k: v for k, v in d.items() if k != block and not k.startswith(block + ".")} for d in (a, b))
   return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)] + missing
 
 

@@ -69,6 +69,10 @@ def test_a_record_made_before_determinism_was_recorded_says_so():
   failed["determinism"]["jax"] = {"error": "AttributeError: ..."}
   assert provenance.differences(failed, _record()) == [
       "determinism.jax: not recorded in the recorded run (it predates it or could not read it)"]
+  unread = _record()
+  unread["determinism"]["jax"] = None  # JAX not imported by the rerun
+  assert provenance.differences(failed, unread) == [
+      "determinism.jax: not recorded in the recorded run (it predates it or could not read it) or this rerun"]
 
 
 def test_this_process_records_its_jax_settings_and_random_number_implementation():
