@@ -306,10 +306,12 @@ def determinism(environ=None) -> dict:
   """What decides a run's results bit for bit beyond its code and config: the host CPU's
   features (`cpu_features`), the threads the process may use and the environment variables
   that set XLA's and the BLAS libraries' flags and thread counts (`XLA_FLAGS`, e.g.
-  `--xla_cpu_multi_thread_eigen`, `OMP_NUM_THREADS`), the JAX backend and device kind where
-  JAX is already imported, and the Python and library versions. Two runs of one job agree
-  bit for bit only where all of these agree; where they differ, the difference bounds what
-  a rerun can be expected to reproduce.
+  `--xla_cpu_max_isa`, `OMP_NUM_THREADS`), and, where JAX is already imported, its backend,
+  device kind, x64 and matmul precision settings and its random-number implementation
+  (`jax_default_prng_impl`, `jax_threefry_partitionable`: they decide every random draw),
+  and the Python version. Two runs of one job agree bit for bit only where these, the
+  library versions and the source fingerprint agree (`differences`); docs/reproducibility.md
+  says which of them were measured to matter.
 
   Args:
     environ: the environment (os.environ when None).
@@ -326,8 +328,10 @@ def determinism(environ=None) -> dict:
     try:
       jax = sys.modules["jax"]
       jax_info = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-                  "devices": jax.device_count(), "x64": bool(jax.config.read("jax_enable_x64")),
-                  "matmul_precision": str(jax.config.read("jax_default_matmul_precision"))}
+                  "devices": jax.device_count(), "x64": bool(jax.config.jax_enable_x64),
+                  "matmul_precision": str(jax.config.jax_default_matmul_precision),
+                  "prng_impl": str(jax.config.jax_default_prng_impl),
+                  "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
     except Exception as e:  # a backend that fails to start is recorded, not fatal
       jax_info = {"error": f"{type(e).__name__}: {e}"}
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -346,3 +350,117 @@ def provenance(algorithm: str | None = None) -> dict:
 def recorded_fingerprint(summary: dict) -> str | None:
   """The source fingerprint a run's summary records (None: the run predates fingerprints)."""
   return ((summary.get("provenance") or {}).get("source") or {}).get("sha256")
+
+
+# The distributions whose code computes a run's numbers (the checkpoint library and the
+# config parser only store and read them).
+NUMERIC_PACKAGES = ("jax", "jaxlib", "numpy", "flax", "optax")
+
+
+def deciding_fields(prov: dict) -> dict:
+  """What in a provenance record decides a run's results bit for bit, flattened.
+
+  Args:
+    prov: a run's provenance record (`provenance()`, summary.json's "provenance").
+
+  Returns:
+    {dotted name: value}: `source.sha256`, `versions.<p>` for each of `NUMERIC_PACKAGES`,
+    `determinism.cpu.simd`, `determinism.usable_cores`, `determinism.env.<VAR>` and
+    `determinism.jax.<setting>`; a record made before `determinism` was recorded gives
+    `determinism: None` in place of the last four, and one whose JAX settings were not read
+    (JAX not imported, or an error) `determinism.jax: None`.
+  """
+  out = {"source.sha256": (prov.get("source") or {}).get("sha256")}
+  recorded_versions = prov.get("versions") or {}
+  out.update({f"versions.{p}": recorded_versions.get(p) for p in NUMERIC_PACKAGES})
+  det = prov.get("determinism")
+  if not isinstance(det, dict):
+    out["determinism"] = None
+    return out
+  out["determinism.cpu.simd"] = (det.get("cpu") or {}).get("simd")
+  out["determinism.usable_cores"] = det.get("usable_cores")
+  out.update({f"determinism.env.{k}": v for k, v in (det.get("env") or {}).items()})
+  jax_info = det.get("jax")
+  if isinstance(jax_info, dict) and "error" not in jax_info:
+    out.update({f"determinism.jax.{k}": v for k, v in jax_info.items()})
+  else:
+    out["determinism.jax"] = None
+  return out
+
+
+def differences(recorded: dict, current: dict | None = None) -> list[str]:
+  """The fields deciding bitwise results (`deciding_fields`) on which two runs differ.
+
+  Args:
+    recorded: the provenance record of the run to reproduce.
+    current: the rerun's record (`provenance()` of this process when None; import JAX first
+      so that its settings are seen).
+
+  Returns:
+    One "name: recorded -> current" string per differing field, in name order; a block
+    that one side did not record (`determinism`, `determinism.jax`) gives one "name: not
+    recorded in the ..." entry instead of its fields.
+  """
+  a, b = deciding_fields(recorded), deciding_fields(provenance() if current is None else current)
+  missing = []
+  for block in ("determinism", "determinism.jax"):
+    sides = [name for side, name in ((a, "the recorded run (it predates it or could not read it)"),
+                                     (b, "this rerun")) if block in side]
+    if sides:
+      missing.append(f"{block}: not recorded in {' or '.join(sides)}")
+      a, b = ({k: v for k, v in d.items() if k != block and not k.startswith(block + ".")} for d in (a, b))
+  return [f"{k}: {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)] + missing
+
+
+def rerun_warning(recorded: dict, current: dict | None = None) -> str | None:
+  """One line saying why a rerun may not reproduce a recorded run bit for bit.
+
+  Args:
+    recorded: the provenance record of the run to reproduce.
+    current: the rerun's record (this process's when None).
+
+  Returns:
+    None where every field of `deciding_fields` agrees, else one line naming each differing
+    field with its recorded and current value.
+  """
+  diffs = differences(recorded, current)
+  if not diffs:
+    return None
+  return "a rerun here may not reproduce the recorded run bit for bit; it differs in " + "; ".join(diffs)
+
+
+def check_run(workdir: str) -> str:
+  """Whether rerunning the run in `workdir` here is expected to reproduce it bit for bit.
+
+  Args:
+    workdir: a finished run's folder (its summary.json), or the summary.json itself.
+
+  Returns:
+    `rerun_warning`'s line, or a line saying that every field deciding bitwise results agrees.
+
+  Raises:
+    ValueError: the summary is missing, does not parse, or records no provenance (one line
+      naming the file).
+  """
+  import json
+  path = workdir if workdir.endswith(".json") else os.path.join(workdir, "summary.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      summary = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: cannot read the run's summary ({type(e).__name__}: {e})".splitlines()[0]) from None
+  recorded = summary.get("provenance") if isinstance(summary, dict) else None
+  if not isinstance(recorded, dict):
+    raise ValueError(f"{path}: records no provenance, so nothing says what produced the run")
+  import jax  # noqa: F401  (its settings enter the current record)
+  return rerun_warning(recorded) or "every field deciding bitwise results agrees with the recorded run's"
+
+
+if __name__ == "__main__":
+  import sys
+  if len(sys.argv) != 2:
+    sys.exit("usage: python -m fedjax_dg.provenance RUN_DIR (or its summary.json)")
+  try:
+    print(check_run(sys.argv[1]))
+  except ValueError as e:
+    sys.exit(str(e))
