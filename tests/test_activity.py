@@ -29,7 +29,34 @@ def test_a_schedule_that_never_reaches_its_target_is_an_error_naming_the_field()
                client_domains=(2,)) == []
 
 
-@pytest.mark.parametrize("name,field", [("irm", "lam"), ("vrex", "lam"), ("mmd", "gamma"), ("coral", "gamma")])
+def test_on_single_domain_clients_the_domain_penalties_train_plain_erm():
+  """What preflight's `equals_baseline` claims, on the updates themselves: VREx's variance,
+  MMD's and CORAL's pair terms need two domains, and IRM's penalty is applied only where two
+  or more are present (`dg.py`: IRMv1's per-domain product itself is not zero on one domain),
+  so on a client holding one domain all four send the same update, bit for bit, as a plain
+  ERM client (IRM's weight 100 from the first step); on two domains IRM's differs."""
+  from fedjax_dg.algorithms.base import ClientData, LocalSchedule
+  from fedjax_dg.algorithms.dg import dg_client
+  from fedjax_dg.objectives import irm_penalty
+  model = tiny_mlp()
+  params = model.init(jax.random.PRNGKey(0))
+  sched = LocalSchedule(num_steps=3, batch_size=8, epochs=0, passes=3, unroll=1)
+  d = _two_domain_data()
+  one = ClientData(d.x, d.y, jnp.zeros_like(d.domain), d.count)  # every row in domain 0
+  msg = lambda k, data: client_message(dg_client(model, sched, optax.sgd(0.1), k, 100.0, 3, 0), params, data)  # noqa: E731
+  erm = client_message(dg_client(model, sched, optax.sgd(0.1), "vrex", 0.0, 3, 0), params, one)
+  for k in ("vrex", "mmd", "coral", "irm"):
+    assert helpers.tree_max_diff(msg(k, one), erm) == 0.0, k
+  assert helpers.tree_max_diff(msg("irm", d), msg("vrex", d)) > 1e-4
+  logits = model.apply(params, one.x)
+  assert abs(float(irm_penalty(logits, one.y))) > 0  # the gate, not the formula, makes it zero
+
+
+def client_message(client, params, data):
+  return client.update(params, jnp.asarray(5), (), data, jax.random.PRNGKey(2)).message
+
+
+@pytest.mark.parametrize("name,field", [("vrex", "lam"), ("mmd", "gamma"), ("coral", "gamma")])
 def test_penalties_between_domains_on_single_domain_clients_equal_fedavg(name, field):
   (f,) = _find({"algorithm.name": name})
   assert (f.level, f.field, f.equals_baseline) == ("warning", f"algorithm.{name}.{field}", True)
