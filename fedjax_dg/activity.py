@@ -30,11 +30,17 @@ class Finding(NamedTuple):
   field            the config field to change, e.g. "algorithm.irm.anneal_steps"
   message          one line: what does not act, and why
   equals_baseline  the run computes FedAvg's update exactly (reports print "-")
+  inactive         the method's own term does not act at all in this run, though the run
+                   is not FedAvg's (another server rule acts, or the method reduces to
+                   something else): reports print "-" for it too. A finding with neither
+                   flag (a term acting on some clients only, a stage shortened) is told to
+                   the reader and the run still measures the method.
   """
   level: str
   field: str
   message: str
   equals_baseline: bool = False
+  inactive: bool = False
 
 
 def preflight(config, *, local_steps: int, rounds: int, client_domains: Sequence[int]) -> list[Finding]:
@@ -117,7 +123,7 @@ def single_domain_findings(key: str, hp, client_domains: Sequence[int], plain_ru
                     f"the {key} penalty is zero; it acts on the other {len(client_domains) - single} only")]
   same = "FedAvg's update exactly" if plain_rule else "its server rule on plain ERM clients"
   return [Finding("warning", field, f"{field}: every client holds one domain, where the {key} penalty is zero: "
-                  f"the run computes {same}", equals_baseline=plain_rule)]
+                  f"the run computes {same}", equals_baseline=plain_rule, inactive=not plain_rule)]
 
 
 def zero_weight_findings(key: str, hp, plain_rule: bool) -> list[Finding]:
@@ -135,7 +141,7 @@ def zero_weight_findings(key: str, hp, plain_rule: bool) -> list[Finding]:
     return []
   field = f"algorithm.{key}.{ZERO_IS_FEDAVG[key]}"
   return [Finding("warning", field, f"{field}=0: the {key} term is switched off, the clients train plain ERM",
-                  equals_baseline=plain_rule)]
+                  equals_baseline=plain_rule, inactive=not plain_rule)]
 
 
 def proximal_findings(key: str, hp, local_steps: int, plain_rule: bool) -> list[Finding]:
@@ -156,7 +162,7 @@ def proximal_findings(key: str, hp, local_steps: int, plain_rule: bool) -> list[
   return [Finding("warning", "algorithm.fedprox.mu",
                   "algorithm.fedprox.mu: with one local step a round the proximal term's gradient is zero at "
                   "the only step (taken at the global model): the run computes FedAvg's update exactly",
-                  equals_baseline=plain_rule)]
+                  equals_baseline=plain_rule, inactive=not plain_rule)]
 
 
 def fish_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
@@ -174,7 +180,7 @@ def fish_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
     return []
   return [Finding("warning", "algorithm.fish.meta_lr",
                   "algorithm.fish.meta_lr: every client holds one domain, so Fish's inner loop has one step and "
-                  "its update is local ERM with the step scaled by meta_lr (no gradient matching)")]
+                  "its update is local ERM with the step scaled by meta_lr (no gradient matching)", inactive=True)]
 
 
 def groupdro_findings(key: str, client_domains: Sequence[int], plain_rule: bool) -> list[Finding]:
@@ -202,7 +208,8 @@ def groupdro_findings(key: str, client_domains: Sequence[int], plain_rule: bool)
   same = "FedAvg's update" if plain_rule else "its server rule on plain ERM clients"
   return [Finding("warning", "algorithm.groupdro.eta",
                   "algorithm.groupdro.eta: every client holds one domain, so the group weights weigh one group "
-                  f"and each local loss is ERM's: the run computes {same} (to rounding)", equals_baseline=plain_rule)]
+                  f"and each local loss is ERM's: the run computes {same} (to rounding)", equals_baseline=plain_rule,
+                  inactive=not plain_rule)]
 
 
 def mixup_findings(key: str, client_domains: Sequence[int]) -> list[Finding]:
@@ -258,12 +265,13 @@ def fedloe_findings(key: str, hp, rounds: int, plain_rule: bool) -> list[Finding
             else "its stage 1 alone (FedAvg at stage1_syncs synchronisations)")
     found.append(Finding("warning", "algorithm.fedloe.stage2_rounds",
                          f"algorithm.fedloe.stage2_rounds=0: no head is trained or combined, the run is {what}",
-                         equals_baseline=hp.stage1_syncs == 0 and plain_rule))
+                         equals_baseline=hp.stage1_syncs == 0 and plain_rule,
+                         inactive=not (hp.stage1_syncs == 0 and plain_rule)))
     return found
   if hp.solver_steps == 0:
     found.append(Finding("warning", "algorithm.fedloe.solver_steps",
                          "algorithm.fedloe.solver_steps=0: the manager keeps the uniform combination, so stage 2 "
-                         f"averages the heads and its {hp.penalty} penalty never acts"))
+                         f"averages the heads and its {hp.penalty} penalty never acts", inactive=True))
   elif hp.penalty in ("irm", "rex") and hp.lam == 0:
     found.append(Finding("warning", "algorithm.fedloe.lam",
                          f"algorithm.fedloe.lam=0: the manager minimises the clients' loss without its {hp.penalty} "

@@ -68,7 +68,8 @@ def local_schedule(config, counts, unroll: int | bool = 1, augment=None) -> Loca
   """
   c = config.client
   n_max, n_min = int(max(counts)), int(min(counts))
-  return make_schedule(int(c.batch_size), int(c.local_steps), int(c.local_epochs), n_max, n_min, unroll, augment)
+  return make_schedule(int(c.batch_size), int(c.local_steps), int(c.local_epochs), n_max, n_min, unroll, augment,
+                       activity=bool(config.get("activity", True)))
 
 
 def local_steps(config, counts) -> int:

@@ -141,6 +141,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.quiet = False            # hide the progress bar
   c.tensorboard = False      # also write TensorBoard event files to <workdir>/tensorboard/ (tensorboard extra)
   c.tracking = ""            # "mlflow" or "mlflow:URI": log the finished run to MLflow (tracking extra)
+  c.activity = True          # the clients record how much the method's own term acted (docs/activity.md);
+                             # False skips those records (one backward pass a round), the updates unchanged
 
   c.engine = ml_collections.ConfigDict()
   c.engine.strategy = "auto"  # vmap | chunked | sequential | host_loop | auto

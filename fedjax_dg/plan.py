@@ -355,11 +355,13 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
       raise ConfigError(str(e)) from None
   family = family or model_family(model, input_shape)
   unroll = unroll_of(config, steps1, family)
+  records = bool(config.get("activity", True))  # the clients' activity records (docs/activity.md)
   if (rounds1, steps1) == (int(config.num_rounds), steps):
     sched = make_schedule(c.batch_size, c.local_steps, c.local_epochs, n_max, n_min, unroll,
-                          augmentation(config, fold))
+                          augmentation(config, fold), activity=records)
   else:  # `steps1` local steps of B examples a round (the step mode's stream of permutations)
-    sched = make_schedule(c.batch_size, steps1, 0, n_max, n_min, unroll, augmentation(config, fold))
+    sched = make_schedule(c.batch_size, steps1, 0, n_max, n_min, unroll, augmentation(config, fold),
+                          activity=records)
   steps = sched.num_steps
   strategy = resolve_strategy(config, family)
   e = config.engine
@@ -401,7 +403,7 @@ def preflight(config, plan: RunPlan, packed) -> tuple:
     packed: its training store (which domains each client holds).
 
   Returns:
-    The warnings as dicts (`level`, `field`, `message`, `equals_baseline`), each also
+    The warnings as dicts (`level`, `field`, `message`, `equals_baseline`, `inactive`), each also
     issued once as a Python warning.
 
   Raises:

@@ -125,3 +125,37 @@ def test_fedloe_without_stage_two_and_syncs_is_fedavg():
                                           **helpers.sgd_config(0.1)}, model, sched, 6, num_domains=3, store=st),
                           params, st, 6, 6, 2).server.params for n in ("fedloe", "fedavg")]
   assert helpers.tree_max_diff(out[0], out[1]) == 0.0
+
+
+def test_which_findings_mark_a_cell_and_which_only_inform():
+  """`equals_baseline` under FedAvg's rule, `inactive` where the method's own term does not
+  act under another rule or reduces to something else (Fish on one domain), neither where
+  the method still acts (Mixup within a domain, a penalty on some clients only); the report
+  marks the first two and reports the third (`collect.run_mark`)."""
+  from fedjax_dg.bench import collect
+  (f,) = _find({"algorithm.name": "vrex"})
+  assert (f.equals_baseline, f.inactive) == (True, False)
+  (f,) = _find({"algorithm.name": "vrex+omg"})
+  assert (f.equals_baseline, f.inactive) == (False, True)
+  (f,) = _find({"algorithm.name": "fish"})
+  assert (f.equals_baseline, f.inactive) == (False, True)
+  (f,) = _find({"algorithm.name": "mixup"})
+  assert (f.equals_baseline, f.inactive) == (False, False)
+  (f,) = _find({"algorithm.name": "vrex"}, client_domains=(1, 2))
+  assert (f.equals_baseline, f.inactive) == (False, False)
+  mark = lambda f: collect.run_mark({"summary": {"preflight": [f._asdict()]}})[0]  # noqa: E731
+  assert [mark(f) for f in (_find({"algorithm.name": "vrex"})[0], _find({"algorithm.name": "fish"})[0],
+                            _find({"algorithm.name": "mixup"})[0])] == [collect.EQUALS_BASELINE, collect.INACTIVE, ""]
+
+
+def test_config_activity_reaches_the_runners_and_the_librarys_schedule():
+  """`config.activity = False` reaches the schedule the runner builds (`plan.prepare`) and the
+  library's (`api.local_schedule`); that a schedule without records trains the same model
+  bit for bit is `tests/test_activity_steps.py`'s."""
+  from fedjax_dg import api, plan as plan_lib
+  from fedjax_dg.data import datasets, splits
+  c = config_with({"algorithm.name": "irm", "num_rounds": 2})
+  fold = splits.fold_from_config(datasets.load_dataset(c.data), c.data)
+  assert api.local_schedule(c, [10, 12]).activity and plan_lib.prepare(c, fold).sched.activity
+  c.activity = False
+  assert not api.local_schedule(c, [10, 12]).activity and not plan_lib.prepare(c, fold).sched.activity

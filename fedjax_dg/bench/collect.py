@@ -89,17 +89,18 @@ def run_mark(run: dict) -> tuple[str, str]:
   """(mark, reason) of one finished run from its summary: EQUALS_BASELINE where a preflight
   finding says the run computes the baseline's update exactly (`equals_baseline`: e.g. a
   domain penalty on clients that each hold one domain, a proximal term with one local
-  step), INACTIVE where a preflight finding says the method's term cannot act (e.g. a
-  penalty schedule that never reaches its target within the run's local steps) or where
-  the run's activity record says a scheduled weight was never at its target
-  (`activity.weight_at_target` = 0); ("", "") otherwise, and for runs that record neither."""
+  step), INACTIVE where a finding says the method's own term does not act at all
+  (`inactive`: e.g. Fish on single-domain clients, a penalty weight of 0 under another
+  server rule) or where the run's activity record says a scheduled weight was never at its
+  target (`activity.weight_at_target` = 0); ("", "") otherwise: a finding with neither flag
+  (a term acting on some clients only, Mixup mixing within a domain, a shortened stage) still
+  measures the method, and runs that record neither are not marked."""
   sm = run["summary"]
   findings = sm.get("preflight") or []
-  same = [f for f in findings if f.get("equals_baseline")]
-  if same:
-    return EQUALS_BASELINE, f"`{same[0].get('field', '')}`: {same[0].get('message', '')}"
-  if findings:
-    return INACTIVE, f"`{findings[0].get('field', '')}`: {findings[0].get('message', '')}"
+  for kind in (EQUALS_BASELINE, INACTIVE):
+    hit = [f for f in findings if f.get(kind)]
+    if hit:
+      return kind, f"`{hit[0].get('field', '')}`: {hit[0].get('message', '')}"
   at_target = (sm.get("activity") or {}).get("weight_at_target")
   if at_target is not None and at_target == 0:
     return INACTIVE, "the scheduled penalty weight was never at its target value (`activity.weight_at_target` 0)"
