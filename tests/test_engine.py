@@ -35,10 +35,9 @@ def local_loss(model, mu):
   return loss
 
 
-def reference_round(model, params, controls, c_server, kind, cohort, mu=0.0, server_lr=1.0, grad=None):
+def reference_round(params, controls, c_server, kind, cohort, grad, server_lr=1.0):
   """A plain loop: each client runs EPOCHS full-batch GD steps, then the server averages.
-  `grad(q, p0, x, y)`: the gradient of `local_loss(model, mu)` (default: compiled here)."""
-  grad = grad or jax.jit(jax.grad(local_loss(model, mu)))
+  `grad(q, p0, x, y)`: the gradient of the clients' objective (`local_loss`) at q."""
   deltas, dcs, new_controls = [], [], dict(controls)
   for c in cohort:
     x, y = client_arrays(STORE, c)
@@ -86,8 +85,7 @@ def reference_rounds(kind, rounds, cohorts=None, server_lr=1.0):
   grad = jax.jit(jax.grad(local_loss(model, mu)))  # one program per client size, for every round
   for t in range(rounds):
     cohort = list(cohorts[t]) if cohorts else list(range(C))
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, cohort, mu=mu,
-                                              server_lr=server_lr, grad=grad)
+    ref_p, ref_ctrl, ref_c = reference_round(ref_p, ref_ctrl, ref_c, kind, cohort, grad, server_lr=server_lr)
   return ref_p, ref_ctrl, ref_c
 
 
