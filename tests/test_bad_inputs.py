@@ -979,8 +979,8 @@ def _(tmp):
 def _(tmp):
   from test_bounded_readers import gzip_of_zeros
   (tmp / "mnist").mkdir()
-  gzip_of_zeros(tmp / "mnist" / "train-images-idx3-ubyte.gz", bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes(),
-                1024)
+  header = bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes()
+  gzip_of_zeros(tmp / "mnist" / "train-images-idx3-ubyte.gz", header, 1024)
   return _prepare_line("verify", "mnist", "--root", str(tmp), "--fast")
 
 

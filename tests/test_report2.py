@@ -121,7 +121,7 @@ def test_fingerprint_changes_with_the_code_of_a_numeric_module_only(tmp_path):
   path.write_text(text + "_ONE_MORE_STATEMENT = 1\n")
   b = provenance.fingerprint_of(str(pkg))
   assert b["sha256"] != a["sha256"] and b["files"] == a["files"]
-  outside = ("bench/report.py", "bench/launch.py", "bench/sweep.py", "data/prepare.py")  # not what decides a run's numbers
+  outside = ("bench/report.py", "bench/launch.py", "bench/sweep.py", "data/prepare.py")  # not what decides the numbers
   for rel in outside:  # all changed, one fingerprint: it would differ if any of them entered it
     path = pkg / rel
     path.write_text(path.read_text() + "_ONE_MORE_STATEMENT = 1\n")
