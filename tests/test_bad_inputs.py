@@ -977,12 +977,10 @@ def _(tmp):
       "cap: read to 7841 bytes only", "IDX data size 7841 bytes does not match its header shape (10, 28, 28)",
       section="untrusted files")
 def _(tmp):
-  import gzip
+  from test_bounded_readers import gzip_of_zeros
   (tmp / "mnist").mkdir()
-  with gzip.open(tmp / "mnist" / "train-images-idx3-ubyte.gz", "wb") as g:
-    g.write(bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes())
-    for _ in range(1024):
-      g.write(bytes(1 << 20))
+  header = bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes()
+  gzip_of_zeros(tmp / "mnist" / "train-images-idx3-ubyte.gz", header, 1024)
   return _prepare_line("verify", "mnist", "--root", str(tmp), "--fast")
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -46,6 +47,26 @@ def zeros_zip(path, name: str, size: int) -> str:
     chunk = bytes(1 << 20)
     for _ in range(size >> 20):
       f.write(chunk)
+  return str(path)
+
+
+def gzip_of_zeros(path, head: bytes, mib: int) -> str:
+  """A genuine gzip file of `head` followed by `mib` MiB of zero bytes (about 1 KB per MiB).
+  Each MiB is deflated once and its bytes repeated: a full flush after every MiB resets the
+  compressor, so every MiB compresses to the same bytes (compressing 1 GiB at level 9 took
+  6 s of CPU, this takes a few tenths)."""
+  co = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: the gzip header and trailer are written here
+  zeros = bytes(1 << 20)
+  start = co.compress(head) + co.flush(zlib.Z_FULL_FLUSH)
+  chunk = co.compress(zeros) + co.flush(zlib.Z_FULL_FLUSH)
+  crc = zlib.crc32(head)
+  for _ in range(mib):
+    crc = zlib.crc32(zeros, crc)
+  with open(path, "wb") as f:
+    f.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + start)  # deflate, no name, mtime 0, best compression
+    for _ in range(mib):
+      f.write(chunk)
+    f.write(co.flush() + struct.pack("<II", crc, (len(head) + (mib << 20)) & 0xFFFFFFFF))
   return str(path)
 
 
@@ -140,6 +161,15 @@ def test_many_members_summing_past_the_ratio_are_refused_in_all(tmp_path):
   assert len(bounded.archive_members(path, str(tmp_path / "out"), bounded.ArchiveLimits(ratio=2000))) == 8
 
 
+def test_gzip_of_zeros_is_a_genuine_gzip_of_its_bytes(tmp_path):
+  """The hostile-file helper: Python's gzip (which checks the CRC and the length) reads it
+  back as the header and the zeros, and it stays about 1 KB per MiB."""
+  head = b"header\x00\x01"
+  path = gzip_of_zeros(tmp_path / "z.gz", head, 3)
+  assert gzip.decompress(open(path, "rb").read()) == head + bytes(3 << 20)
+  assert os.path.getsize(path) < 8 << 10
+
+
 def test_gzip_inflating_past_the_cap_stops_at_the_cap(tmp_path):
   path = tmp_path / "z.gz"
   with gzip.open(path, "wb") as g:
@@ -229,10 +259,7 @@ def test_verify_reads_a_gzipped_idx_no_further_than_its_header(tmp_path):
   folder = tmp_path / "mnist"
   folder.mkdir()
   header = bytes([0, 0, 8, 3]) + np.array((10, 28, 28), ">u4").tobytes()
-  with gzip.open(folder / "train-images-idx3-ubyte.gz", "wb") as g:  # 7840 bytes declared, 1 GiB inflated
-    g.write(header)
-    for _ in range(1024):
-      g.write(bytes(1 << 20))
+  gzip_of_zeros(folder / "train-images-idx3-ubyte.gz", header, 1024)  # 7840 bytes declared, 1 GiB inflated
   assert os.path.getsize(folder / "train-images-idx3-ubyte.gz") < 2 << 20
   code, out, err = prepare_cli("verify", "mnist", "--root", str(tmp_path), "--fast")
   assert code == 1, (code, out, err[-2000:])

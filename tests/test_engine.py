@@ -26,15 +26,24 @@ def _mean_ce(model, p, x, y):
   return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
 
 
-def reference_round(model, params, controls, c_server, kind, cohort, mu=0.0, server_lr=1.0):
-  """A plain loop: each client runs EPOCHS full-batch GD steps, then the server averages."""
+def local_loss(model, mu):
+  """A client's full-batch objective at `q`: the mean cross-entropy plus `mu / 2` times the
+  squared distance to the round's starting point `p0`."""
+  def loss(q, p0, x, y):
+    return _mean_ce(model, q, x, y) + 0.5 * mu * sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(q),
+                                                                                             jax.tree.leaves(p0)))
+  return loss
+
+
+def reference_round(params, controls, c_server, kind, cohort, grad, server_lr=1.0):
+  """A plain loop: each client runs EPOCHS full-batch GD steps, then the server averages.
+  `grad(q, p0, x, y)`: the gradient of the clients' objective (`local_loss`) at q."""
   deltas, dcs, new_controls = [], [], dict(controls)
   for c in cohort:
     x, y = client_arrays(STORE, c)
     p = params
     for _ in range(EPOCHS):
-      g = jax.grad(lambda q: _mean_ce(model, q, x, y)
-                   + 0.5 * mu * sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(params))))(p)
+      g = grad(p, params, x, y)
       if kind == "scaffold":
         g = jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, controls[c], c_server)
       p = jax.tree.map(lambda a, b: a - LR * b, p, g)
@@ -72,10 +81,11 @@ def reference_rounds(kind, rounds, cohorts=None, server_lr=1.0):
   params = model.init(jax.random.PRNGKey(0))
   zeros = jax.tree.map(jnp.zeros_like, params)
   ref_p, ref_ctrl, ref_c = params, {c: zeros for c in range(C)}, zeros
+  mu = 0.1 if kind == "fedprox" else 0.0
+  grad = jax.jit(jax.grad(local_loss(model, mu)))  # one program per client size, for every round
   for t in range(rounds):
     cohort = list(cohorts[t]) if cohorts else list(range(C))
-    ref_p, ref_ctrl, ref_c = reference_round(model, ref_p, ref_ctrl, ref_c, kind, cohort,
-                                              mu=0.1 if kind == "fedprox" else 0.0, server_lr=server_lr)
+    ref_p, ref_ctrl, ref_c = reference_round(ref_p, ref_ctrl, ref_c, kind, cohort, grad, server_lr=server_lr)
   return ref_p, ref_ctrl, ref_c
 
 

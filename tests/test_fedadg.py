@@ -103,7 +103,7 @@ def _step(lrs, lam0=0.4, seed=0):
   model, gen, disc, params, g, d = _nets(seed)
   lr, lr_g, lr_d = lrs
   opts = optax.sgd(lr), optax.sgd(lr_g), optax.sgd(lr_d)
-  step = adg_step(model, gen, disc, *opts, K, NZ, lam0)
+  step = jax.jit(adg_step(model, gen, disc, *opts, K, NZ, lam0))  # as local_loop runs it: compiled, not op by op
   carry = AdgCarry(params, opts[0].init(params), g, opts[1].init(g), d, opts[2].init(d), jnp.zeros(4))
   return (model, params, g, d), step, carry
 
@@ -116,16 +116,20 @@ def test_step_is_d_then_fc_then_g_each_on_its_own_loss():
   z = reference_noise(rng, len(b.y), NZ)
   L = lambda p, g_, d_: _losses(jnp, p, g_, d_, b.x, b.y, b.mask, z, lam0)
   sgd = lambda p, grad, lr: jax.tree.map(lambda a, e: a - lr * e, p, grad)
-  d1 = sgd(d, jax.grad(lambda d_: L(params, g, d_)[0])(d), lrs[2])               # D on L_advd
-  p1 = sgd(params, jax.grad(lambda p: L(p, g, d1)[4])(params), lrs[0])           # F, C on the new D
-  g1 = sgd(g, jax.grad(lambda g_: L(params, g_, d1)[2])(g), lrs[1])              # G on the new D
+
+  @jax.jit  # the reference in one program (op by op, each operation would compile on its own)
+  def reference(params, g, d):
+    d1 = sgd(d, jax.grad(lambda d_: L(params, g, d_)[0])(d), lrs[2])               # D on L_advd
+    p1 = sgd(params, jax.grad(lambda p: L(p, g, d1)[4])(params), lrs[0])           # F, C on the new D
+    g1 = sgd(g, jax.grad(lambda g_: L(params, g_, d1)[2])(g), lrs[1])              # G on the new D
+    return d1, p1, g1, L(params, g, d1), L(params, g, d)
+  d1, p1, g1, at_d1, at_d = reference(params, g, d)
   assert tree_max_diff(out.disc, d1) < 1e-5
   assert tree_max_diff(out.params, p1) < 1e-5
   assert tree_max_diff(out.gen, g1) < 1e-5
   n = float(b.mask.sum())
-  np.testing.assert_allclose(ce, L(params, g, d1)[3], rtol=1e-5)
-  np.testing.assert_allclose(out.sums, n * np.array([L(params, g, d1)[1], L(params, g, d)[0], L(params, g, d1)[2], 1]),
-                             rtol=1e-5)
+  np.testing.assert_allclose(ce, at_d1[3], rtol=1e-5)
+  np.testing.assert_allclose(out.sums, n * np.array([at_d1[1], at_d[0], at_d1[2], 1]), rtol=1e-5)
 
 
 def test_each_update_moves_only_its_own_network():

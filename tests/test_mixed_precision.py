@@ -99,14 +99,17 @@ def test_params_grads_and_optimizer_state_stay_float32_compute_is_bfloat16(name,
 
   def loss(p):
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
-  grads = jax.grad(loss)(params)
   opt = optax.adam(1e-3)
-  state = opt.init(params)
-  upd, state = opt.update(grads, state, params)
-  new = optax.apply_updates(params, upd)
+
+  @jax.jit  # one program (run op by op, each operation would compile on its own)
+  def step(params):
+    grads = jax.grad(loss)(params)
+    upd, state = opt.update(grads, opt.init(params), params)
+    return grads, state, optax.apply_updates(params, upd), model.apply(params, x), model.features(params, x)
+  grads, state, new, logits, features = step(params)
   for tree in (params, grads, state, new):
     assert {str(l.dtype) for l in jax.tree.leaves(tree) if jnp.issubdtype(l.dtype, jnp.floating)} == {"float32"}
-  assert model.apply(params, x).dtype == jnp.float32 and model.features(params, x).dtype == jnp.float32
+  assert logits.dtype == jnp.float32 and features.dtype == jnp.float32
   ops = [e for e in jax.make_jaxpr(model.apply)(params, x).jaxpr.eqns
          if e.primitive.name in ("dot_general", "conv_general_dilated")]
   assert ops and all(v.aval.dtype == jnp.bfloat16 for e in ops for v in e.invars)
