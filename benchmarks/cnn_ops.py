@@ -298,6 +298,51 @@ def client_main(args, header: dict) -> dict:
   return res
 
 
+YNN_OPTIONS = ("default", "none", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", "LIBRARY_FUSION_TYPE_DOT")
+
+
+def ynn_ab(repeats) -> dict:
+  """One client's local work (model:xla) compiled under each of YNN_OPTIONS as
+  `xla_cpu_experimental_ynn_fusion_type` (per-compilation options of one process: "default"
+  is jaxlib's own list, YNNPACK convolutions included; "none" no YNNPACK fusion), the calls
+  alternated in one process so that every option meets the same load."""
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  import numpy as np
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from fedjax_dg.models import build_model
+  model = build_model(ml_collections.ConfigDict({"name": "cnn"}), (28, 28, 1), 10)
+
+  def client(params, xs, ys):
+    loss = lambda p, x, y: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(model.apply(p, x)), y[:, None], 1))
+    for i in range(CLIENT_STEPS):
+      params = jax.tree.map(lambda a, g: a - 0.05 * g, params, jax.grad(loss)(params, xs[i], ys[i]))
+    return params
+  p0 = model.init(jax.random.PRNGKey(0))
+  xs = jax.random.uniform(jax.random.PRNGKey(3), (CLIENT_STEPS, 32, 28, 28, 1))
+  ys = jax.random.randint(jax.random.PRNGKey(4), (CLIENT_STEPS, 32), 0, 10)
+  lowered = jax.jit(client).lower(p0, xs, ys)
+  fns, out, ref = {}, {"load_before": os.getloadavg(), "xla_flags": os.environ.get("XLA_FLAGS", "")}, None
+  for n in YNN_OPTIONS:
+    opts = {} if n == "default" else {"xla_cpu_experimental_ynn_fusion_type": "" if n == "none" else n}
+    fns[n] = lowered.compile(compiler_options=opts)
+    text = fns[n].as_text()
+    leaves = [np.asarray(a, np.float64) for a in jax.tree.leaves(jax.block_until_ready(fns[n](p0, xs, ys)))]
+    ref = ref or leaves
+    out[n] = {"ynn_fusions": text.count("kind=kCustom"), "calls_s": [],
+              "max_rel_diff_from_default": max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(leaves, ref))}
+  for rep in range(repeats):
+    for n in (YNN_OPTIONS if rep % 2 == 0 else YNN_OPTIONS[::-1]):
+      t = time.perf_counter()
+      jax.block_until_ready(fns[n](p0, xs, ys))
+      out[n]["calls_s"].append(time.perf_counter() - t)
+  for n in YNN_OPTIONS:
+    out[n]["median_s"] = float(np.median(out[n]["calls_s"]))
+  out["load_after"] = os.getloadavg()
+  return out
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--batch", type=int, default=32)
@@ -310,6 +355,8 @@ def main(argv=None):
   p.add_argument("--variants", default=DEFAULT_VARIANTS, help="--client: comma-separated variants")
   p.add_argument("--xla-flags", default="default", help="--client: ';'-separated XLA_FLAGS sets ('default': none)")
   p.add_argument("--passes", type=int, default=1, help="--client: interleaved passes over the flag sets")
+  p.add_argument("--ynn", action="store_true", help="one client's local work under each YNNPACK fusion option, "
+                                                     "alternated in one process (--passes processes)")
   p.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--torch-client", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
@@ -318,6 +365,19 @@ def main(argv=None):
     return
   if args.torch_client:
     print(json.dumps(torch_client(args.repeats, args.threads)))
+    return
+  if args.ynn:
+    import platform
+    res = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "processor": platform.processor()},
+           "command": " ".join(["benchmarks/cnn_ops.py"] + (sys.argv[1:] if argv is None else list(argv))),
+           "what": f"one client's local work ({CLIENT_STEPS} SGD steps of batch 32, DomainBed's MNIST CNN) per "
+                   "xla_cpu_experimental_ynn_fusion_type", "runs": []}
+    for _ in range(args.passes):
+      res["runs"].append(ynn_ab(args.repeats))
+      print(json.dumps({k: (v["median_s"] if isinstance(v, dict) else v) for k, v in res["runs"][-1].items()}), flush=True)
+      if args.out:
+        with open(args.out, "w") as f:
+          json.dump(res, f, indent=1)
     return
   if args.client:
     import platform
