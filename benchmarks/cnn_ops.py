@@ -273,7 +273,7 @@ def client_main(args, header: dict) -> dict:
   for p in range(args.passes):
     order = flag_sets[p % len(flag_sets):] + flag_sets[:p % len(flag_sets)]
     for flags in order:
-      env = dict(os.environ)
+      env = dict(os.environ, FEDJAX_DG_XLA_CPU_DEFAULTS="off")  # exactly the flag set's XLA_FLAGS
       env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + ("" if flags == "default" else flags)).strip()
       load0 = os.getloadavg()
       r = subprocess.run([sys.executable, os.path.abspath(__file__), "--client-child", "--variants", args.variants,
@@ -366,7 +366,8 @@ def main(argv=None):
   if args.torch_client:
     print(json.dumps(torch_client(args.repeats, args.threads)))
     return
-  if args.ynn:
+  if args.ynn:  # "default" is jaxlib's own choice: the package's XLA:CPU default (fedjax_dg.xla_cpu) off
+    os.environ["FEDJAX_DG_XLA_CPU_DEFAULTS"] = "off"
     import platform
     res = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "processor": platform.processor()},
            "command": " ".join(["benchmarks/cnn_ops.py"] + (sys.argv[1:] if argv is None else list(argv))),
@@ -388,7 +389,8 @@ def main(argv=None):
   if args.torch:
     print(json.dumps(torch_ops(args.batch, args.repeats, args.threads)))
     return
-  res = {"load_average_at_start": os.getloadavg(), "xla": xla_ops(args.batch, args.repeats)}
+  res = {"load_average_at_start": os.getloadavg(), "xla": xla_ops(args.batch, args.repeats),
+         "xla_flags": os.environ.get("XLA_FLAGS", "")}
   if args.peer_python:
     r = subprocess.run([args.peer_python, os.path.abspath(__file__), "--torch", "--batch", str(args.batch),
                         "--repeats", str(args.repeats), "--threads", str(args.threads)],
