@@ -2,9 +2,10 @@
 
 jaxlib 0.10 hands each convolution on a CPU to YNNPACK (XLA's `individual_convolution`
 YNN fusion). On the 2-core x86-64 machine of the benchmarks, one client's local work of
-DomainBed's MNIST CNN (5 SGD steps of batch 32) ran 1.5-1.7x slower that way than with
-XLA's own convolutions, the two programs compiled in one process and their calls
-alternated (benchmarks/results/cnn_ynn_cpu.json, docs/peers.md). So, at
+DomainBed's MNIST CNN (5 SGD steps of batch 32) ran 1.06-1.46x slower that way than
+without YNNPACK convolutions, the programs compiled in one process and their calls
+alternated (benchmarks/results/cnn_ynn_cpu.json), and 1.4-1.5x in processes of their own
+with this flag (benchmarks/results/cnn_client_cpu.json; docs/peers.md). So, at
 `import fedjax_dg`, before JAX starts its CPU backend, the package adds
 
     --xla_cpu_experimental_ynn_fusion_type=-individual_convolution
