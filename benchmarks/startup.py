@@ -12,11 +12,12 @@ model initialisation), the first round's end (its tracing and compilation includ
 the whole command; and the seconds of the phases before the first round: the package's
 imports (from the interpreter's start), preparing the run (`plan.prepare`: data,
 partitioning, algorithms), the model's initialisation (`Model.init`) and the tracing of
-one client's update for the communication record (`runbook.communication`). `os.getloadavg()` is read before and after each run. Once per
+one client's update for the communication record (`runbook.communication`).
+`os.getloadavg()` is read before and after each run. Once per
 invocation it also runs `python -X importtime -c "import fedjax_dg.main, fedjax_dg.experiment"`
 and keeps the ten slowest imports (cumulative).
 
-    python benchmarks/startup.py --out benchmarks/results/startup_cpu.json
+    python benchmarks/startup.py --repeats 2 --out benchmarks/results/startup_cpu.json
 """
 from __future__ import annotations
 
