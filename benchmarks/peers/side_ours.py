@@ -38,8 +38,10 @@ def main(argv=None):
   args = common.side_args(argv)
   common.emit("start", t=_T_START)
   w = args.w
-  strategy, *options = (args.variant or "auto").split("+")  # e.g. host_loop+gemm, auto+host, auto+dev2
+  strategy, *options = (args.variant or "auto").split("+")  # e.g. host_loop+gemm, auto+host, auto+dev2, auto+ynn
   where = "host" if "host" in options else ""
+  if "ynn" in options:  # jaxlib's own XLA:CPU choice (YNNPACK convolutions): the package's default off
+    os.environ["FEDJAX_DG_XLA_CPU_DEFAULTS"] = "off"
   devices = next((int(o[3:]) for o in options if o.startswith("dev")), 0)
   if devices:  # N CPU devices of one thread each: the host loop runs N clients at a time
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
