@@ -9,11 +9,15 @@ entry point, `fedjax_dg.main.run`) started through a wrapper that stamps the fir
 the round function, so for each run it records: the process start (interpreter up), the
 first round's start (everything before training: imports, data, partitioning, set-up,
 model initialisation), the first round's end (its tracing and compilation included), and
-the whole command. `os.getloadavg()` is read before and after each run. Once per
+the whole command; and the seconds of the phases before the first round: the package's
+imports (from the interpreter's start), preparing the run (`plan.prepare`: data,
+partitioning, algorithms), the model's initialisation (`Model.init`) and the tracing of
+one client's update for the communication record (`runbook.communication`).
+`os.getloadavg()` is read before and after each run. Once per
 invocation it also runs `python -X importtime -c "import fedjax_dg.main, fedjax_dg.experiment"`
 and keeps the ten slowest imports (cumulative).
 
-    python benchmarks/startup.py --out benchmarks/results/startup_cpu.json
+    python benchmarks/startup.py --repeats 2 --out benchmarks/results/startup_cpu.json
 """
 from __future__ import annotations
 
@@ -34,11 +38,30 @@ SMALL_RUN = ["--config", "configs/default.py", "--config.model.name=mlp", "--con
              "--config.algorithm.name=fedprox", "--config.algorithm.fedprox.mu=0.01", "--config.partition.lam=0.1",
              "--config.quiet=True"]
 
-# Runs the command line with the round function's first call stamped on stderr.
+# Runs the command line with the round function's first call stamped on stderr, and the
+# phases before it: the package's import, preparing the run (data, partitioning,
+# algorithms: plan.prepare), the model's initialisation (Model.init) and the tracing of one
+# client's update for the communication record (runbook.communication, as loop calls it).
 _WRAPPER = r"""
-import json, sys, time
+import functools, json, sys, time
 print(json.dumps({"mark": "python", "t": time.time()}), file=sys.stderr, flush=True)
+from fedjax_dg import loop as _loop, main, plan as _plan
 from fedjax_dg.engine import round as _round
+from fedjax_dg.models import Model as _Model
+print(json.dumps({"mark": "imported", "t": time.time()}), file=sys.stderr, flush=True)
+
+def _phase(owner, name, label):
+  fn = getattr(owner, name)
+  @functools.wraps(fn)
+  def stamped(*a, **k):
+    t = time.time()
+    out = fn(*a, **k)
+    print(json.dumps({"phase": label, "t0": t, "t1": time.time()}), file=sys.stderr, flush=True)
+    return out
+  setattr(owner, name, stamped)
+_phase(_plan, "prepare", "prepare")
+_phase(_Model, "init", "model_init")
+_phase(_loop, "communication", "communication")
 _call = _round.RoundFn.__call__
 _seen = []
 def _stamped(self, *a, **k):
@@ -53,7 +76,6 @@ def _stamped(self, *a, **k):
     print(json.dumps({"mark": "round0_end", "t": time.time()}), file=sys.stderr, flush=True)
   return out
 _round.RoundFn.__call__ = _stamped
-from fedjax_dg import main
 sys.argv = ["fedjax-dg"] + sys.argv[1:]
 main.run()
 """
@@ -67,14 +89,18 @@ def run_once(cache: str, workdir: str) -> dict:
   r = subprocess.run([sys.executable, "-c", _WRAPPER, *SMALL_RUN, f"--workdir={workdir}"], cwd=ROOT, env=env,
                      capture_output=True, text=True)
   total = time.time() - t0
-  marks = {}
+  marks, phases = {}, {}
   for line in r.stderr.splitlines():
     if line.startswith('{"mark"'):
       m = json.loads(line)
       marks[m["mark"]] = m["t"] - t0
+    elif line.startswith('{"phase"') and "round0_start" not in marks:  # before the first round
+      m = json.loads(line)
+      phases[m["phase"] + "_s"] = phases.get(m["phase"] + "_s", 0.0) + m["t1"] - m["t0"]
   if r.returncode != 0 or "round0_end" not in marks:
     raise RuntimeError(f"the small run failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-  return {"python_s": marks["python"], "to_first_round_s": marks["round0_start"],
+  return {"python_s": marks["python"], "imported_s": marks["imported"], "before_first_round": phases,
+          "to_first_round_s": marks["round0_start"],
           "to_first_round_end_s": marks["round0_end"], "first_round_s": marks["round0_end"] - marks["round0_start"],
           "total_s": total, "load_before": load0, "load_after": os.getloadavg()}
 
@@ -104,7 +130,9 @@ def main(argv=None):
       for mode, where in (("fresh", cache), ("warm", cache), ("off", "off")):
         rec = dict(run_once(where, os.path.join(tmp, f"run{rep}_{mode}")), mode=mode, repeat=rep)
         records.append(rec)
-        print(f"#{rep} {mode:5s}: interpreter {rec['python_s']:.2f} s, first round starts {rec['to_first_round_s']:.2f} s,"
+        print(f"#{rep} {mode:5s}: interpreter {rec['python_s']:.2f} s, imported {rec['imported_s']:.2f} s, "
+              + "".join(f"{k} {v:.2f} s, " for k, v in rec["before_first_round"].items())
+              + f"first round starts {rec['to_first_round_s']:.2f} s,"
               f" ends {rec['to_first_round_end_s']:.2f} s, command {rec['total_s']:.2f} s "
               f"(load {rec['load_before'][0]:.1f}->{rec['load_after'][0]:.1f})", flush=True)
   finally:
@@ -113,7 +141,9 @@ def main(argv=None):
   for mode in ("fresh", "warm", "off"):
     rs = [r for r in records if r["mode"] == mode]
     summary[mode] = {k: statistics.median(r[k] for r in rs)
-                     for k in ("to_first_round_s", "to_first_round_end_s", "first_round_s", "total_s")}
+                     for k in ("imported_s", "to_first_round_s", "to_first_round_end_s", "first_round_s", "total_s")}
+    for k in sorted({k for r in rs for k in r["before_first_round"]}):
+      summary[mode][k] = statistics.median(r["before_first_round"].get(k, 0.0) for r in rs)
   imports = slowest_imports()
   print("\nmedians:")
   for mode, s in summary.items():

@@ -17,11 +17,17 @@ The entry points, importable from the package (each loads its module on first us
 
 JAX's persistent compilation cache is on from the first use of an entry point (in
 `~/.cache/fedjax_dg/jax`; `FEDJAX_DG_COMPILATION_CACHE=off` or a folder: see
-`fedjax_dg.compilation_cache`).
+`fedjax_dg.compilation_cache`). Importing the package runs a CPU's convolutions in XLA
+rather than YNNPACK, the faster on a CPU (`FEDJAX_DG_XLA_CPU_DEFAULTS=off`: see
+`fedjax_dg.xla_cpu`).
 """
 from __future__ import annotations
 
 import importlib
+
+from fedjax_dg import xla_cpu as _xla_cpu
+
+_xla_cpu.apply()  # XLA_FLAGS, before JAX starts its CPU backend (fedjax_dg/xla_cpu.py)
 
 __version__ = "0.1.0"
 

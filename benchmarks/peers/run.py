@@ -58,8 +58,10 @@ def _args(argv=None):
   p.add_argument("--clients-a", type=int, default=0, help="clients of workload A (default: common.py's)")
   p.add_argument("--memory-clients", default="", help="e.g. 1000,10000,100000: workload A's memory at these sizes")
   p.add_argument("--ours-variants", default="auto@fresh,auto@warm",
-                 help="our side's runs, each `strategy[+host]@cache`: strategy auto (the engine's choice) or a "
-                      "strategy, `+host` for the inputs left in their file (host_store.FileRows); "
+                 help="our side's runs, each `strategy[+option...]@cache`: strategy auto (the engine's choice) or a "
+                      "strategy; options `+host` for the inputs left in their file (host_store.FileRows), `+gemm` "
+                      "for model.conv_impl='gemm', `+devN` for N one-thread CPU devices, `+ynn` for jaxlib's own "
+                      "XLA:CPU flags (FEDJAX_DG_XLA_CPU_DEFAULTS=off); "
                       "cache `fresh` (a new empty compilation cache: a user's first run) or `warm` (the cache a "
                       "warm-up run of the same workload filled, untimed: every later run)")
   p.add_argument("--peer-threads", type=int, default=1)

@@ -38,6 +38,14 @@ def main(argv=None):
   args = common.side_args(argv)
   common.emit("start", t=_T_START)
   w = args.w
+  strategy, *options = (args.variant or "auto").split("+")  # e.g. host_loop+gemm, auto+host, auto+dev2, auto+ynn
+  where = "host" if "host" in options else ""
+  if "ynn" in options:  # jaxlib's own XLA:CPU choice (YNNPACK convolutions): the package's default off
+    os.environ["FEDJAX_DG_XLA_CPU_DEFAULTS"] = "off"
+  devices = next((int(o[3:]) for o in options if o.startswith("dev")), 0)
+  if devices:  # N CPU devices of one thread each: the host loop runs N clients at a time
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+                               " --xla_cpu_multi_thread_eigen=false").strip()
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -50,7 +58,6 @@ def main(argv=None):
   common.emit("imported", t=time.time())
 
   C, n = w["clients"], w["examples"]
-  strategy, _, where = (args.variant or "auto").partition("+")
   y = read_aligned(args.y, store_lib.aligned_empty).reshape(C, n).astype(np.int32)
   if where == "host":  # the inputs stay in the file, read by row when a client trains (host_store)
     from fedjax_dg.data.host_store import FileRows, pack_clients_host
@@ -68,6 +75,8 @@ def main(argv=None):
   config = fedjax_dg.default_config()  # FedAvg, server step 1
   config.model.name = w["model"]
   config.model.hidden = (200, 200)
+  if "gemm" in options:  # the convolutions as im2col matrix products (models/conv.py)
+    config.model.conv_impl = "gemm"
   config.client.lr, config.client.momentum = w["lr"], 0.0
   config.client.batch_size, config.client.local_steps, config.client.local_epochs = w["batch"], w["steps"], w["epochs"]
   model = fedjax_dg.build_model(config.model, common.INPUT_SHAPE, common.NUM_CLASSES)
