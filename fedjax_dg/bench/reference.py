@@ -179,7 +179,7 @@ def remark_4_2_lambda(cells: dict) -> str:
           + " (Bai et al. name PACS and CelebA for this half of the remark).")
 
 
-def fish(cells: dict) -> str:
+def fish_in_federated_columns(cells: dict) -> str:
   """Bai et al.'s Fish in the federated columns against its centralised cell and FedAvg-ERM's
   federated cell, per dataset: where their Fish falls at C = 100 too.
 

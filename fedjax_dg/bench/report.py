@@ -704,7 +704,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
     if any(c[0] == 1 for c in table.columns):
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons)",
                     remark_4_2_federated(table, dg_in, baseline, names),
-                    reference.remark_4_2_federated(bai) + " " + reference.fish(bai))
+                    reference.remark_4_2_federated(bai) + " " + reference.fish_in_federated_columns(bai))
     md += section("Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons)",
                   remark_4_2_lambda(table, dg_in, names), reference.remark_4_2_lambda(bai))
   rule, metric, ddof = "heldout_domain", st["metric"], st["ddof"]
