@@ -126,6 +126,24 @@ def remark_4_1(cells: dict, alpha: float = stats.ALPHA) -> str:
           + (": " + "; ".join(f"{ds} [{'; '.join(v)}]" for ds, v in above.items()) + "." if above else "."))
 
 
+def _drops(cells: dict, pairs) -> tuple[list, dict]:
+  """Each DG method's cell at `first` against its cell at `second`, for each (first, second)
+  column pair on every dataset: (the outcomes, {dataset: (supporting, testable)}), an
+  outcome supporting where `first` is significantly higher."""
+  outcomes, per = [], {}
+  for ds in cells["datasets"]:
+    for m in DG_METHODS:
+      for first, second in pairs:
+        a, b = _cell(cells, ds, m, first), _cell(cells, ds, m, second)
+        if a is None or b is None:
+          continue
+        o = compare(a, b)
+        outcomes.append(o)
+        k, t = per.get(ds, (0, 0))
+        per[ds] = (k + (o == "higher"), t + 1)
+  return outcomes, per
+
+
 def remark_4_2_federated(cells: dict) -> str:
   """Remark 4.2 (DG methods degrade in FL) on Bai et al.'s cells: each DG method's C = 1 cell
   against its federated cells, supporting where C = 1 is significantly higher; "holds" when
@@ -137,18 +155,7 @@ def remark_4_2_federated(cells: dict) -> str:
   Returns:
     The sentence for the report's reading.
   """
-  outcomes, per = [], {}
-  for ds in cells["datasets"]:
-    for m in DG_METHODS:
-      cen = _cell(cells, ds, m, "C=1")
-      for col in FEDERATED:
-        c = _cell(cells, ds, m, col)
-        if cen is None or c is None:
-          continue
-        o = compare(cen, c)
-        outcomes.append(o)
-        k, t = per.get(ds, (0, 0))
-        per[ds] = (k + (o == "higher"), t + 1)
+  outcomes, per = _drops(cells, [("C=1", col) for col in FEDERATED])
   return (f"On Bai et al.'s cells the same rule gives: {stats.verdict(outcomes, 'higher', 'most')}; per dataset, "
           "comparisons where C=1 is significantly higher: "
           + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items()) + ".")
@@ -163,16 +170,7 @@ def remark_4_2_lambda(cells: dict) -> str:
   Returns:
     The sentence for the report's reading.
   """
-  outcomes, per = [], {}
-  for ds in cells["datasets"]:
-    for m in DG_METHODS:
-      a, b = _cell(cells, ds, m, "lam=1"), _cell(cells, ds, m, "lam=0.1")
-      if a is None or b is None:
-        continue
-      o = compare(a, b)
-      outcomes.append(o)
-      k, t = per.get(ds, (0, 0))
-      per[ds] = (k + (o == "higher"), t + 1)
+  outcomes, per = _drops(cells, [("lam=1", "lam=0.1")])
   return (f"On Bai et al.'s cells the same rule gives: {stats.verdict(outcomes, 'higher', 'most')}; per dataset, "
           "comparisons where λ=1 is significantly higher: "
           + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items())
