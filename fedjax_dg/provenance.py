@@ -65,13 +65,14 @@ def package_dir() -> str:
 # What does not decide a run's numbers, so that changing it leaves finished runs current:
 # the benchmark layer's readers (they read finished runs: tables, figures, the report), the
 # launcher's bookkeeping (job states and locks, the command line, submitit tasks, and the
-# sweep expansion, which only writes configs: a run's config is part of its job key, so a
-# changed expansion makes new jobs rather than stale ones), the dataset preparation tool
+# sweep expansion and the sweep configs' shared helpers, which only write configs: a run's
+# config is part of its job key, so a changed expansion makes new jobs rather than stale
+# ones), the reading of Bai et al.'s printed cells, the dataset preparation tool
 # (it unpacks archives before any run), the TensorBoard writer, this module and the shipped
 # config files (`configs/`, a folder: a run records the config it read whole). The batch
 # grouping (bench/batches.py) stays in: it decides which runs share a vectorised program.
 NOT_NUMERIC = ("bench/cli.py", "bench/collect.py", "bench/difficulty.py", "bench/figures.py", "bench/report.py",
-               "bench/results.py", "bench/runs.py", "bench/stats.py",
+               "bench/results.py", "bench/runs.py", "bench/stats.py", "bench/reference.py", "bench/sweep_helpers.py",
                "bench/__main__.py", "bench/launch.py", "bench/tasks.py", "bench/sweep.py", "bench/provenance.py",
                "data/prepare.py", "eval/tensorboard.py", "provenance.py", "configs/")
 
@@ -218,10 +219,13 @@ def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC, algorithm: str | None =
     algorithm: the run's `algorithm.name`, or None for the whole package.
 
   Returns:
-    {"sha256", "files", "scope", "algorithm"}.
+    {"sha256", "files", "scope", "algorithm", "code"}: "code" maps each file's path to the
+    first 16 hex digits of the sha256 of its parsed code, so that a stale run can say which
+    files changed (`changed_files`) and a file later found not to decide the numbers (added
+    to `NOT_NUMERIC`) stops counting for the runs recorded before.
   """
   scope = None if algorithm is None else algorithm_scope(algorithm, root)
-  h, n = hashlib.sha256(), 0
+  h, n, per_file = hashlib.sha256(), 0, {}
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
     for name in sorted(f for f in filenames if f.endswith(".py")):
@@ -234,9 +238,10 @@ def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC, algorithm: str | None =
       with open(path, encoding="utf-8") as f:
         code = code_of(f.read(), path).encode()
       h.update(rel.encode() + b"\0" + str(len(code)).encode() + b"\0" + code)
+      per_file[rel] = hashlib.sha256(code).hexdigest()[:16]
       n += 1
   return {"sha256": h.hexdigest(), "files": n, "scope": SCOPE if scope is None else SCOPE + "; " + METHOD_SCOPE,
-          "algorithm": None if scope is None else algorithm}
+          "algorithm": None if scope is None else algorithm, "code": per_file}
 
 
 SCOPE = "parsed code (ast), no docstrings, comments or messages; readers, launcher and preparation tools left out"
@@ -345,6 +350,31 @@ def provenance(algorithm: str | None = None) -> dict:
   (`determinism`)."""
   return {"versions": versions(), "git": git_state(), "machine": machine(), "source": source_fingerprint(algorithm),
           "determinism": determinism()}
+
+
+def changed_files(summary: dict) -> list[str]:
+  """Why a finished run is stale: the files of the current code, in the run's own scope,
+  whose parsed code is not what the run recorded (a file it did not record counts as
+  changed; one it recorded that no longer counts, removed or now in `NOT_NUMERIC`, does
+  not). A run recorded without per-file hashes is compared by its whole fingerprint and
+  gives ["(the whole fingerprint)"] when that differs; a run that recorded no fingerprint
+  gives ["(no fingerprint recorded)"].
+
+  Args:
+    summary: the run's summary.json.
+
+  Returns:
+    The changed paths relative to the package, sorted; [] when the run is current.
+  """
+  recorded = (summary.get("provenance") or {}).get("source") or {}
+  if not recorded.get("sha256"):
+    return ["(no fingerprint recorded)"]
+  current = source_fingerprint(recorded.get("algorithm"))
+  if recorded["sha256"] == current["sha256"]:
+    return []
+  if not isinstance(recorded.get("code"), dict):
+    return ["(the whole fingerprint)"]
+  return sorted(rel for rel, h in current["code"].items() if recorded["code"].get(rel) != h)
 
 
 def recorded_fingerprint(summary: dict) -> str | None:

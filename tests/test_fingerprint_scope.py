@@ -79,6 +79,30 @@ def test_a_run_is_judged_in_the_scope_it_recorded():
   assert not results_lib.is_stale({"provenance": {"source": fish}})
   whole = provenance.source_fingerprint()
   assert not results_lib.is_stale({"provenance": {"source": whole}})  # recorded before scoping: whole package
-  assert results_lib.is_stale({"provenance": {"source": dict(fish, sha256="0" * 64)}})
+  edited = dict(fish, sha256="0" * 64, code=dict(fish["code"], **{"algorithms/fish.py": "0" * 16}))
+  assert results_lib.is_stale({"provenance": {"source": edited}})
+  assert provenance.changed_files({"provenance": {"source": edited}}) == ["algorithms/fish.py"]
+  assert results_lib.is_stale({"provenance": {"source": {k: v for k, v in edited.items() if k != "code"}}})
   assert results_lib.is_stale({"config": {"algorithm": {"name": "fish"}}})  # nothing recorded: unknown code
   json.dumps(fish)  # a summary holds it
+
+
+def test_changed_files_names_what_changed_and_forgets_files_found_not_numeric(pkg, monkeypatch):
+  """A run records one hash per file: a later edit is named file by file, and a file added to
+  `NOT_NUMERIC` after the run (found not to decide the numbers) stops counting for it, while a
+  file the run did not record (new code) counts as changed."""
+  before = provenance.fingerprint_of(str(pkg), algorithm="fish")
+  summary = {"provenance": {"source": before}}
+  assert "algorithms/fish.py" in before["code"]
+  assert "algorithms/fedsr.py" not in before["code"] and "engine/round.py" in before["code"]
+  _append(pkg / "engine" / "round.py")
+  _append(pkg / "models" / "conv.py")
+  (pkg / "engine" / "extra.py").write_text("X = 1\n")
+  now = lambda skip=provenance.NOT_NUMERIC: provenance.fingerprint_of(str(pkg), skip=skip, algorithm="fish")  # noqa: E731
+  monkeypatch.setattr(provenance, "source_fingerprint", lambda algorithm=None: now())
+  assert provenance.changed_files(summary) == ["engine/extra.py", "engine/round.py", "models/conv.py"]
+  assert results_lib.is_stale(summary)
+  skip = provenance.NOT_NUMERIC + ("engine/round.py", "engine/extra.py", "models/conv.py")
+  monkeypatch.setattr(provenance, "source_fingerprint", lambda algorithm=None: now(skip))
+  assert provenance.changed_files(summary) == [] and not results_lib.is_stale(summary)
+  assert now(skip)["sha256"] != before["sha256"]  # the whole fingerprint alone would call it stale

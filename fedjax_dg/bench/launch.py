@@ -468,10 +468,12 @@ def status(exp: sweep_lib.Expansion) -> list[dict]:
   for key, job in exp.jobs.items():
     state = job_state(job.workdir)
     if state == "done":
-      summary = rundir.read_summary(job.workdir)
-      if provenance.recorded_fingerprint(summary) != provenance.current_fingerprint(summary):
+      changed = provenance.changed_files(rundir.read_summary(job.workdir))
+      if changed:
         state = "stale"
     err = ""
+    if state == "stale":
+      err = "code changed: " + ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
     if state == "failed":
       ev = [e for e in read_events(job.workdir) if e["event"] == "failed"]
       err = ev[-1].get("error", "") if ev else ""

@@ -65,10 +65,15 @@ class Data:
 
 
 def is_stale(summary: dict, current: str | None = None) -> bool:
-  """A finished run is stale when its recorded source fingerprint is not `current` (default:
-  the current code's fingerprint in the run's own scope, `provenance.current_fingerprint`);
-  a run that recorded none predates fingerprints: its code is unknown, so it is stale too."""
-  current = provenance.current_fingerprint(summary) if current is None else current
+  """A finished run is stale when the code that decides its numbers changed since it ran.
+
+  Without `current`: some file of the current code, in the run's own scope, differs from
+  what the run recorded (`provenance.changed_files`; per file where the run recorded per-file
+  hashes, else by the whole fingerprint). With `current`: its recorded fingerprint is not
+  that sha256. A run that recorded none predates fingerprints: its code is unknown, so it is
+  stale too."""
+  if current is None:
+    return bool(provenance.changed_files(summary))
   return provenance.recorded_fingerprint(summary) != current
 
 
