@@ -8,6 +8,7 @@ We use Linen's functional `apply` everywhere: parameters are a plain pytree
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -168,6 +169,25 @@ def compute_dtype(model_config):
   return DTYPES[name]
 
 
+# XLA's backend optimisation level for the initialisation program. Flax's `init` run eagerly
+# compiles one small program per initializer and parameter shape (truncated normals, uniforms),
+# which on a fresh machine (an empty compilation cache) is most of the time before the first
+# round. One program at level 1 compiles 2.7-4x faster than those eager programs and gives
+# their parameters bit for bit for the MLP and the small CNNs (tests/test_model_init.py);
+# XLA's default level is slower still, and level 0 changes the last bit of some values
+# (benchmarks/init_compile.py, docs/peers.md#start-up).
+INIT_OPTIMIZATION_LEVEL = 1
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2),
+                   compiler_options={"xla_backend_optimization_level": INIT_OPTIMIZATION_LEVEL})
+def _initial_params(module: nn.Module, input_shape: tuple, preprocess, rng):
+  """Flax's `module.init` on a zero input row of `input_shape` (after `preprocess`), compiled
+  as one program; its "params" collection."""
+  x = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
+  return module.init(rng, x if preprocess is None else preprocess(x))["params"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
   """Pure functions over a parameter pytree. `preprocess` maps stored inputs (uint8 images,
@@ -196,7 +216,18 @@ class Model:
     return x if self.preprocess is None else self.preprocess(x)
 
   def init(self, rng) -> dict:
-    params = self.module.init(rng, self._in(jnp.zeros((1,) + self.input_shape, jnp.float32)))["params"]
+    """The initial parameters: Flax's `init` on a zero input, compiled as one program at
+    `INIT_OPTIMIZATION_LEVEL` (for ResNet-18 this differs from Flax's eager `init` in the
+    last bit of some convolution kernels: a different rounding of the same draw), then
+    `load` (pretrained weights) where set.
+
+    Args:
+      rng: a PRNG key.
+
+    Returns:
+      The parameter pytree.
+    """
+    params = _initial_params(self.module, self.input_shape, self.preprocess, rng)
     return params if self.load is None else self.load(params)
 
   def apply(self, params, x):
