@@ -8,7 +8,6 @@ We use Linen's functional `apply` everywhere: parameters are a plain pytree
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -179,13 +178,15 @@ def compute_dtype(model_config):
 INIT_OPTIMIZATION_LEVEL = 1
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2),
-                   compiler_options={"xla_backend_optimization_level": INIT_OPTIMIZATION_LEVEL})
-def _initial_params(module: nn.Module, input_shape: tuple, preprocess, rng):
-  """Flax's `module.init` on a zero input row of `input_shape` (after `preprocess`), compiled
-  as one program; its "params" collection."""
+def _flax_init(module: nn.Module, input_shape: tuple, preprocess, rng):
+  """Flax's `module.init` on a zero input row of `input_shape` (after `preprocess`): its
+  "params" collection."""
   x = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
   return module.init(rng, x if preprocess is None else preprocess(x))["params"]
+
+
+_compiled_init = jax.jit(_flax_init, static_argnums=(0, 1, 2),
+                         compiler_options={"xla_backend_optimization_level": INIT_OPTIMIZATION_LEVEL})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,8 +219,9 @@ class Model:
   def init(self, rng) -> dict:
     """The initial parameters: Flax's `init` on a zero input, compiled as one program at
     `INIT_OPTIMIZATION_LEVEL` (for ResNet-18 this differs from Flax's eager `init` in the
-    last bit of some convolution kernels: a different rounding of the same draw), then
-    `load` (pretrained weights) where set.
+    last bit of some convolution kernels: a different rounding of the same draw; inside a
+    caller's `jit` or `vmap`, Flax's `init` traced into the caller's program), then `load`
+    (pretrained weights) where set.
 
     Args:
       rng: a PRNG key.
@@ -227,7 +229,10 @@ class Model:
     Returns:
       The parameter pytree.
     """
-    params = _initial_params(self.module, self.input_shape, self.preprocess, rng)
+    if isinstance(rng, jax.core.Tracer):  # inside a caller's jit or vmap: traced into its program
+      params = _flax_init(self.module, self.input_shape, self.preprocess, rng)
+    else:
+      params = _compiled_init(self.module, self.input_shape, self.preprocess, rng)
     return params if self.load is None else self.load(params)
 
   def apply(self, params, x):
