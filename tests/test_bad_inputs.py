@@ -16,7 +16,10 @@ the item. Helpers for the function body:
 
 - `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
   (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
-  `overrides`; checks exit status 2 and exactly one line on stderr, and returns it.
+  `overrides`; checks exit status 2 and exactly one line on stderr, and returns it. It runs
+  in a child forked from one Python that has imported the package already (`forkserver`:
+  its own process, exit status and stderr, without the seconds of imports); `fresh=True`
+  starts a fresh interpreter instead, as a shell does (a few cases keep that path checked).
 - `script(tmp, path, *args)`: the same for any script of the repository.
 - `error_of(fn)`: the message of the error `fn()` raises, which must be one the CLI prints
   as its one line (a ValueError, `config.ConfigError` included, an OSError or a
@@ -42,6 +45,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import forkserver
 import helpers
 
 # One xdist worker runs this module (`make test` passes `--dist loadgroup`), so each case runs
@@ -88,23 +92,47 @@ def _one_line(text: str, what: str) -> str:
   return text.strip("\n")
 
 
-def _run(tmp, argv, timeout=300) -> str:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT),  # this checkout's package
-             FEDJAX_DG_COMPILATION_CACHE="off")  # a case's limits (ulimit -f) reach only its own files
-  out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-  assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
-  return _one_line(out.stderr, "stderr")
+# Most command lines run in children forked from one Python that has imported the package
+# (`forkserver`: each its own process, exit status and stderr, without the seconds of
+# imports); the cases given `fresh=True` start a fresh interpreter, as a user's shell does.
+_PREIMPORTS = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "ml_collections", "absl.app",
+               "fedjax_dg.main", "fedjax_dg.experiment")
+_SERVER: list = []  # the module's fork server, started on first use, closed by `_fork_server`
 
 
-def cli(tmp, *overrides, config="configs/default.py") -> str:
+def _env() -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT),  # this checkout's package
+              FEDJAX_DG_COMPILATION_CACHE="off")  # a case's limits (ulimit -f) reach only its own files
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server():
+  yield
+  while _SERVER:
+    _SERVER.pop().close()
+
+
+def _run(tmp, target, args, module, fresh=False, timeout=300) -> str:
+  if fresh:
+    argv = [sys.executable, "-m", target, *args] if module else [sys.executable, target, *args]
+    out = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    code, err = out.returncode, out.stderr
+  else:
+    if not _SERVER:
+      _SERVER.append(forkserver.ForkServer(_env(), ROOT, _PREIMPORTS))
+    code, _, err = _SERVER[0].run(target, args, module, timeout)
+  assert code == 2, f"exit status {code}, expected 2; stderr: {err[-2000:]}"
+  return _one_line(err, "stderr")
+
+
+def cli(tmp, *overrides, config="configs/default.py", fresh=False) -> str:
   """`python -m fedjax_dg --config CONFIG P... --config.workdir=tmp/W OVERRIDES...`: its one stderr line."""
-  return _run(tmp, [sys.executable, "-m", "fedjax_dg", "--config", config, *P,
-                    f"--config.workdir={tmp}/W", *overrides])
+  return _run(tmp, "fedjax_dg", ["--config", config, *P, f"--config.workdir={tmp}/W", *overrides], True, fresh)
 
 
-def script(tmp, path, *args) -> str:
+def script(tmp, path, *args, fresh=False) -> str:
   """`python PATH ARGS...` (relative to the repository): its one stderr line."""
-  return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args])
+  return _run(tmp, os.path.join(ROOT, path), list(args), False, fresh)
 
 
 # What `fedjax_dg.main` prints as its one line (`config.ConfigError` is a ValueError).
@@ -254,7 +282,7 @@ def _(tmp):
       "with `bad.pth` holding `hello`", "bad.pth: cannot read weights (")
 def _(tmp):
   (tmp / "bad.pth").write_bytes(b"hello")
-  return script(tmp, "scripts/convert_torchvision_weights.py", str(tmp / "bad.pth"), str(tmp / "out.npz"))
+  return script(tmp, "scripts/convert_torchvision_weights.py", str(tmp / "bad.pth"), str(tmp / "out.npz"), fresh=True)
 
 
 # ----------------------------------------------------------------------------- items 10-12
@@ -456,7 +484,7 @@ def _(tmp):
 @case(9, "typo in a field name", "`P --config.num_cleints=4`", "--config.num_cleints: unknown config field; did you "
       "mean --config.num_clients?")
 def _(tmp):
-  return cli(tmp, "--config.num_cleints=4")
+  return cli(tmp, "--config.num_cleints=4", fresh=True)
 
 
 @case(9, "missing config file", "`fedjax-dg --config configs/nope.py`", "--config configs/nope.py: no such config file")
@@ -1256,7 +1284,7 @@ def _(tmp):
 @case(4, "a config file that exits", "`fedjax-dg --config F` where `get_config` calls `sys.exit(3)`",
       "the config file exited (status 3) instead of returning a config", section="config files")
 def _(tmp):
-  return cli(tmp, config=_config_file(tmp, "import sys\ndef get_config():\n  sys.exit(3)\n"))
+  return cli(tmp, config=_config_file(tmp, "import sys\ndef get_config():\n  sys.exit(3)\n"), fresh=True)
 
 
 @case(4, "a config file returning None", "`fedjax-dg --config F P` where `get_config` returns None",
