@@ -104,13 +104,15 @@ for line in sys.stdin:
 
 class ForkServer:
   """One Python with `imports` imported, in `env` and folder `cwd`, forking a child per
-  command line (see the module docstring). Use as a context manager, or call `close`."""
+  command line (see the module docstring); `prefix` is a command that starts it (e.g.
+  bash setting a `ulimit` that its children inherit, then `exec "$@"`). Use as a context
+  manager, or call `close`."""
 
-  def __init__(self, env: dict, cwd: str, imports=()):
+  def __init__(self, env: dict, cwd: str, imports=(), prefix=()):
     self.cwd = cwd
     self._tmp = tempfile.TemporaryDirectory(prefix="forkserver_")
     self._log = open(os.path.join(self._tmp.name, "server.err"), "w+")
-    self._proc = subprocess.Popen([sys.executable, "-c", _DRIVER, json.dumps(list(imports))], cwd=cwd, env=env,
+    self._proc = subprocess.Popen([*prefix, sys.executable, "-c", _DRIVER, json.dumps(list(imports))], cwd=cwd, env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
     self._buf = b""
     ready = self._line(300)

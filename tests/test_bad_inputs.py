@@ -95,9 +95,12 @@ def _one_line(text: str, what: str) -> str:
 # Most command lines run in children forked from one Python that has imported the package
 # (`forkserver`: each its own process, exit status and stderr, without the seconds of
 # imports); the cases given `fresh=True` start a fresh interpreter, as a user's shell does.
-_PREIMPORTS = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "ml_collections", "absl.app",
-               "fedjax_dg.main", "fedjax_dg.experiment")
+# What the children find imported: the libraries and the package's modules that define no
+# command-line flag (each command line's flags are those a fresh interpreter has).
+_PREIMPORTS = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "ml_collections.config_flags", "absl.app",
+               "fedjax_dg.config", "fedjax_dg.algorithms", "fedjax_dg.data.datasets", "fedjax_dg.models")
 _SERVER: list = []  # the module's fork server, started on first use, closed by `_fork_server`
+_CAPPED: list = []  # the same under test_bounded_readers.MEMORY_CAP, for `bench report` (`_report_results`)
 
 
 def _env() -> dict:
@@ -108,16 +111,21 @@ def _env() -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server():
   yield
-  while _SERVER:
-    _SERVER.pop().close()
+  for servers in (_SERVER, _CAPPED):
+    while servers:
+      servers.pop().close()
 
 
-def _run(tmp, target, args, module, fresh=False, timeout=300) -> str:
+def _run(tmp, argv, fresh=False, timeout=300) -> str:
+  """`argv` (`python -m MODULE ...` or `python SCRIPT ...`): checks exit status 2 and one
+  stderr line, and returns it."""
   if fresh:
-    argv = [sys.executable, "-m", target, *args] if module else [sys.executable, target, *args]
     out = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
     code, err = out.returncode, out.stderr
   else:
+    assert argv[0] == sys.executable, argv
+    module = argv[1] == "-m"
+    target, args = (argv[2], argv[3:]) if module else (argv[1], argv[2:])
     if not _SERVER:
       _SERVER.append(forkserver.ForkServer(_env(), ROOT, _PREIMPORTS))
     code, _, err = _SERVER[0].run(target, args, module, timeout)
@@ -127,12 +135,13 @@ def _run(tmp, target, args, module, fresh=False, timeout=300) -> str:
 
 def cli(tmp, *overrides, config="configs/default.py", fresh=False) -> str:
   """`python -m fedjax_dg --config CONFIG P... --config.workdir=tmp/W OVERRIDES...`: its one stderr line."""
-  return _run(tmp, "fedjax_dg", ["--config", config, *P, f"--config.workdir={tmp}/W", *overrides], True, fresh)
+  return _run(tmp, [sys.executable, "-m", "fedjax_dg", "--config", config, *P,
+                    f"--config.workdir={tmp}/W", *overrides], fresh)
 
 
 def script(tmp, path, *args, fresh=False) -> str:
   """`python PATH ARGS...` (relative to the repository): its one stderr line."""
-  return _run(tmp, os.path.join(ROOT, path), list(args), False, fresh)
+  return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args], fresh)
 
 
 # What `fedjax_dg.main` prints as its one line (`config.ConfigError` is a ValueError).
@@ -1074,9 +1083,17 @@ def _results_file(tmp) -> str:
 
 
 def _report_results(tmp, path, outcome="error") -> str:
-  """`bench report --results PATH` under the memory cap: its one error line, or its one note."""
-  from test_results_file import report_cli
-  code, out, err = report_cli(path, tmp / "out")
+  """`bench report --results PATH` under the memory cap (`test_results_file.report_cli`'s
+  command, forked from a Python started under the cap that has imported what the command
+  imports before it reads the file): its one error line, or its one note."""
+  from test_bounded_readers import capped
+  if not _CAPPED:
+    env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), JAX_PLATFORMS="cpu", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
+    imports = ("absl.app", "ml_collections.config_flags", "fedjax_dg.bench.collect", "fedjax_dg.bench.figures",
+               "fedjax_dg.bench.report", "fedjax_dg.bench.results")
+    _CAPPED.append(forkserver.ForkServer(env, ROOT, imports, prefix=capped([])))
+  code, out, err = _CAPPED[0].run("fedjax_dg.bench", ["report", f"--results={path}", f"--out={tmp / 'out'}"], True)
   if outcome == "error":
     assert code == 2, f"exit status {code}; stdout {out[-1000:]} stderr {err[-2000:]}"
     return _one_line(err, "stderr")
