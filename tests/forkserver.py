@@ -103,10 +103,17 @@ for line in sys.stdin:
 
 
 class ForkServer:
-  """One Python with `imports` imported, in `env` and folder `cwd`, forking a child per
-  command line (see the module docstring); `prefix` is a command that starts it (e.g.
-  bash setting a `ulimit` that its children inherit, then `exec "$@"`). Use as a context
-  manager, or call `close`."""
+  """One Python forking a child per command line (see the module docstring).
+
+  Args:
+    env: the environment of the server and so of every child.
+    cwd: the working folder of every child.
+    imports: modules the server imports before it forks any child.
+    prefix: a command that starts the server, e.g. bash setting a `ulimit` that the
+      children inherit, then `exec "$@"`.
+
+  Use as a context manager, or call `close`.
+  """
 
   def __init__(self, env: dict, cwd: str, imports=(), prefix=()):
     self.cwd = cwd
@@ -140,9 +147,21 @@ class ForkServer:
     return line.decode()
 
   def run(self, target: str, args, module: bool, timeout: float = 300) -> tuple[int, str, str]:
-    """`python -m TARGET ARGS` (`module`) or `python TARGET ARGS` in a forked child:
-    (exit status, stdout, stderr). A child still running after `timeout` seconds is
-    killed and raises `subprocess.TimeoutExpired`."""
+    """Runs one command line in a forked child.
+
+    Args:
+      target: the module (`module`: `python -m TARGET`) or the script's path (`python TARGET`).
+      args: the command line's arguments after the target.
+      module: whether `target` names a module.
+      timeout: seconds the child may run.
+
+    Returns:
+      (exit status, stdout, stderr) of the child.
+
+    Raises:
+      subprocess.TimeoutExpired: the child ran past `timeout` (it is killed).
+      RuntimeError: the server died.
+    """
     self._n += 1
     out, err = (os.path.join(self._tmp.name, f"{self._n}.{s}") for s in ("out", "err"))
     req = {"target": target, "args": [str(a) for a in args], "module": module, "cwd": self.cwd,
