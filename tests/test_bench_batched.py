@@ -75,8 +75,7 @@ def budget_for_two(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def arms(tmp_path_factory, jax_cache, budget_for_two):
-  """The sweep run batched (2 workers, two runs per batch) and with one job at a time (one
-  worker: the reference's scores do not depend on how many workers ran them)."""
+  """The sweep run batched (2 workers, two runs per batch) and with one job at a time."""
   base = tmp_path_factory.mktemp("arms")
   out = {}
   for arm in ("batched", "alone"):
@@ -87,7 +86,7 @@ def arms(tmp_path_factory, jax_cache, budget_for_two):
       if arm == "batched":
         counts = launch.run_batched(exp, workers=2, memory=batches.Memory(nbytes=budget_for_two), cache_dir=jax_cache)
       else:
-        counts = launch.run_local(exp, workers=1, cache_dir=jax_cache, quiet=True)
+        counts = launch.run_local(exp, workers=2, cache_dir=jax_cache, quiet=True)
     collect.collect(s, str(base / arm / "results"), exp)
     with open(base / arm / "results" / "jobs.csv") as f:
       rows = {r["key"]: r for r in csv.DictReader(f)}
