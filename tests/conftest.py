@@ -110,6 +110,16 @@ def tiny_config():
 # of the session run in one fresh Python, started once (by whichever xdist worker asks
 # first); each test gets `(ok, output)` for its own script from the `host_devices` fixture.
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (`--dist loadgroup`)
+def pytest_collection_modifyitems(config, items):
+  """The 4-device tests form one pytest-xdist group: one worker runs them one after another,
+  and no other worker waits on the lock while that worker runs their shared Python."""
+  del config
+  for item in items:
+    if item.get_closest_marker("host_devices") and not item.get_closest_marker("xdist_group"):
+      item.add_marker(pytest.mark.xdist_group("host_devices"))
+
+
 @pytest.fixture(scope="session")
 def _host_device_results(request, tmp_path_factory):
   import helpers

@@ -16,7 +16,10 @@ the item. Helpers for the function body:
 
 - `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
   (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
-  `overrides`; checks exit status 2 and exactly one line on stderr, and returns it.
+  `overrides`; checks exit status 2 and exactly one line on stderr, and returns it. It runs
+  in a child forked from one Python that has imported the package already (`forkserver`:
+  its own process, exit status and stderr, without the seconds of imports); `fresh=True`
+  starts a fresh interpreter instead, as a shell does (a few cases keep that path checked).
 - `script(tmp, path, *args)`: the same for any script of the repository.
 - `error_of(fn)`: the message of the error `fn()` raises, which must be one the CLI prints
   as its one line (a ValueError, `config.ConfigError` included, an OSError or a
@@ -42,6 +45,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import forkserver
 import helpers
 
 # One xdist worker runs this module (`make test` passes `--dist loadgroup`), so each case runs
@@ -88,23 +92,56 @@ def _one_line(text: str, what: str) -> str:
   return text.strip("\n")
 
 
-def _run(tmp, argv, timeout=300) -> str:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT),  # this checkout's package
-             FEDJAX_DG_COMPILATION_CACHE="off")  # a case's limits (ulimit -f) reach only its own files
-  out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-  assert out.returncode == 2, f"exit status {out.returncode}, expected 2; stderr: {out.stderr[-2000:]}"
-  return _one_line(out.stderr, "stderr")
+# Most command lines run in children forked from one Python that has imported the package
+# (`forkserver`: each its own process, exit status and stderr, without the seconds of
+# imports); the cases given `fresh=True` start a fresh interpreter, as a user's shell does.
+# What the children find imported: the libraries and the package's modules that define no
+# command-line flag (each command line's flags are those a fresh interpreter has).
+_PREIMPORTS = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "ml_collections.config_flags", "absl.app",
+               "fedjax_dg.config", "fedjax_dg.algorithms", "fedjax_dg.data.datasets", "fedjax_dg.models")
+_SERVER: list = []  # the module's fork server, started on first use, closed by `_fork_server`
+_CAPPED: list = []  # the same under test_bounded_readers.MEMORY_CAP, for `bench report` (`_report_results`)
 
 
-def cli(tmp, *overrides, config="configs/default.py") -> str:
+def _env() -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.pythonpath(ROOT),  # this checkout's package
+              FEDJAX_DG_COMPILATION_CACHE="off")  # a case's limits (ulimit -f) reach only its own files
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server():
+  yield
+  for servers in (_SERVER, _CAPPED):
+    while servers:
+      servers.pop().close()
+
+
+def _run(tmp, argv, fresh=False, timeout=300) -> str:
+  """`argv` (`python -m MODULE ...` or `python SCRIPT ...`): checks exit status 2 and one
+  stderr line, and returns it."""
+  if fresh:
+    out = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    code, err = out.returncode, out.stderr
+  else:
+    assert argv[0] == sys.executable, argv
+    module = argv[1] == "-m"
+    target, args = (argv[2], argv[3:]) if module else (argv[1], argv[2:])
+    if not _SERVER:
+      _SERVER.append(forkserver.ForkServer(_env(), ROOT, _PREIMPORTS))
+    code, _, err = _SERVER[0].run(target, args, module, timeout)
+  assert code == 2, f"exit status {code}, expected 2; stderr: {err[-2000:]}"
+  return _one_line(err, "stderr")
+
+
+def cli(tmp, *overrides, config="configs/default.py", fresh=False) -> str:
   """`python -m fedjax_dg --config CONFIG P... --config.workdir=tmp/W OVERRIDES...`: its one stderr line."""
   return _run(tmp, [sys.executable, "-m", "fedjax_dg", "--config", config, *P,
-                    f"--config.workdir={tmp}/W", *overrides])
+                    f"--config.workdir={tmp}/W", *overrides], fresh)
 
 
-def script(tmp, path, *args) -> str:
+def script(tmp, path, *args, fresh=False) -> str:
   """`python PATH ARGS...` (relative to the repository): its one stderr line."""
-  return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args])
+  return _run(tmp, [sys.executable, os.path.join(ROOT, path), *args], fresh)
 
 
 # What `fedjax_dg.main` prints as its one line (`config.ConfigError` is a ValueError).
@@ -254,7 +291,7 @@ def _(tmp):
       "with `bad.pth` holding `hello`", "bad.pth: cannot read weights (")
 def _(tmp):
   (tmp / "bad.pth").write_bytes(b"hello")
-  return script(tmp, "scripts/convert_torchvision_weights.py", str(tmp / "bad.pth"), str(tmp / "out.npz"))
+  return script(tmp, "scripts/convert_torchvision_weights.py", str(tmp / "bad.pth"), str(tmp / "out.npz"), fresh=True)
 
 
 # ----------------------------------------------------------------------------- items 10-12
@@ -456,7 +493,7 @@ def _(tmp):
 @case(9, "typo in a field name", "`P --config.num_cleints=4`", "--config.num_cleints: unknown config field; did you "
       "mean --config.num_clients?")
 def _(tmp):
-  return cli(tmp, "--config.num_cleints=4")
+  return cli(tmp, "--config.num_cleints=4", fresh=True)
 
 
 @case(9, "missing config file", "`fedjax-dg --config configs/nope.py`", "--config configs/nope.py: no such config file")
@@ -1046,9 +1083,17 @@ def _results_file(tmp) -> str:
 
 
 def _report_results(tmp, path, outcome="error") -> str:
-  """`bench report --results PATH` under the memory cap: its one error line, or its one note."""
-  from test_results_file import report_cli
-  code, out, err = report_cli(path, tmp / "out")
+  """`bench report --results PATH` under the memory cap (`test_results_file.report_cli`'s
+  command, forked from a Python started under the cap that has imported what the command
+  imports before it reads the file): its one error line, or its one note."""
+  from test_bounded_readers import capped
+  if not _CAPPED:
+    env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), JAX_PLATFORMS="cpu", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
+    imports = ("absl.app", "ml_collections.config_flags", "fedjax_dg.bench.collect", "fedjax_dg.bench.figures",
+               "fedjax_dg.bench.report", "fedjax_dg.bench.results")
+    _CAPPED.append(forkserver.ForkServer(env, ROOT, imports, prefix=capped([])))
+  code, out, err = _CAPPED[0].run("fedjax_dg.bench", ["report", f"--results={path}", f"--out={tmp / 'out'}"], True)
   if outcome == "error":
     assert code == 2, f"exit status {code}; stdout {out[-1000:]} stderr {err[-2000:]}"
     return _one_line(err, "stderr")
@@ -1256,7 +1301,7 @@ def _(tmp):
 @case(4, "a config file that exits", "`fedjax-dg --config F` where `get_config` calls `sys.exit(3)`",
       "the config file exited (status 3) instead of returning a config", section="config files")
 def _(tmp):
-  return cli(tmp, config=_config_file(tmp, "import sys\ndef get_config():\n  sys.exit(3)\n"))
+  return cli(tmp, config=_config_file(tmp, "import sys\ndef get_config():\n  sys.exit(3)\n"), fresh=True)
 
 
 @case(4, "a config file returning None", "`fedjax-dg --config F P` where `get_config` returns None",
