@@ -320,7 +320,7 @@ def test_a_toy_method_is_one_file_and_one_line(tmp_path, tiny_config, monkeypatc
 
 @pytest.mark.parametrize("name", ["erm", "irm", "groupdro"])
 def test_centralised_rounds_are_epochs_of_one_run(tiny_config, name):
-  """Issue 10 item 5: with one client (seed 001's C = 1 column), E rounds of one epoch equal
+  """With one client (Bai et al.'s C = 1 column), E rounds of one epoch equal
   one round of E epochs, because the local optimizer's state (Adam's moments and step count)
   carries over. Full-batch steps, so the batch order cannot matter. ERM is also checked
   against a plain optax loop; a FedAvg-style reset each round (E > 1 clients' rule) differs."""

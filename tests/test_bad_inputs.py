@@ -1,4 +1,4 @@
-"""Bad inputs and faults (issue 13) and the one line each now gets, as a generated table.
+"""Bad inputs and faults and the one line each gets, as a generated table.
 
 `CASES` lists them. Each case runs in a fresh temporary folder and returns the line the user
 sees; it passes when that line is one line and contains the case's `expect` fragment (a
@@ -9,12 +9,12 @@ cannot go stale; after changing a case or a message, regenerate it with
     REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py
 
 Adding a case: decorate a function of a `pathlib.Path` (its temporary folder) with
-`@case(item, name, trigger, expect)` anywhere below `case`; the table orders cases by issue
+`@case(item, name, trigger, expect)` anywhere below `case`; the table orders cases by group
 item, then by their place in this file. A case given a `section` (the run directory,
 untrusted files, config fields, config files, sweeps, data files) shows it in place of
 the item. Helpers for the function body:
 
-- `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with issue 13's `P`
+- `cli(tmp, *overrides, config=...)`: runs `python -m fedjax_dg` with the table's `P`
   (`configs/default.py`, MLP, 4 clients, 4 rounds, no checkpoints, workdir `tmp/W`) plus
   `overrides`; checks exit status 2 and exactly one line on stderr, and returns it. It runs
   in a child forked from one Python that has imported the package already (`forkserver`:
@@ -55,32 +55,32 @@ pytestmark = pytest.mark.xdist_group("bad_inputs")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "bad_inputs.md")
 REGENERATE = "REGENERATE_BAD_INPUTS=1 python -m pytest -q -p no:xdist tests/test_bad_inputs.py"
-# Issue 13's `P`, without the workdir (each case gets its own).
+# The table's `P`, without the workdir (each case gets its own).
 P = ("--config.model.name=mlp", "--config.num_clients=4", "--config.num_rounds=4", "--config.checkpoint_every=0")
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  item: int                          # the item of issue 13
+  item: int                          # the case's item number in the table
   name: str                          # what is wrong
   trigger: str                       # how the case provokes it (markdown)
   expect: str                        # a fragment the line must contain
   run: Callable[..., str]            # tmp folder -> the line the user sees
   outcome: str = "error"             # "error": refused; "warning": goes on after one line; "works": no message
-  issue: int = 13                    # the issue the case comes from (issue 11: text datasets)
+  group: int = 13                    # the table the case belongs to (11: text datasets)
   section: str = ""                  # shown instead of the item: the run directory, untrusted files, ...
 
 
 CASES: list[Case] = []
 
 
-def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error", issue: int = 13,
+def case(item: int, name: str, trigger: str, expect: str, outcome: str = "error", group: int = 13,
          section: str = ""):
   """Registers the decorated function as a case (see the module docstring)."""
   def register(fn):
     if any(c.name == name for c in CASES):
       raise ValueError(f"two bad-input cases named {name!r}")
-    CASES.append(Case(item, name, trigger, expect, fn, outcome, 26 if section else issue, section))
+    CASES.append(Case(item, name, trigger, expect, fn, outcome, 26 if section else group, section))
     return fn
   return register
 
@@ -350,7 +350,7 @@ def _(tmp):
 # ----------------------------------------------------------------------------- items 1-6: resume and checkpoints
 
 def _p_config(tmp, **fields):
-  """Issue 13's `P` as a config object (workdir `tmp/W`), with `fields` set."""
+  """The table's `P` as a config object (workdir `tmp/W`), with `fields` set."""
   from fedjax_dg.bench.sweep import load_config_file, set_path
   c = load_config_file(os.path.join(ROOT, "configs", "default.py"))
   for path, v in {"model.name": "mlp", "num_clients": 4, "num_rounds": 4, "checkpoint_every": 0,
@@ -547,7 +547,7 @@ def _(tmp):
   return error_of(lambda: config_lib.validate(c))
 
 
-# ----------------------------------------------------------------------------- issue 11: text
+# ----------------------------------------------------------------------------- text datasets
 
 def _text_config(dataset, **overrides):
   """configs/<dataset>.py with `overrides` (dotted fields), for `config.validate`."""
@@ -571,63 +571,63 @@ def _validate(tmp, dataset, **overrides):
 
 @case(0, "FedDG on text", "`fedjax-dg --config configs/civilcomments.py P --config.model.name=distilbert "
       "--config.algorithm.name=feddg` (no data is read)",
-      "error: algorithm.name: 'feddg' does not apply to text: FedDG interpolates the amplitude spectra", issue=11)
+      "error: algorithm.name: 'feddg' does not apply to text: FedDG interpolates the amplitude spectra", group=11)
 def _(tmp):
   return cli(tmp, "--config.model.name=distilbert", "--config.algorithm.name=feddg", config="configs/civilcomments.py")
 
 
 @case(0, "FedADG on text", "`configs/py150.py` with `algorithm.name=fedadg`",
-      "algorithm.name: 'fedadg' does not apply to text: FedADG is designed for images", issue=11)
+      "algorithm.name: 'fedadg' does not apply to text: FedADG is designed for images", group=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"algorithm.name": "fedadg"})
 
 
 @case(0, "Mixup on token ids", "`configs/civilcomments.py` with `algorithm.name=mixup`",
-      "algorithm.name: 'mixup' does not apply to text: Mixup interpolates inputs", issue=11)
+      "algorithm.name: 'mixup' does not apply to text: Mixup interpolates inputs", group=11)
 def _(tmp):
   return _validate(tmp, "civilcomments", **{"algorithm.name": "mixup"})
 
 
 @case(0, "FedDIM with GPT-2's tied vocabulary head", "`configs/py150.py` with `algorithm.name=feddim`",
       "algorithm.name: 'feddim' does not apply to model.name='gpt2': FedDIM's insight matrices are [V, d, V]",
-      issue=11)
+      group=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"algorithm.name": "feddim"})
 
 
 @case(0, "FedLOE with GPT-2's tied head", "`configs/py150.py` with `algorithm.name=fedloe`",
-      "algorithm.name: 'fedloe' does not apply to model.name='gpt2'", issue=11)
+      "algorithm.name: 'fedloe' does not apply to model.name='gpt2'", group=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"algorithm.name": "fedloe"})
 
 
 @case(0, "FedSR+OMG with GPT-2", "`configs/py150.py` with `algorithm.name=fedsr+omg`",
-      "algorithm.name: 'fedsr' does not apply to model.name='gpt2'", issue=11)
+      "algorithm.name: 'fedsr' does not apply to model.name='gpt2'", group=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"algorithm.name": "fedsr+omg"})
 
 
 @case(0, "image model on text", "`configs/civilcomments.py` with `model.name=resnet18`",
-      "model.name: 'resnet18' reads images; data.dataset='civilcomments' is text (use distilbert)", issue=11)
+      "model.name: 'resnet18' reads images; data.dataset='civilcomments' is text (use distilbert)", group=11)
 def _(tmp):
   return _validate(tmp, "civilcomments", **{"model.name": "resnet18"})
 
 
 @case(0, "classifier on Py150's per-token labels", "`configs/py150.py` with `model.name=distilbert`",
-      "model.name: Py150 is next-token prediction with a label per token; use 'gpt2'", issue=11)
+      "model.name: Py150 is next-token prediction with a label per token; use 'gpt2'", group=11)
 def _(tmp):
   return _validate(tmp, "py150", **{"model.name": "distilbert"})
 
 
 @case(0, "text model on images", "`configs/pacs.py` with `model.name=distilbert`",
-      "model.name: 'distilbert' reads token ids", issue=11)
+      "model.name: 'distilbert' reads token ids", group=11)
 def _(tmp):
   return _validate(tmp, "pacs", **{"model.name": "distilbert"})
 
 
 @case(0, "selection metric the dataset does not report", "`configs/civilcomments.py` with "
       "`data.select_metric=overall_accuracy` (a Py150 metric)",
-      "data.select_metric: unknown 'overall_accuracy' for civilcomments; choose one of", issue=11)
+      "data.select_metric: unknown 'overall_accuracy' for civilcomments; choose one of", group=11)
 def _(tmp):
   return _validate(tmp, "civilcomments", **{"data.select_metric": "overall_accuracy"})
 
@@ -1714,14 +1714,14 @@ def _(tmp):
 
 
 @case(9, "learned aggregation through 0 rounds", "`P --config.algorithm.name=learned_agg "
-      "--config.algorithm.learned.unroll=0`", "algorithm.learned.unroll must be >= 1", issue=22)
+      "--config.algorithm.learned.unroll=0`", "algorithm.learned.unroll must be >= 1", group=22)
 def _(tmp):
   return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.unroll=0")
 
 
 @case(9, "learned aggregation through more rounds than the run", "`P --config.algorithm.name=learned_agg "
       "--config.algorithm.learned.unroll=5` (4 rounds)", "algorithm.learned.unroll: K=5 is larger than the run "
-      "(num_rounds=4)", issue=22)
+      "(num_rounds=4)", group=22)
 def _(tmp):
   return cli(tmp, "--config.algorithm.name=learned_agg", "--config.algorithm.learned.unroll=5")
 
@@ -1996,10 +1996,10 @@ def render(results: dict[str, str]) -> str:
       "| item | bad input | how | outcome | line |",
       "| --- | --- | --- | --- | --- |",
   ]
-  order = sorted(range(len(CASES)), key=lambda k: (CASES[k].issue != 13, CASES[k].issue, CASES[k].item, k))
+  order = sorted(range(len(CASES)), key=lambda k: (CASES[k].group != 13, CASES[k].group, CASES[k].item, k))
   for k in order:
     c = CASES[k]
-    item = c.section or (c.item if c.issue == 13 else "text")
+    item = c.section or (c.item if c.group == 13 else "text")
     lines.append(f"| {item} | {c.name} | {c.trigger} | {c.outcome} | {_cell(results[c.name])} |")
   return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""Resume and checkpoints (issue 13 items 1-6, 13) and the kept selected parameters (issue 9).
+"""Resume and checkpoints, and the kept selected parameters.
 
 One reference run (SCAFFOLD, so client state is checkpointed too; 6 rounds, evaluations
 and checkpoints every 2) is shared; each test works on a copy of its workdir.
@@ -313,7 +313,7 @@ def test_progress_bar_waits_for_each_round_and_shows_the_phase(tiny_config, tmp_
                     "round (evaluating)"]
 
 
-# ----------------------------------------------------------------------------- issue 9: selected params
+# ----------------------------------------------------------------------------- selected params
 
 def test_selected_parameters_rescore_to_the_summary(reference, tmp_path):
   from fedjax_dg import evaluate

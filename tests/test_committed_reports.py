@@ -149,7 +149,7 @@ def test_every_cell_and_every_bold_mark_from_the_results_file(folder, rule):
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_the_table_runs_at_the_search_trial_with_the_best_heldout_validation_score(folder):
-  """Where the table grid takes its trials from a search grid (seed 001 App. D.4), each
+  """Where the table grid takes its trials from a search grid (Bai et al. App. D.4), each
   cell's seeds ran at the trial whose mean held-out validation score (at each run's own
   held-out selection) is the highest of its search cell."""
   sweep, docs = read_docs(folder)
@@ -317,7 +317,7 @@ def outcome(a, b, alpha=0.05):
 
 
 def verdict_words(outcomes):
-  """The verdict of an "every testable comparison" claim, from seed 001's wording as the
+  """The verdict of an "every testable comparison" claim, from Bai et al.'s wording as the
   report states it: holds / does not hold / holds in part / no difference / cannot tell."""
   testable = [o for o in outcomes if o != "cannot tell"]
   k = sum(o == "higher" for o in testable)

@@ -1,5 +1,5 @@
 """Every dataset config under configs/ loads and passes `config.validate` (no data needed),
-and the per-paper protocols carry the numbers of the tables they cite (issue 10 items 3, 6, 8)."""
+and the per-paper protocols carry the numbers of the tables they cite."""
 import importlib.util
 import os
 
@@ -33,7 +33,7 @@ def test_config_loads_and_validates(name, args, tmp_path):
   config_lib.validate(c)
 
 
-def test_fedomg_protocol_is_seed_002_d6(tmp_path):
+def test_fedomg_protocol_is_its_papers_appendix_d6(tmp_path):
   c = _load("pacs", "fedomg")
   assert (c.model.name, c.client.optimizer, c.client.lr, c.client.batch_size, c.client.local_epochs) == \
       ("resnet18", "sgd", 1e-3, 16, 5)
@@ -45,7 +45,7 @@ def test_fedomg_protocol_is_seed_002_d6(tmp_path):
   config_lib.validate(c)
 
 
-def test_fedloe_pacs_is_seed_000_table_5():
+def test_fedloe_pacs_is_its_papers_table_5():
   c = _load("pacs", "fedloe")
   assert (c.data.in_val_fraction, c.data.in_test_fraction, c.algorithm.fedloe.tune_fraction) == (0.05, 0.05, 0.1)
   assert (c.client.optimizer, c.client.lr, c.client.batch_size) == ("adam", 5e-5, 128)
@@ -55,26 +55,26 @@ def test_fedloe_pacs_is_seed_000_table_5():
   assert (f.head_lr, f.head_weight_decay, c.data.lodo_validation) == (0.05, 5e-4, "in_domain")
 
 
-def test_seed_001_table_7_fish_meta_step_on_femnist_and_text():
+def test_bai_et_al_table_7_fish_meta_step_on_femnist_and_text():
   """Table 7's Fish meta-lr row: 0.1 on FEMNIST and CivilComments, 1 on Py150."""
   for name, meta in (("femnist", 0.1), ("civilcomments", 0.1), ("py150", 1.0)):
     assert _load(name).algorithm.fish.meta_lr == meta, name
 
 
-def test_seed_001_table_7_values():
+def test_bai_et_al_table_7_values():
   for name, irm, tau in (("pacs", 1000.0, 0.1), ("celeba", 1000.0, 0.1), ("camelyon17", 100.0, 0.4),
                          ("iwildcam", 10.0, 0.4)):
     c = _load(name)
     assert (c.algorithm.irm.lam, c.algorithm.gma.tau, c.algorithm.fish.meta_lr) == (irm, tau, 0.1), name
     assert c.client.optimizer == "adam"
     assert c.data.name == "wilds" or c.data.lodo_validation == "heldout_domain"
-    c.algorithm.name = "scaffold"   # Adam locally, as seed 001 ran it
+    c.algorithm.name = "scaffold"   # Adam locally, as Bai et al. ran it
     c.workdir = "/tmp/unused"
     config_lib.validate(c)
 
 
 def test_irm_and_gma_from_the_text_configs_are_table_7():
-  """civilcomments.py and py150.py set IRM's lambda 1000 (seed 001 Table 7) at the field the
+  """civilcomments.py and py150.py set IRM's lambda 1000 (Bai et al. Table 7) at the field the
   method reads: the resolved hyperparameter records hold it."""
   from fedjax_dg import algorithms
   for name in ("civilcomments", "py150"):

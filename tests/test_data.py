@@ -35,7 +35,7 @@ def test_spurious_correlation_follows_the_domain():
 
 
 def test_linear_scm_ols_matches_closed_form():
-  # Seed 000 App. A eq. (22): per-domain OLS converges to
+  # FedLOE's paper, App. A eq. (22): per-domain OLS converges to
   # a_I^(k) = s3/(s2 |a_S|^2 + s3) a_I and a_S^(k) = s2/(s2 |a_S|^2 + s3) a_S.
   a_i, a_s = np.array([1.0, -0.5]), np.array([0.8, 0.6])
   s2s, s3 = (0.5, 2.0), 1.0

@@ -1,5 +1,5 @@
-"""`model.feature_projection`: seed 003 (FedIIR) Sec. 5.1's extra linear layer at the end of
-the featurizer (issue 10 item 8), checked against float64 NumPy."""
+"""`model.feature_projection`: FedIIR's paper (Guo et al. 2023) Sec. 5.1's extra linear layer at the end of
+the featurizer, checked against float64 NumPy."""
 import os
 
 import jax
@@ -159,12 +159,12 @@ def test_fediir_round_on_the_projected_mlp():
 
 
 def test_fediir_configs_carry_the_papers_width():
-  """Seed 003 Sec. 5.1: 512 after ResNet-18 (VLCS, PACS), 2048 after ResNet-50 (OfficeHome)."""
+  """FedIIR's paper, Sec. 5.1: 512 after ResNet-18 (VLCS, PACS), 2048 after ResNet-50 (OfficeHome)."""
   got = {n: (c.model.name, c.model.feature_projection, tuple(c.model.head_hidden))
          for n, c in (("pacs", _load("pacs", "fediir")), ("vlcs", _load("vlcs")), ("office_home", _load("office_home")))}
   assert got == {"pacs": ("resnet18", 512, (256,)), "vlcs": ("resnet18", 512, (256,)),
                  "office_home": ("resnet50", 2048, (1024,))}
-  assert _load("pacs").model.feature_projection == 0  # seed 001's benchmark: no extra layer
+  assert _load("pacs").model.feature_projection == 0  # Bai et al.'s benchmark: no extra layer
 
 
 @pytest.mark.parametrize("value,name,message", [

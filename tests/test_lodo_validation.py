@@ -1,7 +1,7 @@
-"""`data.lodo_validation`: how a leave-one-domain-out fold validates (issue 10 item 6).
+"""`data.lodo_validation`: how a leave-one-domain-out fold validates.
 
-"heldout_domain" (seed 001) holds out the next domain; "in_domain" (seeds 000, 002, 003,
-004) trains on every non-test domain and selects on its in-domain split. Fold contents are
+"heldout_domain" (Bai et al.) holds out the next domain; "in_domain" (the FedLOE, FedOMG, FedIIR and FedDIM
+papers) trains on every non-test domain and selects on its in-domain split. Fold contents are
 checked against counts computed from the dataset's domain sizes."""
 import os
 

@@ -1,6 +1,6 @@
 """Papers are named by their authors, title and venue wherever a user reads: the package's
 docstrings and messages, the README, the documentation, the configs, the examples, the
-scripts and the benchmarks never call a paper by a file number such as "seed 001"."""
+scripts, the benchmarks and the tests never call a paper by a file number such as "seed 001"."""
 import os
 import re
 
@@ -9,7 +9,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBERED = re.compile(r"seeds?[\s_-]*00\d", re.I)
 READ_BY_USERS = ("README.md", "CITATION.cff", "CHANGELOG.md", "mkdocs.yml", "fedjax_dg", "docs", "configs", "examples",
-                 "experiments", "scripts", "benchmarks")
+                 "experiments", "scripts", "benchmarks", "tests")
+THIS_FILE = os.path.relpath(os.path.abspath(__file__), ROOT)  # its examples of what the check finds
 SUFFIXES = (".md", ".py", ".sh", ".yml", ".yaml", ".cff", ".txt", ".tex")
 def user_files(root: str = ROOT) -> list[str]:
   """Paths, relative to `root`, of the text files in `READ_BY_USERS` (folders walked)."""
@@ -21,7 +22,8 @@ def user_files(root: str = ROOT) -> list[str]:
       continue
     for d, dirs, files in os.walk(path):
       dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")))
-      out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files) if f.endswith(SUFFIXES)]
+      out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files) if f.endswith(SUFFIXES)
+              and os.path.relpath(os.path.join(d, f), root) != THIS_FILE]
   return out
 
 

@@ -1,4 +1,4 @@
-"""Heterogeneous Partitioning (seed 001 Alg. 1) and the other partitioners."""
+"""Heterogeneous Partitioning (Bai et al. Alg. 1) and the other partitioners."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -7,7 +7,7 @@ from fedjax_dg.data import partition as P
 
 
 def test_paper_example_1():
-  # Seed 001, Example 1: five domains of 10, 20, 30, 40, 100 examples into two clients.
+  # Bai et al., Example 1: five domains of 10, 20, 30, 40, 100 examples into two clients.
   counts = P.heterogeneous_counts([10, 20, 30, 40, 100], 2, 0.0)
   assert sorted(map(tuple, counts.tolist())) == [(0, 0, 0, 0, 100), (10, 20, 30, 40, 0)]
 

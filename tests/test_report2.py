@@ -579,7 +579,7 @@ def test_late_selection_is_counted_per_column():
 
 
 def test_table_6_counts_training_domains():
-  """Seed 001's Table 6 counts the training domains (PACS: D = 2 of its 4)."""
+  """Bai et al.'s Table 6 counts the training domains (PACS: D = 2 of its 4)."""
   from fedjax_dg.bench import difficulty
   run = {"summary": {"client_sizes": [5, 5], "domains": {"names": list("abcdef"), "train": [1, 2, 3, 4],
                                                          "val": [0], "test": [5]}},
@@ -640,7 +640,7 @@ def test_the_report_lists_each_cells_selected_trial_and_its_values(tmp_path):
   assert any(l.startswith("grid `seeds`: 2 fresh seeds (1, 2) at the trial that grid `table` selects") for l in lines)
 
 
-def test_the_fashion_mnist_sweep_follows_seed_001s_appendix():
+def test_the_fashion_mnist_sweep_follows_bai_et_als_appendix():
   """Fig. 3 and Table 6 at C = 100, R_DG with 80% of the test domain moved in; the table's
   seeds are fresh (never the search's own seed 0), also in the slice; the per-run figures
   draw a seed the table runs."""
@@ -795,7 +795,7 @@ def test_status_estimates_the_time_left_from_the_finished_jobs_time_per_round(tm
 
 
 def test_round_times_table_is_the_mean_per_run_median_round_over_the_tables_jobs(tmp_path):
-  """Seed 001 Table 13's counterpart, by hand: a job's median round (`timing.median_round_s`)
+  """Bai et al.'s Table 13's counterpart, by hand: a job's median round (`timing.median_round_s`)
   counts whole when it ran alone and split over the runs of its compiled program when it ran
   in a batch; a cell is the mean over the method's jobs at that C, all lambdas."""
   s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(1, 4), lams=(1.0, 0.1), seeds=(0, 1))

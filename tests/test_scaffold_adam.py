@@ -1,6 +1,6 @@
 """SCAFFOLD against a float64 NumPy loop. Plain SGD: option II's control
 `c_i+ = c_i - c + (theta - theta_c) / (K eta_l)`, which equals the round's mean raw minibatch
-gradient. Adam (seed 001's benchmark): Adam reads the corrected gradient `g - c_i + c` and
+gradient. Adam (Bai et al.'s benchmark): Adam reads the corrected gradient `g - c_i + c` and
 the control is the round's mean raw minibatch gradient, so `c - c_i` stays in gradient units
 (option II's quotient would be in Adam-step units)."""
 import jax
