@@ -7,14 +7,16 @@ unrolled). Flower trains two clients at a time in two single-threaded Ray actors
 variants of our round try the same, each timed as whole rounds, alternated with the
 library's own round inside one process so that every variant meets the same load:
 
-  host_loop    the library's round (`auto`): one jitted call per client, dispatched
-               asynchronously; client i+1's call does not wait for client i's partial sum.
-  threads2     the same jitted client program, called from 2 Python threads (2 clients in
-               flight, each thread blocking on its call), the partial sums added
-               afterwards in client order (the result must equal host_loop's bit for bit).
+  host_loop    the library's round with the one-thread host loop (`HostLoopExecutor(devices,
+               threads=1)`): one jitted call per client, dispatched asynchronously;
+               client i+1's call does not wait for client i's partial sum.
+  threads2     the same round with the clients' calls made from 2 host threads
+               (`threads=2`, the default on CPU: 2 clients in flight, each thread
+               blocking on its call), the partial sums added in client order (the result
+               must equal host_loop's bit for bit).
   dev1, dev2   (in a process of its own, `--xla_force_host_platform_device_count=2
                --xla_cpu_multi_thread_eigen=false`: one Eigen thread per device) the
-               library's host loop on one of the two CPU devices / on both (client i on
+               one-thread host loop on one of the two CPU devices / on both (client i on
                device i mod 2, each device its own partial sum).
 
 Each record: the seconds of every round (wall) and the process's CPU seconds over it
@@ -28,8 +30,6 @@ Run it at normal priority; the machine's other jobs show in the load.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import functools
 import json
 import os
 import subprocess
@@ -39,41 +39,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TWO_DEVICES = "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false"
 PROCESSES = {"one_device": ("", ("host_loop", "threads2")), "two_devices": (TWO_DEVICES, ("dev1", "dev2"))}
-
-
-def _threaded_host_loop(devices, threads: int):
-  """A `HostLoopExecutor` whose clients' calls come from `threads` Python threads (each
-  blocking on its own call), the partial sums added in client order afterwards. Workload B
-  only: no dropped-out members, no local-step buckets."""
-  import jax
-  import jax.numpy as jnp
-  from fedjax_dg.algorithms.base import ClientData
-  from fedjax_dg.engine import executors as ex
-
-  class Threaded(ex.HostLoopExecutor):
-    def client_pass(self, client_fn, stack: bool, bucketed: bool = False):
-      assert len(self.devices) == 1 and (self.buckets is None or not bucketed)
-
-      @jax.jit
-      def one_client(bcast, states, store, ids, rngs, w, i):  # HostLoopExecutor's, without work/caps
-        num_clients = store.counts.shape[0]
-        data = ClientData(store.x, store.y, store.domain, store.counts, jnp.arange(num_clients))
-        pick = lambda t, j: jax.tree.map(lambda a: a[j], t)
-        out = client_fn(bcast, pick(states, i), pick(data, jnp.minimum(ids[i], num_clients - 1)), rngs[i])
-        part = ex._weighted_sum(jax.tree.map(lambda a: a[None], out), w[i][None])
-        return part, out.state, (out.message if stack else None)
-
-      def run(bcast, states, data, rngs, w):
-        assert data.up is None and data.work is None
-        call = lambda i: jax.block_until_ready(one_client(bcast, states, data.stores[0], data.ids, rngs, w,
-                                                          jnp.int32(i)))
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-          outs = list(pool.map(call, range(w.shape[0])))
-        total = functools.reduce(self._add, [o[0] for o in outs])
-        msgs = self._stack([o[2] for o in outs]) if stack else None
-        return ex.CohortResult(total, self._stack([o[1] for o in outs]), msgs)
-      return run
-  return Threaded(devices)
 
 
 def build(variant: str, w: dict):
@@ -86,6 +51,7 @@ def build(variant: str, w: dict):
   from fedjax_dg.data import store as store_lib
   from fedjax_dg.data.store import ClientStore
   from fedjax_dg.engine import round as round_lib
+  from fedjax_dg.engine.executors import HostLoopExecutor
   from fedjax_dg.engine.measured import default_unroll, engine_defaults, model_family
   sys.path.insert(0, os.path.join(HERE, "peers"))
   import common
@@ -105,16 +71,14 @@ def build(variant: str, w: dict):
   steps = common.local_steps(w)
   sched = make_schedule(w["batch"], w["steps"], w["epochs"], n, n, unroll=default_unroll(family, steps))
   alg = algorithms.build_algorithm(config, model, sched, C, w["cohort"])
-  devices = jax.local_devices()[:1] if variant in ("threads2", "dev1") else None
-  if variant == "threads2":
-    make = round_lib.executor
-    round_lib.executor = lambda *a, **k: _threaded_host_loop(devices, 2)
-    try:
-      round_fn = fedjax_dg.make_round(alg, C, w["cohort"], "host_loop", devices=devices)
-    finally:
-      round_lib.executor = make
-  else:
+  devices = jax.local_devices()[:1] if variant in ("host_loop", "threads2", "dev1") else jax.local_devices()
+  threads = 2 if variant == "threads2" else 1
+  make = round_lib.executor  # the round's executor, with the variant's threads
+  round_lib.executor = lambda *a, **k: HostLoopExecutor(devices, threads)
+  try:
     round_fn = fedjax_dg.make_round(alg, C, w["cohort"], strategy, devices=devices)
+  finally:
+    round_lib.executor = make
   key = jax.random.PRNGKey(0)
   state = fedjax_dg.init_round_state(alg, key, model.init(key), C)
   return round_fn, state, round_fn.place(store), strategy, alg
@@ -129,8 +93,9 @@ def child(variants, rounds: int) -> dict:
   sys.path.insert(0, os.path.join(HERE, "peers"))
   import common
   w = common.workload("B")
+  from fedjax_dg.engine.executors import host_loop_threads
   out = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": len(jax.local_devices()),
-         "load_before": os.getloadavg()}
+         "library_default_threads": host_loop_threads(jax.local_devices()), "load_before": os.getloadavg()}
   runs = {}
   for v in variants:
     round_fn, state, store, strategy, alg = build(v, w)
