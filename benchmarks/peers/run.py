@@ -61,7 +61,8 @@ def _args(argv=None):
                  help="our side's runs, each `strategy[+option...]@cache`: strategy auto (the engine's choice) or a "
                       "strategy; options `+host` for the inputs left in their file (host_store.FileRows), `+gemm` "
                       "for model.conv_impl='gemm', `+devN` for N one-thread CPU devices, `+ynn` for jaxlib's own "
-                      "XLA:CPU flags (FEDJAX_DG_XLA_CPU_DEFAULTS=off); "
+                      "XLA:CPU flags (FEDJAX_DG_XLA_CPU_DEFAULTS=off), `+thread1` for the host loop's clients called "
+                      "from one host thread; "
                       "cache `fresh` (a new empty compilation cache: a user's first run) or `warm` (the cache a "
                       "warm-up run of the same workload filled, untimed: every later run)")
   p.add_argument("--peer-threads", type=int, default=1)

@@ -38,7 +38,7 @@ def main(argv=None):
   args = common.side_args(argv)
   common.emit("start", t=_T_START)
   w = args.w
-  strategy, *options = (args.variant or "auto").split("+")  # e.g. host_loop+gemm, auto+host, auto+dev2, auto+ynn
+  strategy, *options = (args.variant or "auto").split("+")  # e.g. host_loop+gemm, auto+host, auto+dev2, auto+ynn, auto+thread1
   where = "host" if "host" in options else ""
   if "ynn" in options:  # jaxlib's own XLA:CPU choice (YNNPACK convolutions): the package's default off
     os.environ["FEDJAX_DG_XLA_CPU_DEFAULTS"] = "off"
@@ -50,6 +50,9 @@ def main(argv=None):
   import jax.numpy as jnp
   import numpy as np
   import fedjax_dg
+  if "thread1" in options:  # the host loop's clients called from one host thread (the CPU default: 2)
+    from fedjax_dg.engine import executors
+    executors.host_loop_threads = lambda devices: 1
   from fedjax_dg import algorithms
   from fedjax_dg.algorithms.base import make_schedule
   from fedjax_dg.data import store as store_lib

@@ -14,7 +14,9 @@ ragged clients run only their own steps.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -204,13 +206,30 @@ class _HostData(NamedTuple):
 
 class HostLoopExecutor:
   """A Python loop over the members: member `i` runs as one jitted call on device
-  `i % len(devices)`, each device keeping its own partial sum; calls are dispatched
-  asynchronously, so devices work in parallel and the host never waits inside a round."""
+  `i % len(devices)`, each device keeping its own partial sum, added in member order.
+
+  With `threads == 1` the calls are dispatched asynchronously from the calling thread, so
+  devices work in parallel and the host never waits inside a round. With `threads > 1`
+  that many host threads make the calls, each waiting for its own call to finish before
+  taking the next member, so that `threads` members train at once even on one device;
+  the partial sums are added afterwards in the same member order, so the result is the
+  same bit for bit.
+  """
 
   buckets: Buckets | None = None
 
-  def __init__(self, devices):
+  def __init__(self, devices, threads: int = 1):
+    """Args:
+      devices: the devices the members are placed on, in turn.
+      threads: host threads calling the members' jitted programs (1: no threads).
+
+    Raises:
+      ValueError: `threads` is below 1.
+    """
+    if int(threads) < 1:
+      raise ValueError(f"host_loop threads: must be at least 1, got {threads}")
     self.devices = tuple(devices)
+    self.threads = int(threads)
     self._add = jax.jit(_add)
     self._stack = jax.jit(lambda xs: jax.tree.map(lambda *a: jnp.stack(a), *xs))
     self._pick = jax.jit(lambda t, i: jax.tree.map(lambda a: a[i], t))
@@ -261,24 +280,53 @@ class HostLoopExecutor:
       if buckets is not None:  # each member at its own bucket's steps (one transfer of S counts)
         counts = jnp.take(data.stores[0].counts, data.ids, mode="clip")
         caps = [buckets.caps[int(b)] for b in np.asarray(jax.vmap(buckets.index)(counts[:, None]))]
-      acc, new_states, msgs = [None] * n_dev, [], []
-      for i in range(w.shape[0]):
+
+      def call(i):
         d = i % n_dev
         b, st, ids, wk, r, ww = args[d]
-        if skip[i]:
-          new_states.append(self._pick(st, jnp.int32(i)))
-          msgs.append(zeros(shape[2]) if stack else None)
-          continue
-        part, state, msg = one_client(b, st, data.stores[d], ids, wk, r, ww, jnp.int32(i), cap=caps[i])
-        acc[d] = part if acc[d] is None else self._add(acc[d], part)
-        new_states.append(state)
-        msgs.append(msg)
+        return one_client(b, st, data.stores[d], ids, wk, r, ww, jnp.int32(i), cap=caps[i])
+      members = [i for i in range(w.shape[0]) if not skip[i]]
+      pool = concurrent.futures.ThreadPoolExecutor(self.threads) if self.threads > 1 and len(members) > 1 else None
+      # the members' outputs in member order; with threads, each as soon as it and those before it are done
+      done = pool.map(lambda i: jax.block_until_ready(call(i)), members) if pool else map(call, members)
+      acc, new_states, msgs = [None] * n_dev, [], []
+      try:
+        for i in range(w.shape[0]):
+          d = i % n_dev
+          if skip[i]:
+            new_states.append(self._pick(args[d][1], jnp.int32(i)))
+            msgs.append(zeros(shape[2]) if stack else None)
+            continue
+          part, state, msg = next(done)
+          acc[d] = part if acc[d] is None else self._add(acc[d], part)
+          new_states.append(state)
+          msgs.append(msg)
+      finally:
+        if pool:
+          pool.shutdown(cancel_futures=True)
       acc = [a for a in acc if a is not None] or [zeros(shape[0])]
       if n_dev > 1:
         acc, new_states, msgs = jax.device_put((acc, new_states, msgs), self.devices[0])
       total = functools.reduce(self._add, acc)
       return CohortResult(total, self._stack(new_states), self._stack(msgs) if stack else None)
     return run
+
+
+def host_loop_threads(devices) -> int:
+  """The host threads the host loop calls its members from: 2 on CPU devices (two
+  members train at once, as a peer's two single-threaded workers do), else 1 (the
+  asynchronous dispatch already keeps an accelerator busy). On a shared 2-core machine
+  workload B of docs/peers.md took 0.77-0.89x the one-thread loop's time per round in 3
+  of 4 processes, 1.46x in the fourth at load 10, the same bits in every round
+  (`benchmarks/host_loop_overlap.py`).
+
+  Args:
+    devices: the host loop's devices.
+
+  Returns:
+    The number of threads, 1 or 2.
+  """
+  return 2 if all(d.platform == "cpu" for d in devices) and (os.cpu_count() or 1) >= 2 else 1
 
 
 def executor(strategy: str, chunk_size: int = 1, devices=None):
@@ -294,7 +342,7 @@ def executor(strategy: str, chunk_size: int = 1, devices=None):
     if any(d.process_index != jax.process_index() for d in devices):
       raise ValueError("engine.strategy: host_loop dispatches to this process's devices only; across "
                        "jax.distributed processes use vmap, chunked or sequential")
-    return HostLoopExecutor(devices)
+    return HostLoopExecutor(devices, host_loop_threads(devices))
   inner = VmapExecutor() if strategy == "vmap" else ChunkedExecutor(1 if strategy == "sequential" else chunk_size)
   if len(devices) == 1:
     return inner

@@ -19,8 +19,9 @@ the same result up to float summation order; `make_round`'s `strategy` picks one
   "chunked"    `ChunkedExecutor(chunk_size)`: `vmap` inside chunks, `lax.scan` across
                chunks, the partial weighted sum carried (memory O(chunk), not O(cohort)).
   "sequential" `ChunkedExecutor(1)`.
-  "host_loop"  `HostLoopExecutor(devices)`: a Python loop that dispatches one jitted client
-               call per member with the partial sum carried on the device (asynchronous
+  "host_loop"  `HostLoopExecutor(devices, threads)`: a Python loop that dispatches one jitted
+               client call per member with the partial sum carried on the device (on CPU
+               from two host threads, two members at a time; elsewhere asynchronous
                dispatch, no host sync); the server-side pieces are jitted once each. On
                XLA:CPU this is the fast way to run convolutions: a convolution's weight
                gradient inside any XLA while loop (`lax.scan` over clients or rolled local
