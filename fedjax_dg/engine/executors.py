@@ -316,8 +316,8 @@ def host_loop_threads(devices) -> int:
   """The host threads the host loop calls its members from: 2 on CPU devices (two
   members train at once, as a peer's two single-threaded workers do), else 1 (the
   asynchronous dispatch already keeps an accelerator busy). On a shared 2-core machine
-  workload B of docs/peers.md took 0.77-0.89x the one-thread loop's time per round in 3
-  of 4 processes, 1.46x in the fourth at load 10, the same bits in every round
+  workload B of docs/peers.md took 0.77-0.93x the one-thread loop's time per round in 4
+  of 5 processes, 1.46x in the fifth at load 10, the same bits in every round
   (`benchmarks/host_loop_overlap.py`).
 
   Args:
