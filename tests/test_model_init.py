@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests import conftest
+import conftest
 
 _SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
