@@ -261,14 +261,6 @@ def algorithm_of(summary: dict) -> str | None:
   return ((summary.get("config") or {}).get("algorithm") or {}).get("name")
 
 
-def current_fingerprint(summary: dict) -> str:
-  """The current code's fingerprint for the run a summary describes, in the scope its own
-  record used (its algorithm's files, or the whole package for a run recorded before
-  fingerprints were scoped)."""
-  recorded = (summary.get("provenance") or {}).get("source") or {}
-  return source_fingerprint(recorded.get("algorithm"))["sha256"]
-
-
 # The instruction-set extensions that decide which vector code XLA's CPU backend emits: it
 # compiles for the host's CPU (LLVM's host detection), so the vector width, FMA and the
 # reduction order of a vectorised loop follow these flags.

@@ -64,17 +64,13 @@ class Data:
   notes: list = dataclasses.field(default_factory=list)    # one line per job a results file's cells leave out
 
 
-def is_stale(summary: dict, current: str | None = None) -> bool:
-  """A finished run is stale when the code that decides its numbers changed since it ran.
-
-  Without `current`: some file of the current code, in the run's own scope, differs from
-  what the run recorded (`provenance.changed_files`; per file where the run recorded per-file
-  hashes, else by the whole fingerprint). With `current`: its recorded fingerprint is not
-  that sha256. A run that recorded none predates fingerprints: its code is unknown, so it is
-  stale too."""
-  if current is None:
-    return bool(provenance.changed_files(summary))
-  return provenance.recorded_fingerprint(summary) != current
+def is_stale(summary: dict) -> bool:
+  """A finished run is stale when the code that decides its numbers changed since it ran:
+  some file of the current code, in the run's own scope, differs from what the run recorded
+  (`provenance.changed_files`; per file where the run recorded per-file hashes, else by the
+  whole fingerprint). A run that recorded none predates fingerprints: its code is unknown,
+  so it is stale too."""
+  return bool(provenance.changed_files(summary))
 
 
 def load_results(exp: sweep_lib.Expansion) -> dict:
