@@ -8,7 +8,13 @@ import os
 import subprocess
 import sys
 
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
 import conftest
+from fedjax_dg import models
 
 _SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
@@ -34,11 +40,6 @@ for name, shape in [("mlp", (8, 8, 1)), ("cnn", (28, 28, 1)), ("femnist_cnn", (2
   again = build(name, shape).init(jax.random.PRNGKey(0))  # a second build: the same values
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(again),
                                                   jax.tree_util.tree_leaves(model.init(jax.random.PRNGKey(0)))))
-  rngs = jax.random.split(jax.random.PRNGKey(3), 2)  # traced into a caller's program: the same draw
-  batched = jax.vmap(model.init)(rngs)
-  for i in range(2):
-    for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(model.init(rngs[i]))):
-      np.testing.assert_allclose(np.asarray(a)[i], np.asarray(b), rtol=0, atol=1e-6)
 print("INIT-OK")
 """
 
@@ -50,3 +51,17 @@ def test_compiled_init_gives_the_eager_parameters_bit_for_bit():
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, cwd=root, timeout=600)
   assert "INIT-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (8, 8, 1)), ("cnn", (28, 28, 1)), ("femnist_cnn", (28, 28, 1))])
+def test_init_traced_into_a_callers_program_draws_the_same(name, shape):
+  """Under a tracer (here `vmap` over keys) `Model.init` falls back to Flax's init inside the
+  caller's program: the same draw as the compiled init, up to the programs' rounding."""
+  model = models.build_model(ml_collections.ConfigDict({"name": name, "hidden": (200, 200), "head_hidden": (),
+                                                        "dtype": "float32", "conv_impl": "xla",
+                                                        "feature_projection": 0}), shape, 10)
+  rngs = jax.random.split(jax.random.PRNGKey(3), 2)
+  batched = jax.vmap(model.init)(rngs)
+  for i in range(2):
+    for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(model.init(rngs[i]))):
+      np.testing.assert_allclose(np.asarray(a)[i], np.asarray(b), rtol=0, atol=1e-6)
