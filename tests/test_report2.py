@@ -421,6 +421,58 @@ def test_seeds_phase_waits_for_the_search_then_runs_at_the_winner(tmp_path):
   assert len(exp2.jobs) == 5
 
 
+def _phased_sweep(root):
+  s = sweep_config(root, methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,), num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (0, 1, 2),
+                   "select_from": "table"}
+  return s
+
+
+def _fake_runs(skip=()):
+  """`run_once` for `cli.run_phases` that finishes every job not done (trial t scores 0.5 +
+  0.1 t on held-out validation) but the entries in `skip`, and records the jobs it was given."""
+  calls = []
+
+  def run_once(exp):
+    calls.append(sorted(exp.jobs))
+    n = 0
+    for e in exp.entries:
+      wd = exp.jobs[e.key].workdir
+      if e.axes["trial"] in skip or os.path.exists(os.path.join(wd, "summary.json")):
+        continue
+      write_run(wd, {1: {"heldout_val": 0.5 + 0.1 * e.axes["trial"], "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+      n += 1
+    return {"done": n, "failed": 0}
+  return run_once, calls
+
+
+def test_one_bench_run_runs_the_search_and_then_the_seeds_at_the_winner(tmp_path):
+  from fedjax_dg.bench import cli
+  s = _phased_sweep(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  run_once, calls = _fake_runs()
+  last, counts = cli.run_phases(s, exp, run_once)
+  assert len(calls) == 2 and len(calls[0]) == 3 and len(calls[1]) == 5 and set(calls[0]) < set(calls[1])
+  assert counts == {"done": 5, "failed": 0} and not last.waiting
+  assert all(e.axes["trial"] == 2 for e in sweep_lib.grid_entries(last, "seeds"))
+  # Run again: nothing new, one pass.
+  run_once, calls = _fake_runs()
+  assert cli.run_phases(s, sweep_lib.expand(s), run_once)[1] == {"done": 0, "failed": 0} and len(calls) == 1
+
+
+@pytest.mark.parametrize("why", ["a search job failed", "a stop signal"])
+def test_the_seeds_phase_does_not_start_after_a_failed_search_job_or_a_stop(tmp_path, monkeypatch, why):
+  from fedjax_dg import stopping
+  from fedjax_dg.bench import cli
+  s = _phased_sweep(tmp_path / "runs")
+  if why == "a stop signal":
+    monkeypatch.setattr(stopping, "stop_signal", lambda: "SIGTERM")
+  run_once, calls = _fake_runs(skip=(1,) if why == "a search job failed" else ())
+  last, _ = cli.run_phases(s, sweep_lib.expand(s), run_once)
+  assert len(calls) == 1 and "seeds" in last.waiting  # one pass: the search's jobs, no seeds
+
+
 def test_a_diverged_search_trial_never_wins_and_does_not_hold_the_seeds_phase(tmp_path):
   """A trial whose run diverged fails in the launcher (FloatingPointError with the runner's
   message); the seeds phase treats it as finished and never picks it. Any other failure

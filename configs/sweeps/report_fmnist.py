@@ -1,7 +1,6 @@
 """The benchmark report under Bai et al. 2024's protocol, on rotated Fashion-MNIST.
 
-  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist.py   # phase 1: the search
-  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist.py   # phase 2: seeds at the winners
+  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist.py   # the search, then seeds at the winners
   python -m fedjax_dg.bench status --sweep configs/sweeps/report_fmnist.py
   python -m fedjax_dg.bench report --sweep configs/sweeps/report_fmnist.py   # experiments/report_fmnist/
 

@@ -6,8 +6,7 @@ variance asks for, the split varied with the seed, a second search seed, the in-
 table chosen by in-domain validation, and a wider client learning-rate range.
 
   python -m fedjax_dg.bench status --sweep configs/sweeps/report_fmnist3.py
-  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist3.py   # phase 1: the searches
-  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist3.py   # phase 2: seeds at the winners
+  python -m fedjax_dg.bench run    --sweep configs/sweeps/report_fmnist3.py   # the searches, then seeds at the winners
   python -m fedjax_dg.bench report --sweep configs/sweeps/report_fmnist3.py   # experiments/report_fmnist3/
 
 Seeds per cell (`TABLE_SEEDS`, 20). The pilot is the second edition

@@ -196,11 +196,13 @@ def main(argv) -> int:
         cache = os.path.abspath(lc.get("compilation_cache_dir", "") or os.path.join(sweep.root, ".jax_cache"))
       if _LAUNCHER.value == "local":
         workers = _WORKERS.value if _WORKERS.value is not None else int(lc.get("workers", 1))
-        if vectorize:
-          counts = launch.run_batched(exp, workers, memory, max_runs, cache_dir=cache,
+
+        def run_once(exp):
+          if vectorize:
+            return launch.run_batched(exp, workers, memory, max_runs, cache_dir=cache,
                                       ignore_locks=_IGNORE_LOCKS.value)
-        else:
-          counts = launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
+          return launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
+        exp, counts = run_phases(sweep, exp, run_once)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))
         print(launch.status_text(launch.status(exp)))
         sig = stopping.stop_signal()
@@ -234,6 +236,34 @@ def main(argv) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0
+
+
+def run_phases(sweep, exp, run_once) -> tuple:
+  """Runs the sweep's jobs (`run_once(expansion) -> counts`), then each later phase as it
+  becomes runnable: a grid that runs seeds at its search's winners (`select_from`) waits in
+  `exp.waiting` until the search's jobs are done; the sweep is then expanded again and its
+  new jobs run, until no waiting grid gains jobs (every phase ran, a search job failed, or a
+  stop signal arrived). One `bench run` thus runs the searches and then the seeds.
+
+  Returns:
+    `(expansion, counts)`: the last expansion and the counts summed over the phases.
+  """
+  from fedjax_dg import stopping
+  from fedjax_dg.bench import sweep as sweep_lib
+  counts = dict(run_once(exp))
+  while exp.waiting and not stopping.stop_signal() and not counts.get("stopped"):
+    nxt = sweep_lib.expand(sweep)
+    new = [k for k in nxt.jobs if k not in exp.jobs]
+    if not new:
+      break
+    for why in nxt.waiting.values():
+      print(f"waiting: {why}", file=sys.stderr)
+    ready = [g for g in exp.waiting if g not in nxt.waiting]
+    print(f"next phase: grid(s) {', '.join(ready) or '-'} now have {len(new)} more jobs", file=sys.stderr)
+    exp = nxt
+    for k, v in run_once(exp).items():
+      counts[k] = counts.get(k, 0) + v
+  return exp, counts
 
 
 def run():

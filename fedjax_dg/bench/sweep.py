@@ -370,7 +370,8 @@ def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, st
                   f"{total} search jobs failed other than by diverging: see `bench status`, then run the sweep again")
   if missing:
     return None, (f"sweep.grids.{name} runs seeds at the trials its search grid {src!r} selects, and {missing} of "
-                  f"{total} search jobs have not finished: run the sweep again once they have")
+                  f"{total} search jobs have not finished: `bench run` runs its jobs once they have (the local "
+                  "launcher in the same command)")
   winners = {}
   for (m, C, lam, test, val), per_trial in scores.items():
     best = max(sorted(per_trial), key=lambda t: float(np.mean(per_trial[t])))
