@@ -31,8 +31,10 @@ def client_arrays(store: ClientStore, c):
 
 
 def tree_max_diff(a, b):
-  f = lambda t: jnp.asarray(t, jnp.float32)
-  return max(float(jnp.max(jnp.abs(f(x) - f(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  """The largest absolute difference between two trees' leaves, in float32 (NumPy on the host:
+  no XLA program per leaf shape)."""
+  f = lambda t: np.asarray(t, np.float32)
+  return max(float(np.max(np.abs(f(x) - f(y)))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 # `jax.jit(..., compiler_options=XLA_DEFAULT_OPT)`: one program compiled at XLA's default

@@ -53,7 +53,7 @@ def test_on_single_domain_clients_the_domain_penalties_train_plain_erm():
 
 
 def client_message(client, params, data):
-  return client.update(params, jnp.asarray(5), (), data, jax.random.PRNGKey(2)).message
+  return jax.jit(client.update)(params, jnp.asarray(5), (), data, jax.random.PRNGKey(2)).message
 
 
 @pytest.mark.parametrize("name,field", [("vrex", "lam"), ("mmd", "gamma"), ("coral", "gamma")])

@@ -294,7 +294,7 @@ def _project_numpy(v):
 @given(st.lists(st.floats(-5, 5), min_size=1, max_size=12))
 def test_projection_lands_on_the_simplex_and_matches_bisection(v):
   v = np.asarray(v)
-  w = np.asarray(project_simplex(jnp.asarray(v, jnp.float32)), np.float64)
+  w = np.asarray(jax.jit(project_simplex)(jnp.asarray(v, jnp.float32)), np.float64)
   assert (w >= 0).all()
   np.testing.assert_allclose(w.sum(), 1.0, atol=1e-5)
   np.testing.assert_allclose(w, _project_numpy(v), atol=2e-5)
