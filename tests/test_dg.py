@@ -43,16 +43,17 @@ def test_objective_is_mean_risk_plus_weighted_penalty(kind):
   assert doms == [0, 2]
   erm = np.mean([risks[e] for e in doms])
   if kind == "irm":
-    pen = np.mean([float(irm_penalty(logits, batch.y, masks[e])) for e in doms])
+    pen = np.mean([float(jax.jit(irm_penalty)(logits, batch.y, masks[e])) for e in doms])
   elif kind == "vrex":
-    pen = float(vrex_penalty(jnp.asarray([risks[e] for e in doms])))
+    pen = float(jax.jit(vrex_penalty)(jnp.asarray([risks[e] for e in doms])))
   else:
     fn = coral_penalty if kind == "coral" else mmd_penalty
-    pen = float(fn(z, z, masks[0], masks[2]))
+    pen = float(jax.jit(fn)(z, z, masks[0], masks[2]))
   lam = 7.0
   make = dg_objective(model, kind, lam, D, anneal_steps=10, steps_per_round=4)
-  early = float(make(1)(params, batch._replace(step=3), None)[0])      # update step 7 < 10
-  late = float(make(2)(params, batch._replace(step=3), None)[0])       # update step 11
+  loss = lambda round_: jax.jit(lambda p, b: make(round_)(p, b, None)[0])  # noqa: E731  (one program, not one per primitive)
+  early = float(loss(1)(params, batch._replace(step=3)))      # update step 7 < 10
+  late = float(loss(2)(params, batch._replace(step=3)))       # update step 11
   weight_early = 1.0 if kind in ("irm", "vrex") else lam             # only IRM and VREx anneal
   np.testing.assert_allclose(early, erm + weight_early * pen, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(late, erm + lam * pen, rtol=1e-5, atol=1e-7)
@@ -64,7 +65,7 @@ def test_single_domain_client_is_erm(kind):
   params = model.init(jax.random.PRNGKey(1))
   batch = _batch([1] * 8)
   _, logits, _, _, risks = _parts(model, params, batch)
-  got = float(dg_objective(model, kind, 5.0, D)(3)(params, batch, None)[0])
+  got = float(jax.jit(lambda p, b: dg_objective(model, kind, 5.0, D)(3)(p, b, None)[0])(params, batch))
   np.testing.assert_allclose(got, risks[1], rtol=1e-6)
 
 
@@ -164,10 +165,12 @@ def test_default_annealing_is_a_share_of_the_run():
   data = ClientData(jnp.asarray(rng.normal(size=(n, 6)) + dom[:, None], jnp.float32),
                     jnp.asarray(rng.integers(0, 3, n)), jnp.asarray(dom), jnp.asarray(n))
   key = jax.random.PRNGKey(4)
-  fixed = lambda round_, a: local_train(params, dg_objective(model, "irm", lam, D, anneal_steps=a, steps_per_round=2)(
-      round_), optax.sgd(lr), data, key, sched)[0]
+  fixed = lambda round_, a: jax.jit(lambda p: local_train(  # noqa: E731  (one program, not one per primitive)
+      p, dg_objective(model, "irm", lam, D, anneal_steps=a, steps_per_round=2)(round_), optax.sgd(lr), data, key,
+      sched)[0])(params)
+  update = jax.jit(alg.client_update)
   for round_, want in ((0, fixed(0, 10 ** 9)), (1, fixed(1, 0))):
-    delta = alg.client_update((params, jnp.asarray(round_)), (), data, key).message
+    delta = update((params, jnp.asarray(round_)), (), data, key).message
     got = jax.tree.map(jnp.add, params, delta)
     assert helpers.tree_max_diff(got, want) < 1e-6, round_
   assert helpers.tree_max_diff(fixed(1, 10 ** 9), fixed(1, 0)) > 1e-3  # the weight matters here

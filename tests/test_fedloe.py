@@ -45,15 +45,17 @@ def test_penalties_match_numpy():
   R, dw, gphi = _np_parts(logits, y, mask, phi)
   with jax.enable_x64(True):
     args = (jnp.asarray(phi), jnp.asarray(logits), jnp.asarray(y), jnp.asarray(mask))
-    np.testing.assert_allclose(per_client_losses(*args), R, rtol=1e-10)
-    np.testing.assert_allclose(invariance_penalty("irm", *args), np.sum(dw ** 2), rtol=1e-9)
-    np.testing.assert_allclose(invariance_penalty("rex", *args), np.var(R), rtol=1e-9)   # eq. (3): Var
+    penalty = jax.jit(invariance_penalty, static_argnums=0)  # one program per kind, not one per primitive
+    np.testing.assert_allclose(jax.jit(per_client_losses)(*args), R, rtol=1e-10)
+    np.testing.assert_allclose(penalty("irm", *args), np.sum(dw ** 2), rtol=1e-9)
+    np.testing.assert_allclose(penalty("rex", *args), np.var(R), rtol=1e-9)   # eq. (3): Var
     gram = gphi @ gphi.T
-    np.testing.assert_allclose(invariance_penalty("fish", *args), -(gram.sum() - np.trace(gram)), rtol=1e-9)
+    np.testing.assert_allclose(penalty("fish", *args), -(gram.sum() - np.trace(gram)), rtol=1e-9)
     w = np.array([3.0, 1.0, 2.0])
     lam = 0.7
     expect = np.sum(w / w.sum() * R) + lam * np.sum(dw ** 2)
-    np.testing.assert_allclose(manager_objective(*args, jnp.asarray(w), "irm", lam), expect, rtol=1e-9)
+    objective = jax.jit(manager_objective, static_argnums=5)
+    np.testing.assert_allclose(objective(*args, jnp.asarray(w), "irm", lam), expect, rtol=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["irm", "rex", "none"])
@@ -61,9 +63,10 @@ def test_solver_lowers_the_objective(kind):
   logits, y, mask, _ = _problem(1)
   args = (jnp.asarray(logits, jnp.float32), jnp.asarray(y), jnp.asarray(mask, jnp.float32))
   w = jnp.ones(Cp)
-  phi = solve_manager(*args, w, kind, 1.0, steps=100, lr=0.05)
-  start = manager_objective(jnp.full(C, 1.0 / C), *args, w, kind, 1.0)
-  assert float(manager_objective(phi, *args, w, kind, 1.0)) < float(start)
+  phi = jax.jit(solve_manager, static_argnums=(4, 6))(*args, w, kind, 1.0, 100, 0.05)
+  objective = jax.jit(manager_objective, static_argnums=5)
+  start = objective(jnp.full(C, 1.0 / C), *args, w, kind, 1.0)
+  assert float(objective(phi, *args, w, kind, 1.0)) < float(start)
 
 
 def test_fish_manager_matches_numpy():

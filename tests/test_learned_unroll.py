@@ -64,8 +64,9 @@ def test_two_rounds_match_finite_differences_and_adam():
     r1, r2 = _round_inputs(theta0, rng), _round_inputs(theta0, rng)
     rule = learned_rule(model, xv, yv, D, SERVER_LR, OUTER_LR, learn_server_lr=True, learn_shrink=True, unroll=2)
     s0 = rule.init(theta0)
-    theta1, s1 = rule.apply(s0, theta0, Stacked(*r1))
-    theta2, s2 = rule.apply(s1, theta1, Stacked(*r2))
+    apply = jax.jit(rule.apply)
+    theta1, s1 = apply(s0, theta0, Stacked(*r1))
+    theta2, s2 = apply(s1, theta1, Stacked(*r2))
 
     loss1 = lambda o: _ce_np(model, _aggregate_np(o, theta0, *r1), xv, yv)
     loss2 = lambda o: _ce_np(model, _aggregate_np(o, _aggregate_np(o, theta0, *r1), *r2), xv, yv)
@@ -112,7 +113,7 @@ def test_replay_gradient_matches_finite_differences_with_and_without_remat():
       want = _fd(loss_np, o)
       for remat in (True, False):
         f = lambda o, remat=remat, filled=filled: optax_ce(model, replay(split(o), window, filled, SERVER_LR, remat), xv, yv)
-        value, grad = jax.value_and_grad(f)(jnp.asarray(o))
+        value, grad = jax.jit(jax.value_and_grad(f))(jnp.asarray(o))  # one program, not one per primitive
         np.testing.assert_allclose(float(value), loss_np(o), rtol=1e-10)
         np.testing.assert_allclose(np.asarray(grad), want, rtol=1e-6, atol=1e-9)
 
@@ -134,13 +135,14 @@ def test_k1_window_is_the_one_step_rule():
     o = tuple(jnp.asarray(v) for v in (rng.normal(size=D) * 0.3, 0.2, -0.1))
     direct = lambda o: optax_ce(model, aggregate(o, theta, *r, SERVER_LR), xv, yv)
     replayed = lambda o: optax_ce(model, replay(o, window, 1, SERVER_LR), xv, yv)
-    np.testing.assert_allclose(float(replayed(o)), float(direct(o)), rtol=1e-12)
-    for a, b in zip(jax.grad(replayed)(o), jax.grad(direct)(o)):
+    (v_rep, g_rep), (v_dir, g_dir) = (jax.jit(jax.value_and_grad(f))(o) for f in (replayed, direct))
+    np.testing.assert_allclose(float(v_rep), float(v_dir), rtol=1e-12)
+    for a, b in zip(g_rep, g_dir):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-14)
 
     rules = [learned_rule(model, xv, yv, D, SERVER_LR, OUTER_LR, learn_server_lr=True, learn_shrink=True, unroll=k)
              for k in (1, 4)]
-    (p1, s1), (p4, s4) = [rule.apply(rule.init(theta), theta, Stacked(*r)) for rule in rules]
+    (p1, s1), (p4, s4) = [jax.jit(rule.apply)(rule.init(theta), theta, Stacked(*r)) for rule in rules]
     np.testing.assert_allclose(_outer(s4), _outer(s1), rtol=1e-10, atol=1e-14)
     for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p1)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-14)
