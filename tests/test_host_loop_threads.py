@@ -70,6 +70,7 @@ def test_threads_with_three_exchanges_give_the_one_thread_rounds(monkeypatch, ho
   assert _bit_identical(*runs)
 
 
+@pytest.mark.slow  # 20-35 s; the default suite checks the threads bit for bit on the MLP (above)
 def test_threads_with_the_cnn_give_the_one_thread_rounds(monkeypatch):
   """DomainBed's MNIST CNN (the model the threads are for), 4 clients, 2 local steps, on 8x8
   images: its layers are those of 28x28 MNIST (global average pooling makes the size free),

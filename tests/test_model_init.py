@@ -44,6 +44,9 @@ print("INIT-OK")
 """
 
 
+# Slow suite: a fresh Python at XLA's default flags (40 s); the default suite checks the traced
+# initialisation against the eager one in its own process (below).
+@pytest.mark.slow
 def test_compiled_init_gives_the_eager_parameters_bit_for_bit():
   fast = set(conftest.FAST_COMPILE_FLAG.split())
   env = dict(os.environ, XLA_FLAGS=" ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in fast))
