@@ -64,24 +64,24 @@ def test_mixup_on_one_domain_mixes_each_example_with_the_next_of_its_domain():
   from fedjax_dg.objectives import mixup_partners
   mask = jnp.asarray([1, 1, 1, 1, 1, 0], jnp.float32)
   domain = jnp.full((6,), 2)
-  j = np.asarray(mixup_partners(domain, mask, 3))
+  j = np.asarray(jax.jit(mixup_partners, static_argnums=2)(domain, mask, 3))  # one program, not one per primitive
   assert list(j) == [1, 2, 3, 4, 0, 5]
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   batch = Batch(jnp.asarray(rng.normal(size=(6, 6)), jnp.float32), jnp.asarray([0, 1, 2, 0, 1, 2]), domain, mask)
   key = jax.random.PRNGKey(3)
-  jj, lam = mixup_pairing(key, batch, 3, 0.4)
+  jj, lam = jax.jit(lambda k, b: mixup_pairing(k, b, 3, 0.4))(key, batch)
   lam = np.asarray(lam, np.float64)
   x = np.asarray(batch.x, np.float64)
   mixed = lam[:, None] * x + (1 - lam[:, None]) * x[np.asarray(jj)]
-  logits = np.asarray(model.apply(params, jnp.asarray(mixed, jnp.float32)), np.float64)
+  logits = np.asarray(jax.jit(model.apply)(params, jnp.asarray(mixed, jnp.float32)), np.float64)
   top = logits.max(1, keepdims=True)
   logp = logits - top - np.log(np.sum(np.exp(logits - top), 1, keepdims=True))
   y = np.asarray(batch.y)
   ce = -(lam * logp[np.arange(6), y] + (1 - lam) * logp[np.arange(6), y[np.asarray(jj)]])
   want = np.sum(ce * np.asarray(mask)) / 5
-  got = float(mixup_loss(model, params, batch, key, 0.4, 3))
+  got = float(jax.jit(lambda p, b, k: mixup_loss(model, p, b, k, 0.4, 3))(params, batch, key))
   np.testing.assert_allclose(got, want, rtol=1e-5)
   erm = float(optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch.x), batch.y)[:5].mean())
   assert abs(got - erm) > 1e-3  # not ERM

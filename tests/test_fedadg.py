@@ -83,20 +83,25 @@ def _f64(tree):
 def test_losses_match_float64_numpy():
   model, gen, disc, params, g, d = _nets(0)
   b = _batch(1)
-  rng = jax.random.PRNGKey(3)
-  z = reference_noise(rng, len(b.y), NZ)
-  yc = label_code(b.y, K)
-  refs = gen.apply({"params": g}, z, yc)
-  feats = model.features(params, b.x)
   lam0 = 0.55
-  got = (disc_loss(disc, d, yc, feats, refs, b.mask), feature_adv_loss(disc, d, yc, feats, b.mask),
-         gen_loss(disc, d, yc, refs, b.mask), *task_loss(model, disc, params, d, b, yc, lam0)[1],
-         task_loss(model, disc, params, d, b, yc, lam0)[0])
+
+  @jax.jit  # one program, not one per primitive
+  def parts(params, g, d, b, rng):
+    z = reference_noise(rng, len(b.y), NZ)
+    yc = label_code(b.y, K)
+    refs = gen.apply({"params": g}, z, yc)
+    feats = model.features(params, b.x)
+    got = (disc_loss(disc, d, yc, feats, refs, b.mask), feature_adv_loss(disc, d, yc, feats, b.mask),
+           gen_loss(disc, d, yc, refs, b.mask), *task_loss(model, disc, params, d, b, yc, lam0)[1],
+           task_loss(model, disc, params, d, b, yc, lam0)[0])
+    return z, refs, jnp.stack(got), disc.apply({"params": d}, yc, feats)
+
+  z, refs, got, disc_out = parts(params, g, d, b, jax.random.PRNGKey(3))
   x, y, m = np.asarray(b.x, np.float64), np.asarray(b.y), np.asarray(b.mask, np.float64)
   l_d, l_f, l_g, ce, total = _losses(np, _f64(params), _f64(g), _f64(d), x, y, m, np.asarray(z, np.float64), lam0)
   np.testing.assert_allclose(np.asarray(got, np.float64), [l_d, l_f, l_g, ce, l_f, total], rtol=1e-5, atol=1e-7)
   # the reference lies in [0, inf) and the discriminator in (0, 1)
-  assert float(refs.min()) >= 0 and 0 < float(disc.apply({"params": d}, yc, feats).min())
+  assert float(refs.min()) >= 0 and 0 < float(disc_out.min())
 
 
 def _step(lrs, lam0=0.4, seed=0):
