@@ -46,7 +46,8 @@ def central_fd(f, x, eps=1e-6):
   return np.array([(f(x.at[i].add(eps)) - f(x.at[i].add(-eps))) / (2 * eps) for i in range(x.shape[0])])
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "chunked", "sequential"])
+# "chunked" composes the other two (a scan over vmapped chunks): in the slow suite.
+@pytest.mark.parametrize("strategy", ["vmap", pytest.param("chunked", marks=pytest.mark.slow), "sequential"])
 def test_exact_hypergradient_matches_finite_differences(strategy):
   with jax.enable_x64(True):
     p, state, model = tiny(strategy)
