@@ -51,7 +51,8 @@ def test_objective_is_mean_risk_plus_weighted_penalty(kind):
     pen = float(jax.jit(fn)(z, z, masks[0], masks[2]))
   lam = 7.0
   make = dg_objective(model, kind, lam, D, anneal_steps=10, steps_per_round=4)
-  loss = lambda round_: jax.jit(lambda p, b: make(round_)(p, b, None)[0])  # noqa: E731  (one program, not one per primitive)
+  # One program per round, not one per primitive.
+  loss = lambda round_: jax.jit(lambda p, b: make(round_)(p, b, None)[0])  # noqa: E731
   early = float(loss(1)(params, batch._replace(step=3)))      # update step 7 < 10
   late = float(loss(2)(params, batch._replace(step=3)))       # update step 11
   weight_early = 1.0 if kind in ("irm", "vrex") else lam             # only IRM and VREx anneal

@@ -46,7 +46,8 @@ def test_irm_matches_numpy(n, k):
   rng = np.random.default_rng(n * 10 + k)
   z, y = rng.normal(size=(n, k)) * 2, rng.integers(0, k, n)
   with jax.enable_x64(True):
-    np.testing.assert_allclose(float(jax.jit(irm_penalty)(jnp.asarray(z), jnp.asarray(y))), np_irm(z, y), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(float(jax.jit(irm_penalty)(jnp.asarray(z), jnp.asarray(y))), np_irm(z, y),
+                               rtol=1e-10, atol=1e-14)
     # Masked rows are ignored and the even/odd split runs over the real rows only.
     zp = np.concatenate([z, rng.normal(size=(3, k))])
     yp = np.concatenate([y, rng.integers(0, k, 3)])

@@ -438,9 +438,9 @@ def check_padding(name: str, objective, params, input_shape, label_shape=(), num
   same real rows, different padding), as one compiled program for both (run eagerly, every
   primitive compiles its own program: 1.4 s against 0.16 s for an MLP at XLA's default
   level), and compares the losses: a masked objective gives equal losses (the padded terms
-  are multiplied by 0), an unmasked one does not. The two losses must agree to a relative 1e-5: an unmasked
-  mean moves by a share of order 1/2 of a per-row loss difference, far beyond rounding.
-  If either loss is not finite the check cannot tell, and passes.
+  are multiplied by 0), an unmasked one does not. The two losses must agree to a relative
+  1e-5: an unmasked mean moves by a share of order 1/2 of a per-row loss difference, far
+  beyond rounding. If either loss is not finite the check cannot tell, and passes.
 
   Args:
     name: the method's `algorithm.name`, for the error.
