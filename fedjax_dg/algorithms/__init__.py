@@ -262,7 +262,7 @@ class Builder:
 
 def _in_package(spec) -> bool:
   """Whether a method is one of the library's own: tests/test_padding_check.py checks every
-  one of those, so a run spends no start-up time on them (an eager evaluation compiles)."""
+  one of those, so a run spends no start-up time on them (the check compiles a program)."""
   return getattr(spec.client, "__module__", "").startswith("fedjax_dg.")
 
 
