@@ -42,6 +42,22 @@ def test_grid_counts_centralised_column_and_dedup(tmp_path):
   assert job.workdir == os.path.join(str(tmp_path), job.key)
 
 
+def test_excluded_cells_leave_the_grid_and_the_table(tmp_path):
+  from fedjax_dg.bench import collect
+  full = sweep_lib.expand(small_sweep(tmp_path, client_counts=(1, 5, 8)))
+  s = small_sweep(tmp_path, client_counts=(1, 5, 8), exclude_cells=((8, 0.0),))
+  exp = sweep_lib.expand(s)
+  cells = {(e.axes["num_clients"], e.axes["lam"]) for e in exp.entries}
+  assert cells == {(1, None), (5, 1.0), (5, 0.0), (8, 1.0)}
+  # Only the excluded cell's runs are gone, and every other job keeps its key.
+  gone = {k for k, j in full.jobs.items() if (j.config.num_clients, j.config.partition.lam) == (8, 0.0)}
+  assert len(gone) == 3 * 2 and set(exp.jobs) == set(full.jobs) - gone
+  assert collect.table_columns(s.grids.table) == ((1, None), (5, 1.0), (5, 0.0), (8, 1.0))
+  for bad, why in (((8, 0.5),), "no cell of the grid"), (((1, 1.0),), "no cell of the grid"), ((8,), "pair"):
+    with pytest.raises(sweep_lib.SweepError, match=r"sweep.grids.table.exclude_cells: .*" + why):
+      sweep_lib.expand(small_sweep(tmp_path, client_counts=(1, 5, 8), exclude_cells=bad))
+
+
 def test_key_is_stable_and_follows_the_config(tmp_path):
   s = small_sweep(tmp_path)
   keys = list(sweep_lib.expand(s).jobs)

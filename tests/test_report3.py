@@ -38,6 +38,11 @@ def test_the_third_edition_config():
   assert tuple(g.search2.seeds) == (0, mod.SECOND_SEARCH_SEED) and s.report.selection_grid == "search2"
   assert g.search2.num_trials == g.search.num_trials and set(g.search2.methods) == set(g.search.methods)
   assert tuple(s.search.distributions.client.lr) == ("log_uniform", 3e-4, 3e-2)
+  # The cost cut: one column out of the search and both tables, the second search seed in one column.
+  for name in ("search", "table", "table_in"):
+    assert sweep_lib.excluded_cells(g[name], name) == {(100, 0.1)}
+  assert tuple(g.search2.lams) == (1.0,) and tuple(g.search2.client_counts) == (20,)
+  assert collect.table_columns(g.table) == ((1, None), (20, 1.0), (20, 0.1), (20, 0.0), (100, 1.0), (100, 0.0))
   assert "clients" not in g and "clients_steps" not in g and s.figures.clients_grid == ""
   assert s.report.out == "experiments/report_fmnist3"
   sl = mod.get_config("slice")

@@ -192,9 +192,13 @@ def lam_order(lams) -> list[float]:
 
 
 def table_columns(grid) -> tuple:
+  """The table's (num_clients, lam) columns in the grid's order of client counts, lambdas
+  from homogeneous to heterogeneous, without the grid's `exclude_cells`; (1, None) is the
+  centralised column."""
+  skip = sweep_lib.excluded_cells(grid)
   cols = []
   for C in grid.client_counts:
-    cols += [(1, None)] if int(C) == 1 else [(int(C), l) for l in lam_order(grid.lams)]
+    cols += [(1, None)] if int(C) == 1 else [(int(C), l) for l in lam_order(grid.lams) if (int(C), l) not in skip]
   return tuple(cols)
 
 

@@ -12,6 +12,10 @@ named grids, each crossing the benchmark's axes:
   (Bai et al. 2024 Tables 3-5, "-").
 * `folds` are (test_domains, val_domains) pairs (`sweep.folds`; empty = the base config's;
   `sweep.leave_one_domain_out` = every domain once, validated as `data.lodo_validation` says).
+* `exclude_cells` ((num_clients, lam) pairs, num_clients > 1) leaves those cells of the
+  client_counts x lams product out of the grid (`excluded_cells`): a column the sweep cannot
+  afford, say, while the others keep every lambda. A seeds grid and its search grid exclude
+  the same cells; the report's tables leave the column out.
 * `seeds` set the fields named in `sweep.seed_fields` (default the training seed).
 * trials: trial 0 runs the defaults; trials 1..n-1 draw hyperparameters at random
   (DomainBed's protocol; Bai et al. 2024 App. D.4 selects them on the held-out domain), from each
@@ -279,6 +283,38 @@ def _fold_settings(fold) -> dict:
   return {"data.test_domains": fold[0], "data.val_domains": fold[1]}
 
 
+def excluded_cells(g, name: str = "") -> frozenset:
+  """The (num_clients, lam) cells a grid leaves out of its client_counts x lams product.
+
+  Args:
+    g: the grid (`sweep.grids.<name>`); its optional `exclude_cells` holds (num_clients, lam)
+      pairs, each a cell of the product with num_clients > 1 (the centralised column has no lambda).
+    name: the grid's name, for the error message.
+
+  Returns:
+    The excluded cells as (int num_clients, float lam) pairs.
+
+  Raises:
+    SweepError: an entry that is not a pair, or names no cell of the grid.
+  """
+  where = f"sweep.grids.{name or '<grid>'}.exclude_cells"
+  counts = {int(C) for C in g.get("client_counts", ()) if int(C) > 1}
+  lams = {float(l) for l in g.get("lams", ())}
+  out = set()
+  for cell in g.get("exclude_cells", ()) or ():
+    if not isinstance(cell, (tuple, list)) or len(cell) != 2:
+      raise SweepError(f"{where}: each entry is a (num_clients, lam) pair, got {cell!r}")
+    try:
+      C, lam = int(cell[0]), float(cell[1])
+    except (TypeError, ValueError):
+      raise SweepError(f"{where}: each entry is a (num_clients, lam) pair of numbers, got {cell!r}") from None
+    if C not in counts or lam not in lams:
+      raise SweepError(f"{where}: {cell!r} is no cell of the grid (client_counts > 1: {sorted(counts)}, "
+                       f"lams: {sorted(lams)})")
+    out.add((C, lam))
+  return frozenset(out)
+
+
 def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = None) -> None:
   """`winners`: (method, C, lam, fold) -> the trial a `select_from` grid runs its seeds at."""
   base = sweep.base
@@ -291,6 +327,7 @@ def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = Non
   if steps < 0:
     raise SweepError(f"sweep.grids.{name}.local_steps must be >= 0 (0: the schedule's local epochs), got {steps}")
   trials = range(max(1, int(g.get("num_trials", 0)))) if winners is None else (None,)
+  skip = excluded_cells(g, name)
   for method, C, (rounds, epochs), fold, seed, trial in itertools.product(
       g.methods, g.client_counts, schedules, _folds(sweep), g.seeds, trials):
     C = int(C)
@@ -300,6 +337,8 @@ def _expand_grid(exp: Expansion, sweep, name: str, g, winners: dict | None = Non
     if not algorithm:
       continue  # not applicable: no centralised counterpart
     for lam in ((None,) if C == 1 else g.lams):
+      if lam is not None and (C, float(lam)) in skip:
+        continue
       t = trial if winners is None else winners.get((method, C, None if lam is None else float(lam), fold))
       if t is None:
         raise SweepError(f"sweep.grids.{name}: its search grid {g.select_from!r} has no run of {method} at C={C}"
