@@ -390,6 +390,21 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
          "same in every run" in md
 
 
+def test_an_excluded_cell_is_no_column_of_the_report(tmp_path):
+  s = sweep_config(tmp_path / "runs", exclude_cells=((4, 0.1),))
+  s.figures.curves_grid = ""  # tables and reading only
+  exp = sweep_lib.expand(s)
+  assert all(e.axes["lam"] != 0.1 for e in exp.entries) and len(exp.entries) == 2 * 3 + 3 * 2 * 3
+  fill(exp)
+  md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
+  labels = [collect.column_label(c) for c in ((1, None), (4, 1.0), (4, 0.1), (4, 0.0))]
+  header = next(line for line in open(tmp_path / "out" / "tables.md").read().splitlines() if line.startswith("| "))
+  assert labels[0] in header and labels[1] in header and labels[3] in header and labels[2] not in header
+  # Remark 4.2 compares lambda = 1 with 0.1: with no 0.1 column there is nothing to test.
+  assert "Remark 4.2" in md and "IRM at C=4: λ=1" not in md
+  assert "of 2 testable" in md.split("FedIIR beats FedAvg-ERM", 1)[1].split("\n", 1)[0]  # C = 4, lambda 1 and 0
+
+
 # ---------------------------------------------------------------------------- sweeps
 
 def test_seeds_phase_waits_for_the_search_then_runs_at_the_winner(tmp_path):
