@@ -104,8 +104,8 @@ def test_minibatch_sgd_is_gradient_descent_on_equal_clients():
 
 # The slowest learners run with -m slow; each also has its own tests by default (FedADG's
 # test_lowers_the_training_loss_on_the_embedded_dataset, Mixup's and FedDG's NumPy checks,
-# FedSR and FedOMG each learning alone).
-SLOW_LEARNERS = ("fedadg", "mixup", "feddg", "fedsr+omg")
+# FedSR, FedSAM, FedIIR and FedOMG each learning alone).
+SLOW_LEARNERS = ("fedadg", "mixup", "feddg", "fedsr+omg", "fedsam+omg", "fediir+omg")
 # Whole runs (`train_and_evaluate`: files, evaluations, checkpoints' schedule) once per runner
 # path: one stage, and two stages (FedLOE). Every other method trains in this process with the
 # program the runner builds (`helpers.learn_in_process`) and meets the same assertions.

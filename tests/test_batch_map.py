@@ -82,11 +82,11 @@ def _groupdro(tiny_config, **over):
 
 
 def test_centralised_groupdro_under_map_equals_its_solo_runs_bit_for_bit(tiny_config, tmp_path):
-  cfgs = [_groupdro(tiny_config, seed=0), _groupdro(tiny_config, seed=1), _groupdro(tiny_config, seed=2)]
+  cfgs = [_groupdro(tiny_config, seed=0), _groupdro(tiny_config, seed=1)]
   out, solo = _batch_and_solo(cfgs, tmp_path)
   assert all(isinstance(o, dict) for o in out + solo), (out, solo)
-  for i in range(3):
-    assert_identical(cfgs[i], tmp_path / f"b{i}", tmp_path / f"s{i}", tmp_path / f"s{(i + 1) % 3}")
+  for i in range(2):
+    assert_identical(cfgs[i], tmp_path / f"b{i}", tmp_path / f"s{i}", tmp_path / f"s{1 - i}")
 
 
 @pytest.mark.slow

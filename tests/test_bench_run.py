@@ -114,6 +114,10 @@ def test_killed_sweep_resumes_to_the_uninterrupted_tables_and_failures_are_recor
   assert "8 done, 0 running, 0 failed, 0 interrupted, 0 pending (of 8 jobs)" in out, out
 
 
+# In the slow suite: by default test_bench_batched.py's test_submitit_submits_one_job_per_batch
+# takes the same path (run_submitit, execute_batch in another process, a second submission
+# finds nothing). Checked here alone: the outcomes the vectorised launch returns with `wait=True`.
+@pytest.mark.slow
 def test_submitit_local_executor_runs_a_sweep(tmp_path, jax_cache):
   pytest.importorskip("submitit")
   s = tiny(tmp_path / "sweep", bad_job=False)

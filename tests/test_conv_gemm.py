@@ -87,7 +87,10 @@ def _model(name, impl, shape):
   return build_model(ml_collections.ConfigDict({"name": name, "hidden": (16,), "conv_impl": impl}), shape, 7)
 
 
-@pytest.mark.parametrize("name,shape", [("cnn", (12, 12, 1)), ("femnist_cnn", (28, 28, 1)),
+# In the slow suite: by default the same two models are checked in float32 (below), and the
+# GEMM convolution layer by layer in float64 (above).
+@pytest.mark.parametrize("name,shape", [pytest.param("cnn", (12, 12, 1), marks=pytest.mark.slow),
+                                        pytest.param("femnist_cnn", (28, 28, 1), marks=pytest.mark.slow),
                                         pytest.param("resnet18", (32, 32, 3), marks=pytest.mark.slow)])
 def test_models_with_gemm_conv_equal_xla_conv(name, shape):
   with jax.enable_x64(True):
@@ -127,6 +130,7 @@ def test_float32_gemm_conv_agrees_with_xla_conv_to_float32_rounding(name, shape)
   128-channel layers, 400 for the FEMNIST CNN's second), so norm-wise 1152 * 6e-8 < 1e-4."""
   xla, gemm = _model(name, "xla", shape), _model(name, "gemm", shape)
   params = xla.init(jax.random.PRNGKey(0))
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), params, gemm.init(jax.random.PRNGKey(0))))
   x = jax.random.uniform(jax.random.PRNGKey(1), (8,) + shape, jnp.float32)
   y = jax.random.randint(jax.random.PRNGKey(2), (8,), 0, 7)
 

@@ -89,8 +89,12 @@ def reference_rounds(kind, rounds, cohorts=None, server_lr=1.0):
   return ref_p, ref_ctrl, ref_c
 
 
+# "sequential" is `ChunkedExecutor(1)`: the slow suite compares it with the reference, "chunked"
+# (chunks of 4, 6 clients padded to 8) checks that executor by default, and
+# test_minibatch_strategies_agree_with_momentum compares "sequential" with "vmap".
 @pytest.mark.parametrize("kind", ["fedavg", "fedprox", "scaffold"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [pytest.param(s, marks=pytest.mark.slow) if s == "sequential" else s
+                                      for s in STRATEGIES])
 def test_round_equals_sequential_reference(kind, strategy):
   model = tiny_mlp()
   params = model.init(jax.random.PRNGKey(0))

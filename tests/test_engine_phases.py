@@ -102,7 +102,14 @@ def run_engine(alg, cohort_size, rounds, strategy, place=False, devices=None):
   return state
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+def strategies(*fast):
+  """Every strategy; those not in `fast` run with -m slow."""
+  return [s if s in fast else pytest.param(s, marks=pytest.mark.slow) for s in STRATEGIES]
+
+
+# "sequential" is `ChunkedExecutor(1)`: the slow suite runs it, "chunked" (chunks of 2, a
+# padded cohort of 5) checks that executor by default.
+@pytest.mark.parametrize("strategy", strategies("vmap", "chunked", "host_loop"))
 @pytest.mark.parametrize("how", [("mean", "stack"), ("stack", "mean")])
 def test_three_phases_equal_a_python_loop(strategy, how):
   alg = toy(*how)

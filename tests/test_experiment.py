@@ -105,6 +105,9 @@ def _cli(*args):
                         env=dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT)))
 
 
+# In the slow suite: by default test_userpath.py's two plain runs run the same CLI to its summary,
+# and the bad-input table's command lines exit 2 with one line.
+@pytest.mark.slow
 def test_cli_runs_and_rejects_bad_input(tmp_path):
   small = ["--config.model.name=mlp", "--config.model.hidden=(16,)", "--config.data.image_size=8",
            "--config.num_rounds=2", "--config.eval_every=1", "--config.num_clients=6", "--config.quiet=True"]

@@ -145,7 +145,9 @@ def test_configured_solver_is_the_authors_loop():
   assert worst < 1e-9, worst
 
 
-@pytest.mark.parametrize("base", ["fedavg", "fedprox", "irm"])
+# fedprox in the slow suite: the rule acts on the clients' messages only; "fedavg" covers a
+# plain objective client, as FedProx's is, and "irm" one with a broadcast of its own.
+@pytest.mark.parametrize("base", ["fedavg", pytest.param("fedprox", marks=pytest.mark.slow), "irm"])
 def test_x_plus_omg_at_kappa_zero_is_x_from_the_config_defaults(tiny_config, base):
   """`X+omg` with `kappa = 0` and the default `server.lr` equals `X` (FedAvg's rule): the
   rule carries FedAvg's scale, built as the runner builds it from the config."""

@@ -99,6 +99,9 @@ def _val_loss_after_rounds(tiny_config):
   return f, state.hparams
 
 
+# In the slow suite: by default test_meta.py's exact hypergradient ("sequential") checks
+# d/d client.lr and d/d method.mu of FedProx's rounds against finite differences in float64.
+@pytest.mark.slow
 def test_gradient_in_mu_and_client_lr_matches_finite_differences(tiny_config):
   """d(validation loss after 2 rounds) / d(FedProx's mu) and / d(client.lr) by autodiff
   through the rounds equal central finite differences, in float64."""

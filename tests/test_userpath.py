@@ -128,6 +128,7 @@ def test_two_plain_runs_get_their_own_workdirs(tmp_path):
     r = _run(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Unable to initialize backend" not in r.stderr
+    assert "heldout_domain-selected test accuracy" in r.stdout
   runs = sorted(glob.glob(str(tmp_path / "runs" / "default-*")))
   assert len(runs) == 2 and all(os.path.exists(os.path.join(d, "summary.json")) for d in runs)
 
