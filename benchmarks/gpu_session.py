@@ -43,7 +43,7 @@ Budgets: each stage stops starting variants when its budget (`--budget`, seconds
 and the whole stops starting stages after `--total-s`; the defaults fit one command in
 8 minutes on an H100. `--only cnn,batched` runs those stages.
 `--smoke` runs every stage at toy sizes on any backend (tests/test_gpu_session.py runs it on
-CPU in the default suite).
+CPU: the stages cnn, batched, femnist and bitwise in the default suite, all six with -m slow).
 
 On a GPU machine without a package index whose image lacks ml-collections
 (benchmarks/gpu_wheels.sh, run first where PyPI is reachable, downloads it into .whl/), one

@@ -130,19 +130,20 @@ def test_irm_activity_records_against_a_replay_of_the_local_steps():
   sched = LocalSchedule(num_steps=K, batch_size=8, epochs=0, passes=K, unroll=1)
   data = _two_domain_data()
   client = dg_client(model, sched, optax.sgd(lr), "irm", lam, 3, T_a)
-  out = client.update(params, jnp.asarray(round_), (), data, jax.random.PRNGKey(2))
+  out = jax.jit(client.update)(params, jnp.asarray(round_), (), data, jax.random.PRNGKey(2))
   objective = dg_objective(model, "irm", lam, 3, T_a, K)(round_)
   from fedjax_dg.algorithms.base import Batch, batch_indices
   idx, _ = batch_indices(jax.random.split(jax.random.PRNGKey(2))[0], data.count, 8, sched)  # local_loop's rows
+  step = jax.jit(jax.value_and_grad(objective, has_aux=True))  # one program, not one per primitive
   p, shares, at = params, [], []
   for s in range(K):  # every step reads all 8 rows, in the order IRM's even/odd halves depend on
     batch = Batch(data.x[idx[s]], data.y[idx[s]], data.domain[idx[s]], jnp.ones(8), s)
-    (loss, aux), g = jax.value_and_grad(objective, has_aux=True)(p, batch, None)
+    (loss, aux), g = step(p, batch, None)
     lam_t = 1.0 if round_ * K + s < T_a else lam
     shares.append(abs(lam_t * float(aux["penalty"])) / abs(float(loss)))
     at.append(float(lam_t == lam))
     if s == 0:
-      g_pen = jax.grad(lambda q: lam_t * objective(q, batch, None)[1]["penalty"])(p)
+      g_pen = jax.jit(jax.grad(lambda q: lam_t * objective(q, batch, None)[1]["penalty"]))(p)
       grad_share = _flat_norm(g_pen) / _flat_norm(g)
     p = jax.tree.map(lambda a, b: a - lr * b, p, g)
   m = out.metrics

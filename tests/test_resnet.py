@@ -7,6 +7,7 @@ on files from a hand-written torch-zip writer (big-endian, views, offsets).
 """
 import collections
 import contextlib
+import importlib.util
 import io
 import os
 import pickle
@@ -269,7 +270,10 @@ def test_cli_converts_and_checks(tmp_path):
     ("strided", "w.npz", "{src}: tensor 'conv1.weight': stride 0 in dimension 0 (size 4096); strides must be positive"),
     ("foreign", "w.npz", "{src}: not a torchvision ResNet key: 'encoder.weight'"),
     ("ok", "w.pt", "{dst}: converted weights are written as one of ('.npz', '.msgpack')")])
-def test_cli_on_a_bad_file_prints_one_line_and_exits_2(tmp_path, content, dst, message):
+def test_cli_on_a_bad_file_prints_one_line_and_exits_2(tmp_path, monkeypatch, capsys, content, dst, message):
+  """The script's `main`, in this process. Its `sys.exit(main())` in a fresh interpreter is
+  checked by `test_cli_converts_and_checks` (exit 0) and test_bad_inputs' "torchvision
+  converter on a bad file" (exit 2, one line)."""
   src, dst = str(tmp_path / "in.pth"), str(tmp_path / dst)
   if content == "strided":
     write_torch_zip(src, {"0": np.ones(1, np.float32)}, {"conv1.weight": ("0", 0, (4096,), (0,))})
@@ -280,9 +284,14 @@ def test_cli_on_a_bad_file_prints_one_line_and_exits_2(tmp_path, content, dst, m
   elif content is not None:
     with open(src, "wb") as f:
       f.write(content)
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "convert_torchvision_weights.py"), src, dst],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert (out.returncode, out.stdout, out.stderr) == (2, "", "error: " + message.format(src=src, dst=dst) + "\n")
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first
+  path = os.path.join(ROOT, "scripts", "convert_torchvision_weights.py")
+  spec = importlib.util.spec_from_file_location("convert_script", path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  rc = script.main([src, dst])
+  out, err = capsys.readouterr()
+  assert (rc, out, err) == (2, "", "error: " + message.format(src=src, dst=dst) + "\n")
   assert not os.path.exists(dst)
 
 
@@ -471,9 +480,10 @@ def test_build_model_resnet18_logits():
   assert set(params) == {"featurizer", "classifier"}
   kernel = params["featurizer"]["layer1_0"]["conv1"]["kernel"]  # torchvision's fan-out He init
   assert kernel.shape == (3, 3, 64, 64) and abs(float(kernel.std()) - np.sqrt(2 / (9 * 64))) < 0.01
-  logits = model.apply(params, jnp.ones((2, 32, 32, 3)))
+  logits = jax.jit(model.apply)(params, jnp.ones((2, 32, 32, 3)))  # one program, not one per primitive
   assert logits.shape == (2, 4) and bool(jnp.all(jnp.isfinite(logits)))
-  assert model.head(params["classifier"], model.features(params, jnp.ones((2, 32, 32, 3)))).shape == (2, 4)
+  head_of_features = jax.jit(lambda p, x: model.head(p["classifier"], model.features(p, x)))
+  assert head_of_features(params, jnp.ones((2, 32, 32, 3))).shape == (2, 4)
 
 
 def test_runner_loads_pretrained_weights_into_fedsr_base(tmp_path):
