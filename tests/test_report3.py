@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -130,3 +131,45 @@ def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path)
   s1 = sweep_config(tmp_path / "one", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,))
   assert report.selection_variance(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
                                    "accuracy") == []
+
+
+def test_deviations_name_the_selection_grids_columns_fishs_order_and_each_tables_seeds(tmp_path):
+  """The Deviations lines read from the sweep and the runs: the columns the second search seed
+  covers, Fish's inner-step order where it is not Bai et al.'s ascending one (none for runs
+  recorded before the field existed), the seeds of each table; Table 13's job counts."""
+  from fedjax_dg.bench import report
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "fish"), client_counts=(4, 8), lams=(1.0, 0.0),
+                   seeds=(0,), num_trials=2)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.search = dict(s.grids.table.to_dict(), exclude_cells=((8, 0.0),))
+  s.grids.search2 = {"methods": ("fedavg", "fish"), "client_counts": (4,), "lams": (1.0,), "seeds": (0, 100),
+                     "num_trials": 2}
+  s.grids.table = {"methods": ("fedavg", "fish"), "client_counts": (4, 8), "lams": (1.0, 0.0), "seeds": (1, 2, 3),
+                   "select_from": "search", "exclude_cells": ((8, 0.0),)}
+  s.grids.table_in = dict(s.grids.table.to_dict(), seeds=(1,), select_rule="in_domain")
+  s.table = ml_collections.ConfigDict({**s.table.to_dict(), "in_domain_grid": "table_in"})
+  s.report = ml_collections.ConfigDict({**s.report.to_dict(), "selection_grid": "search2"})
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.5 + 0.1 * e.axes["trial"], "in_val": 0.5,
+                                            "in_test": 0.5, "test": 0.4}})
+  exp = sweep_lib.expand(s)  # the seeds phases at the winners (trial 1)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.5, "in_test": 0.5, "test": 0.4}})
+  st = collect.report_settings(s)
+  lines = report.deviations(results_lib.from_runs(s, exp), st)
+  assert "3 seeds per cell of the held-out-domain table (Bai et al.: 3)" in lines[1]
+  assert "grid `search2` repeats its trials at a second seed in C=4, λ=1 to measure" in lines[2]
+  assert any("(grid `table_in`, 1 seed per cell; no remark reads it)" in l for l in lines)
+  fish = [l for l in lines if l.startswith("Fish takes its inner domain steps in a random order")]
+  assert len(fish) == 1  # the library's default order
+  assert report._job_counts(results_lib.from_runs(s, exp), "table") == "18 `table` jobs, 12 `search` jobs"
+  s.base.algorithm.fish.domain_order = "ascending"
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.5 + 0.1 * (e.axes["trial"] or 0), "in_val": 0.5,
+                                            "in_test": 0.5, "test": 0.4}})
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.5, "in_test": 0.5, "test": 0.4}})
+  assert not any(l.startswith("Fish takes") for l in report.deviations(results_lib.from_runs(s, exp), st))

@@ -145,4 +145,5 @@ def test_the_in_domain_table_takes_its_trial_from_in_domain_validation(tmp_path)
   assert held.values == pytest.approx((0.41, 0.42)) and ind.values == pytest.approx((0.81, 0.82))
   assert np.isclose(ind.mean, 0.815)
   st = collect.report_settings(s)
-  assert any("in-domain validation chose (grid `table_in`)" in l for l in report.deviations(data, st))
+  assert any("in-domain validation chose (grid `table_in`, 2 seeds per cell; no remark reads it)" in l
+             for l in report.deviations(data, st))

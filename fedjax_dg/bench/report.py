@@ -474,15 +474,17 @@ def deviations(data, st: dict) -> list[str]:
   g = sweep.grids.get(st["table_grid"], {})
   if g:
     n = len(tuple(g.get("seeds", ())))
-    out.append(f"{n} seeds per table cell (Bai et al.: 3); cells print mean ± standard deviation as theirs do, the "
-               "tests use the standard error of a paired difference (or Welch's across columns), named SE")
+    out.append(f"{n} seeds per cell of the held-out-domain table (Bai et al.: 3); cells print mean ± standard "
+               "deviation as theirs do, the tests use the standard error of a paired difference (or Welch's across "
+               "columns), named SE")
     src = sweep.grids.get(g.get("select_from", ""), {})
     if src:
       k = len(tuple(src.get("seeds", ())))
       sel = sweep.get("report", {}).get("selection_grid", "")
       out.append(f"the search ran {k} seed{'s' * (k > 1)} per trial" + (
-          f"; grid `{sel}` repeats its trials at a second seed to measure the variance of choosing the winner "
-          "('Selection variance')" if sel in sweep.grids else
+          f"; grid `{sel}` repeats its trials at a second seed in {_columns_text(sweep.grids[sel])} to measure the "
+          "variance of choosing the winner ('Selection variance'); elsewhere that variance is not in the cells' "
+          "spread" if sel in sweep.grids else
           ": the variance of choosing the winner is not in the cells' spread" if k == 1 else ""))
   if "data.seed" not in tuple(sweep.get("seed_fields", ("seed",))):
     out.append("the image subsample and the splits (`data.seed`) are the same in every run: the split's variance is "
@@ -504,17 +506,53 @@ def deviations(data, st: dict) -> list[str]:
       out.append("Fig. 2 draws " + ", ".join(names.get(m, m) for m in drawn) + " where Bai et al. draw "
                  + ", ".join(names.get(m, m) for m in BAI_FIG2))
   if st["in_domain_grid"] and st["in_domain_grid"] in sweep.grids:
+    k_in = len(tuple(sweep.grids[st["in_domain_grid"]].get("seeds", ())))
     out.append(f"the in-domain table's seeds ran at the trial the in-domain validation chose (grid "
-               f"`{st['in_domain_grid']}`), as in Bai et al.'s App. F")
+               f"`{st['in_domain_grid']}`, {k_in} seed{'s' * (k_in != 1)} per cell; no remark reads it), as in "
+               "Bai et al.'s App. F")
   elif g:
     out.append("the in-domain table reuses the trial the held-out domain chose; only its round is chosen by in-domain "
                "validation (Bai et al. choose the trial in-domain too)")
+  order = _fish_order(data, st["table_grid"])
+  if order and order != "ascending":
+    out.append(f"Fish takes its inner domain steps in a {order} order at every step (`algorithm.fish.domain_order`, "
+               "Shi et al.'s code) where Bai et al.'s federated Fish and DomainBed loop over the domains in ascending "
+               "order: with Adam restarted at every local step the first domain of a fixed order gets the largest "
+               "step, and Bai et al.'s Fish cells carry that order")
   for m, over in sorted(sweep.get("method_overrides", {}).items()):
     flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
     out.append(f"`{m}` runs with " + ", ".join(f"`{k}={v}`" for k, v in sorted(flat.items()))
                + " (the sweep's docstring gives why)")
   out += [str(x) for x in sweep.get("report", {}).get("deviations", ())]
   return out
+
+
+def _job_counts(data, grid: str) -> str:
+  """"N `<grid>` jobs, M `<search>` jobs": the distinct jobs of a table grid and of the search it
+  selects from (a job both name counted once, with the table)."""
+  src = data.sweep.grids.get(grid, {}).get("select_from", "")
+  seen, parts = set(), []
+  for name in (grid, src):
+    if name in data.sweep.grids:
+      keys = {e.key for e in sweep_lib.grid_entries(data.exp, name)} - seen
+      seen |= keys
+      parts.append(f"{len(keys)} `{name}` jobs")
+  return ", ".join(parts)
+
+
+def _columns_text(g) -> str:
+  """A grid's (C, lambda) columns as text: "C=20, λ=1" or "C=20, λ=1 and C=100, λ=0"."""
+  cols = [collect.column_label(c) for c in collect.table_columns(g)]
+  return (", ".join(cols[:-1]) + " and " + cols[-1]) if len(cols) > 1 else "".join(cols) or "no column"
+
+
+def _fish_order(data, grid: str) -> str:
+  """The `algorithm.fish.domain_order` of the grid's Fish runs ("" when the grid runs no Fish
+  or a run's config predates the field; "mixed" when they differ)."""
+  orders = {str(data.exp.jobs[e.key].config.algorithm.fish.get("domain_order", ""))
+            for e in (sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ())
+            if e.axes["algorithm"] == "fish" and "fish" in data.exp.jobs[e.key].config.algorithm}
+  return "" if not orders or "" in orders else orders.pop() if len(orders) == 1 else "mixed"
 
 
 def local_steps_per_round(data, grid: str) -> dict:
@@ -626,7 +664,8 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"]) if table is not None else []
   if sv:
     md += ["## Selection variance", "", f"Grid `{sel_grid}` runs the search's trials at "
-           f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds; each seed alone would select the trial with its best "
+           f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds in {_columns_text(sweep.grids[sel_grid])} (the other "
+           "columns' winners come from one search seed); each seed alone would select the trial with its best "
            "held-out validation score. Where the winners differ, the cell would read differently under the other "
            "winner by about the difference given (the search runs' own test scores, mean over the seeds).", ""]
     md += [f"- {l}" for l in sv] + [""]
@@ -644,7 +683,8 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
     backends = ", ".join(tm["backends"]) or "-"
     md += ["## Training time per round (Bai et al. Table 13)", "", rt, "",
            f"Seconds per communication round of one run on {backends}: the mean over the jobs of the table grid "
-           "and of the search it selects from (most of them search jobs), all lambdas, their number in brackets; "
+           f"and of the search it selects from ({_job_counts(data, st['table_grid'])}), all lambdas, their number in "
+           "brackets; "
            "each job's median round without compilation, evaluation or checkpoints, divided by the runs that "
            "shared its compiled program. The machine's load is not controlled: compare methods within one report, "
            "not across machines.", ""]
@@ -680,15 +720,18 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above. "
         "Cells: mean ± standard deviation "
         "over seeds (n). A method against the baseline in one column (remark 4.1, the method papers' claims) is "
-        "compared seed by seed: runs with the same seed share the partition, the cohorts and the initial model, so "
+        "compared seed by seed: runs with the same seed share the split, the partition over clients and the cohorts, "
+        "and those of every method on the plain classifier also the initial model (FedSR and FedADG initialise "
+        "another parameter tree from the same key; FedLOE's first stage synchronises on its own schedule), so "
         "the paired t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's "
         "signed-rank p as a check; where the seeds differ, Welch's test. The comparisons a claim rests on are one "
         f"family, Holm-adjusted at {stats.ALPHA:g}. Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
         f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted: a difference that small is below the "
         "spread of one method across learning-rate draws), or 'inconclusive' (the data allow a difference larger than "
         f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
-        "family's strictest Holm level and the measured variance, so an inconclusive comparison says only that no "
-        "difference that large was present. Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
+        "family's strictest Holm level and the measured variance (a true difference that large is found with that "
+        "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. "
+        "Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
         "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "
         "in the tables are left out of every test.", "", reference.intro(bai), ""]
