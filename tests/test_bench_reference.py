@@ -79,3 +79,13 @@ def test_remark_4_2_counts_the_drops_from_the_centralised_cell():
 def test_a_claim_on_cells_bai_et_al_did_not_run(cells):
   assert reference.claim(cells, "FedIIR") == "Bai et al. did not run FedIIR: their tables have no cell to compare with."
   assert reference.claim(cells, "FedProx").startswith("On Bai et al.'s cells: ")
+
+
+def test_every_claim_the_report_reads_names_its_paper_by_authors_and_title():
+  from fedjax_dg import algorithms
+  claims = {m for m, spec in algorithms.METHODS.items() if spec.claim}
+  assert claims and claims <= set(reference.CLAIM_PAPERS)
+  for m in claims:
+    assert reference.CLAIM_PAPERS[m].count('"') == 2  # a quoted title
+  assert reference.claim_paper("fediir", "Guo et al. 2023").startswith('Guo, Guo, Cao, Wu and Chang, "Out-of-Distr')
+  assert reference.claim_paper("not_a_method", "Someone et al. 2020") == "Someone et al. 2020"

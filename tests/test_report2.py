@@ -380,6 +380,8 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   assert "**Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons): holds (1 of 1 testable comparisons support it).**" in reading
   # FedIIR's claim: better at lambda = 1, inconclusive at 0.1, equivalent at 0 (identical
   # values: every difference 0, inside the margin for certain).
+  assert '**FedIIR (Guo, Guo, Cao, Wu and Chang, "Out-of-Distribution Generalization of Federated Learning via ' \
+         'Implicit Invariant Relationships", ICML 2023): FedIIR beats FedAvg-ERM' in reading
   assert "FedIIR beats FedAvg-ERM: holds in part (1 better, 1 equivalent within ±0.02, 1 inconclusive of 3 " \
          "testable).**" in reading
   assert "C=4, λ=0: FedIIR 0.420 ± 0.020 (n=3) vs FedAvg-ERM 0.420 ± 0.020 (n=3): equivalent within ±0.02 (paired " \

@@ -32,6 +32,34 @@ DG_METHODS = ("IRM", "Fish", "Mixup", "MMD", "DeepCoral", "GroupDRO")
 BASELINE = "FedAvg-ERM"
 FEDERATED = ("lam=1", "lam=0.1", "lam=0")
 
+# The papers whose claim the report reads ("<method> beats FedAvg-ERM"), as docs/references.md
+# cites them: authors, title, venue. The method specs' `claim` field keeps the short form.
+CLAIM_PAPERS = {
+    "fediir": 'Guo, Guo, Cao, Wu and Chang, "Out-of-Distribution Generalization of Federated Learning via '
+              'Implicit Invariant Relationships", ICML 2023',
+    "fedomg": 'Nguyen, Nguyen, Park, Pham and Hwang, "Federated Domain Generalization with Data-free On-server '
+              'Matching Gradient", ICLR 2025',
+    "feddim": 'Liao, Xie, Fu, Huang, Deng, Chen and Zheng, "Federated Domain Generalization with Decision Insight '
+              'Matrix", IJCAI 2025',
+    "fedga": 'Zhang et al., "Federated Domain Generalization with Generalization Adjustment", CVPR 2023',
+    "fedloe": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble" (anonymous submission under '
+              'review)',
+}
+
+
+def claim_paper(method: str, short: str) -> str:
+  """The paper behind a method's claim, by authors, title and venue where `CLAIM_PAPERS` has
+  it, else the method spec's short form `short`.
+
+  Args:
+    method: the method's registry name.
+    short: its `MethodSpec.claim` (e.g. "Guo et al. 2023").
+
+  Returns:
+    The citation text.
+  """
+  return CLAIM_PAPERS.get(method, short)
+
 
 def bai_cells(path: str = CELLS_FILE) -> dict:
   """Bai et al.'s Tables 8-11 as printed.

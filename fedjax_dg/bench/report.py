@@ -245,7 +245,7 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
   for m, spec in algorithms.METHODS.items():  # the methods whose paper claims they beat FedAvg
     if not spec.claim:
       continue
-    who = f"{names.get(m, m)} ({spec.claim})"
+    who = f"{names.get(m, m)} ({reference.claim_paper(m, spec.claim)})"
     if not any(r[1] == m for r in table.rows):
       continue
     cols = [c for c in table.columns if c[1] is not None
