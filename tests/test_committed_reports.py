@@ -244,24 +244,40 @@ def baseline_test(a: dict, b: dict, margin=MARGIN):
 
 
 def family_by_hand(pairs, margin=MARGIN):
-  """[(outcome, text)] for a family of comparisons against the baseline: Holm by hand over the
-  p-values and over the TOST p-values, the detectable difference at 0.05 / m."""
+  """[(outcome, text, detectable, zero-difference equivalence bound)] for a family of
+  comparisons against the baseline: Holm by hand over the p-values and over the TOST
+  p-values, the detectable difference at 0.05 / m, and the smallest margin at which both
+  one-sided tests reject at 0.05 / m (found by bisection on SciPy's one-sided t-tests)."""
   tests = {i: baseline_test(a, b, margin) for i, (a, b) in enumerate(pairs) if len(a) > 1 and len(b) > 1}
   adj = holm_by_hand({i: t[4] for i, t in tests.items()})
   adj_eq = holm_by_hand({i: t[6] for i, t in tests.items()})
   out = []
   for i in range(len(pairs)):
     if i not in tests:
-      out.append(("cannot tell", "untestable", None))
+      out.append(("cannot tell", "untestable", None, None))
       continue
     kind, diff, se, df, p, wp, _ = tests[i]
     o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
     mdd = mdd_by_hand(se, df, 0.05 / len(tests))
     text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
     text += f", Wilcoxon {p_text(wp)}" if kind == "paired" else ""
-    text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}"
-    out.append((o, text, mdd))
+    bound = equivalence_bound_by_hand(diff, se, df, 0.05 / len(tests))
+    text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}, equivalence bound {bound:.3f}"
+    out.append((o, text, mdd, bound - abs(diff)))
   return out
+
+
+def equivalence_bound_by_hand(diff, se, df, alpha):
+  """The margin m at which max(P(T > (diff + m) / se), P(T < (diff - m) / se)) = alpha, by
+  bisection (|diff| where se is 0)."""
+  if se == 0:
+    return abs(diff)
+  pmax = lambda m: max(stats.t.sf((diff + m) / se, df), stats.t.cdf((diff - m) / se, df))  # noqa: E731
+  lo, hi = 0.0, abs(diff) + 100 * se
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if pmax(mid) > alpha else (lo, mid)
+  return hi
 
 
 def verdict_powered(outcomes, supports="better", labels=None):
@@ -367,8 +383,13 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           assert set(got) == by[key], (folder, col, key)
         mdds = sorted(r[2] for r in res.values() if r[2] is not None)
         if mdds:
-          assert parts[-1] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
+          assert parts[-2] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
                                f"{mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}"), (folder, line)
+          floors = sorted(r[3] for r in res.values() if r[3] is not None)
+          assert parts[-1] == (f"equivalence provable at best within ±{floors[0]:.3f} to ±{floors[-1]:.3f}, median "
+                               f"±{float(np.median(floors)):.3f} (t SE at the same level, the bound at a zero "
+                               f"difference: {sum(f < MARGIN for f in floors)} of {len(floors)} below "
+                               f"±{MARGIN:g})"), (folder, line)
         untested_above = any(res[lab][0] == "cannot tell" and statistics.mean(others[lab].values()) >
                              statistics.mean(base.values()) for lab in labs)
         testable = any(res[lab][0] != "cannot tell" for lab in labs)
@@ -393,10 +414,10 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
       res = family_by_hand([(scores[(method, c)], scores[(baseline, c)]) for c, _, _ in rows])
       words = {"better": "holds", "worse": "does not hold (below the baseline)", "inconclusive": "inconclusive",
                "cannot tell": "cannot tell", "equivalent": f"equivalent within ±{MARGIN:g}"}
-      for (c, word, text), (o, want, _) in zip(rows, res):
+      for (c, word, text), (o, want, _, _) in zip(rows, res):
         assert (word, text) == (words[o], want), (folder, method, c)
         checked += 1
-      assert verdict == verdict_powered([o for o, _, _ in res]), (folder, title, verdict)
+      assert verdict == verdict_powered([o for o, _, _, _ in res]), (folder, title, verdict)
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
 

@@ -386,7 +386,7 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
          "testable).**" in reading
   assert "C=4, λ=0: FedIIR 0.420 ± 0.020 (n=3) vs FedAvg-ERM 0.420 ± 0.020 (n=3): equivalent within ±0.02 (paired " \
          "diff +0.000 (SE 0.000), p = 1.000, Holm p = 1.000, Wilcoxon p = 1.000, TOST Holm p < 0.001, detectable " \
-         "0.000)" in reading
+         "0.000, equivalence bound 0.000)" in reading
   assert "selected rounds: 0 of 33 runs" in md
   assert "## Deviations from Bai et al. 2024" in md and "the image subsample and the splits (`data.seed`) are the " \
          "same in every run" in md
@@ -772,8 +772,11 @@ def test_remark_4_1_holds_a_column_to_a_family_wise_level(tmp_path):
   d = np.subtract(TEST[("irm", 4, 0.0)], TEST[("fedavg", 4, 0.0)])
   se = d.std(ddof=1) / math.sqrt(3)
   nc = mdd_by_hand(1.0, 2, 0.05 / 2)
-  assert line.endswith(f"detectable (80% power at Holm's first level 0.05/2): 0.000 to {nc * se:.3f}, median "
-                       f"{nc * se / 2:.3f}")
+  floor = sp.t.ppf(1 - 0.05 / 2, 2) * se  # t SE at 0.05 / 2, 2 degrees of freedom; FedIIR's SE is 0
+  assert (f"detectable (80% power at Holm's first level 0.05/2): 0.000 to {nc * se:.3f}, median "
+          f"{nc * se / 2:.3f}; ") in line
+  assert line.endswith(f"; equivalence provable at best within ±0.000 to ±{floor:.3f}, median ±{floor / 2:.3f} "
+                       "(t SE at the same level, the bound at a zero difference: 1 of 2 below ±0.02)")
   # A clear lead survives the adjustment: FedIIR at C=4, lambda=1 (paired differences 0.10,
   # 0.09, 0.11); IRM's differences are -0.1 to rounding, so it is the smaller p and FedIIR's
   # Holm p is its own.

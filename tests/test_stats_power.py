@@ -141,6 +141,17 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
     sd = np.std([list(c.values()) for c in (better, worse, same, vague)][i] - np.array(list(base.values())), ddof=1)
     assert res[i]["mdd"] == pytest.approx(stats.mdd(sd / math.sqrt(8), 7, 0.05 / 4), rel=1e-9)
   assert res[4]["mdd"] is None and res[4]["test"] is None
+  # The equivalence bound at the family's first level: the margin at which the one-sided tests'
+  # larger p-value (scipy's, on the per-seed differences) reaches alpha / 4.
+  for i in range(4):
+    d = np.subtract([list(c.values()) for c in (better, worse, same, vague)][i], list(base.values()))
+    b = res[i]["eq_bound"]
+    pmax = lambda m: max(sp.ttest_1samp(d + m, 0.0, alternative="greater").pvalue,  # noqa: E731
+                         sp.ttest_1samp(d - m, 0.0, alternative="less").pvalue)
+    assert pmax(b) == pytest.approx(0.05 / 4, rel=1e-6)
+    assert pmax(b * 1.01) < 0.05 / 4 < pmax(b * 0.99)
+  assert res[2]["eq_bound"] < 0.02 < res[3]["eq_bound"] and res[4]["eq_bound"] is None
+  assert stats.equivalence_bound({"diff": -0.01, "se": 0.0, "df": 3}) == 0.01
   text = stats.fmt_powered(res[0])
   assert text.startswith("paired diff +0.050 (SE 0.001), p < 0.001, Holm p < 0.001, Wilcoxon p = 0.008")
 

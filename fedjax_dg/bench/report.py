@@ -136,6 +136,12 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
     if mdds:
       text += (f"; detectable (80% power at Holm's first level {stats.ALPHA:g}/{len(mdds)}): "
                f"{mdds[0]:.3f} to {mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}")
+    floors = sorted(r["eq_bound"] - abs(r["test"]["diff"]) for _, _, r in sum(by.values(), [])
+                    if r.get("eq_bound") is not None)
+    if floors:
+      text += (f"; equivalence provable at best within ±{floors[0]:.3f} to ±{floors[-1]:.3f}, median "
+               f"±{float(np.median(floors)):.3f} (t SE at the same level, the bound at a zero difference: "
+               f"{sum(f < margin for f in floors)} of {len(floors)} below ±{margin:g})")
     lines.append(text)
   return stats.verdict_powered(outcomes, "supports", margin, COLUMN_LABELS), lines
 
@@ -730,7 +736,10 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "spread of one method across learning-rate draws), or 'inconclusive' (the data allow a difference larger than "
         f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
         "family's strictest Holm level and the measured variance (a true difference that large is found with that "
-        "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. "
+        "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. The "
+        "'equivalence bound' is the smallest margin the two one-sided tests accept at that level, |diff| + t SE "
+        "(Holm's later steps accept a little more); where t SE alone is above the margin, no difference the data "
+        "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. "
         "Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
         "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "

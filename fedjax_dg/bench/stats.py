@@ -33,6 +33,10 @@ Outcomes. A comparison of a cell against the baseline is one of
   "cannot tell"        a cell has fewer than two seeds
 and each states the minimum detectable difference (`mdd`): the true difference the test
 would find with 80% power at the family's corrected level, given the measured variance.
+and its equivalence bound (`equivalence_bound`): the smallest margin the two one-sided tests
+accept at that level, |diff| + t SE. Its part t SE, the bound at a zero difference, says
+what the design could confirm: where it exceeds the margin, no data at these seeds would
+have made the comparison "equivalent".
 The default margin, 0.02 in accuracy, is below the spread of the method means of a column
 of Bai et al.'s tables (0.09 to 0.18 on rotated Fashion-MNIST) and about the run-to-run
 difference of one method between two learning-rate draws, so two methods within it are not
@@ -239,6 +243,26 @@ def tost(t: dict, margin: float = MARGIN) -> float:
   return float(max(p_low, p_high))
 
 
+def equivalence_bound(t: dict, alpha: float = ALPHA) -> float | None:
+  """The smallest margin the two one-sided tests accept at level `alpha`: |diff| + t_(1-alpha)
+  SE (`tost` < alpha exactly when the margin exceeds it). Where t_(1-alpha) SE alone is above
+  a report's margin, "equivalent" was out of reach at these seeds whatever the difference.
+
+  Args:
+    t: a test record (`paired` or `welch`).
+    alpha: the level of each one-sided test (a family's corrected level, e.g. alpha / m).
+
+  Returns:
+    The bound (|diff| where se is 0), None where df is not a finite positive number.
+  """
+  if t["se"] == 0.0:
+    return abs(t["diff"])
+  if not (t["df"] > 0 and math.isfinite(t["df"])):
+    return None
+  from scipy import stats
+  return float(abs(t["diff"]) + stats.t.ppf(1.0 - alpha, t["df"]) * t["se"])
+
+
 def holm(p_values) -> list[float]:
   """Holm's step-down adjusted p-values (Holm 1979), in the order given: the i-th smallest
   of m p-values becomes max over j <= i of min(1, (m - j + 1) p_(j)). Rejecting where the
@@ -264,7 +288,7 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
     One dict per pair: {"outcome" ("better" | "worse" | "equivalent" | "inconclusive" |
     "cannot tell"), "test" (the record, or None), "holm_p", "tost_p" (Holm-adjusted over
     the family's testable comparisons), "mdd" (at alpha / m, m the testable comparisons),
-    "margin"}.
+    "eq_bound" (`equivalence_bound` at alpha / m, the same strictest level), "margin"}.
   """
   tests = [pair_test(a, b) for a, b in pairs]
   idx = [i for i, t in enumerate(tests) if t is not None]
@@ -275,7 +299,7 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
   for i, t in enumerate(tests):
     if t is None:
       out.append({"outcome": "cannot tell", "test": None, "holm_p": None, "tost_p": None, "mdd": None,
-                  "margin": margin})
+                  "eq_bound": None, "margin": margin})
       continue
     if adj[i] < alpha:
       o = "better" if t["diff"] > 0 else "worse"
@@ -284,7 +308,8 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
     else:
       o = "inconclusive"
     out.append({"outcome": o, "test": t, "holm_p": adj[i], "tost_p": adj_eq[i],
-                "mdd": mdd(t["se"], t["df"], alpha / m, power), "margin": margin})
+                "mdd": mdd(t["se"], t["df"], alpha / m, power), "eq_bound": equivalence_bound(t, alpha / m),
+                "margin": margin})
   return out
 
 
@@ -389,8 +414,8 @@ def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
 
 def fmt_powered(c: dict) -> str:
   """A comparison against the baseline in words: "paired diff +0.012 (SE 0.004), p = 0.020,
-  Holm p = 0.210, Wilcoxon p = 0.031, TOST Holm p = 0.400, detectable 0.025", or
-  "untestable"."""
+  Holm p = 0.210, Wilcoxon p = 0.031, TOST Holm p = 0.400, detectable 0.025, equivalence
+  bound 0.024", or "untestable"."""
   t = c["test"]
   if t is None:
     return "untestable"
@@ -398,7 +423,10 @@ def fmt_powered(c: dict) -> str:
   if t["kind"] == "paired":
     text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
   text += f", TOST Holm {_p(c['tost_p'])}"
-  return text + (f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -")
+  text += f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -"
+  if "eq_bound" in c:
+    text += f", equivalence bound {c['eq_bound']:.3f}" if c["eq_bound"] is not None else ", equivalence bound -"
+  return text
 
 
 def fmt_mdd(w: dict | None, alpha: float = ALPHA, power: float = POWER) -> str:
