@@ -361,7 +361,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
   scores, _ = expected_cells(sweep, docs, "heldout_domain")
   baseline = sweep["table"]["display"].get("fedavg", "fedavg")
   sections = reading_sections(folder)
-  checked, claims = 0, 0
+  checked, claims, medians = 0, 0, {}
   for title, verdict, body in sections:
     if title.startswith("Remark 4.1"):
       columns = []
@@ -383,6 +383,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           assert set(got) == by[key], (folder, col, key)
         mdds = sorted(r[2] for r in res.values() if r[2] is not None)
         if mdds:
+          medians[col] = float(np.median(mdds))
           assert parts[-2] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
                                f"{mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}"), (folder, line)
           floors = sorted(r[3] for r in res.values() if r[3] is not None)
@@ -420,6 +421,16 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
       assert verdict == verdict_powered([o for o, _, _, _ in res]), (folder, title, verdict)
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
+  # The Deviations line naming the columns whose median detectable difference misses 0.03.
+  short = [(c, d) for c, d in medians.items() if d > 0.03]
+  text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
+  line = next((l for l in text.splitlines() if l.startswith("- the benchmark's target for the tests")), None)
+  if short:
+    assert line == ("- the benchmark's target for the tests against the baseline is a detectable difference of 0.03 "
+                    f"(80% power at Holm's first level); the median detectable difference is above it in {len(short)} "
+                    f"of {len(medians)} columns: " + ", ".join(f"{c} {d:.3f}" for c, d in short)), (folder, line)
+  else:
+    assert line is None, (folder, line)
 
 
 def verdict_most(outcomes):
