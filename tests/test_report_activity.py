@@ -147,3 +147,20 @@ def test_the_in_domain_table_takes_its_trial_from_in_domain_validation(tmp_path)
   st = collect.report_settings(s)
   assert any("in-domain validation chose (grid `table_in`, 2 seeds per cell; no remark reads it)" in l
              for l in report.deviations(data, st))
+
+
+def test_fig4_draws_no_line_for_a_marked_cell(tmp_path):
+  """IRM at lambda = 0 equals FedAvg by construction: Fig. 4's rows at C = 4 keep IRM's
+  lambda = 1 line and FedIIR's lines and drop IRM's lambda = 0 line (its runs are FedAvg's
+  training under IRM's name)."""
+  from fedjax_dg.bench import figures
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  before = {(r["lam"], r["method"]) for r in figures.curve_rows(exp, results_lib.from_runs(s, exp).results, "table",
+                                                               4, "heldout_domain", "accuracy")}
+  assert ("0", "irm") in {(f"{lam:g}", m) for lam, m in before}
+  _mark_runs(exp, "irm", 0.0, preflight=[EQUAL])
+  after = {(r["lam"], r["method"]) for r in figures.curve_rows(exp, results_lib.from_runs(s, exp).results, "table",
+                                                              4, "heldout_domain", "accuracy")}
+  assert before - after == {(0.0, "irm")} and (1.0, "irm") in after and (0.0, "fediir") in after

@@ -126,7 +126,9 @@ def rounds_rows(exp, results, grid: str, rule: str, metric: str, ddof: int, stal
 
 def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str) -> list[dict]:
   """Fig. 4's lines for clients `num_clients`: per (lam, method, split, round) the mean and
-  std over (seed, fold) of each seed's selected trial."""
+  std over (seed, fold) of each seed's selected trial. A cell the tables mark (`collect.cell_mark`:
+  equal to the baseline by construction, or its method's term did not act) draws no line: it
+  would repeat the baseline's training under the method's name."""
   entries = [e for e in sweep_lib.grid_entries(exp, grid) if e.axes["num_clients"] == num_clients]
   groups = {}
   for e in entries:
@@ -135,6 +137,8 @@ def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str
   for (lam, method), es in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
     chosen = collect.chosen_entries(es, results, rule, metric)
     runs = [results[chosen[k].key] for k in sorted(chosen)]
+    if collect.cell_mark(runs)[0]:
+      continue
     for split in ("heldout_val", "test"):
       per_round = {}
       for run in runs:

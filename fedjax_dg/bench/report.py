@@ -482,7 +482,8 @@ def figure_caption(name: str, sweep, metric: str) -> str:
     split = "test-domain" if m.group(1) == "curves" else "held-out validation domain"
     return (f"Fig. 4: {split} {metric} at every evaluated round (no round selected) at C = {m.group(2)}, {band} of "
             "each seed's run at its cell's selected trial; at most three methods a panel, the baseline grey and "
-            "dashed in every panel." + _at_defaults(sweep, f.get("curves_grid", ""))
+            "dashed in every panel; cells the tables mark (-ᵃ, -ᵇ) draw no line."
+            + _at_defaults(sweep, f.get("curves_grid", ""))
             + _seeds(sweep, f.get("curves_grid", "")))
   return name
 
