@@ -160,6 +160,10 @@ def test_deviations_name_the_selection_grids_columns_fishs_order_and_each_tables
   lines = report.deviations(results_lib.from_runs(s, exp), st)
   assert "3 seeds per cell of the held-out-domain table (Bai et al.: 3)" in lines[1]
   assert "grid `search2` repeats its trials at a second seed in C=4, λ=1 to measure" in lines[2]
+  assert lines[2].endswith("; elsewhere that variance is not in the cells' spread")
+  setup = report.setup_lines(results_lib.from_runs(s, exp), st)
+  assert any("random search: grid `search` 2 trials at seed 0, grid `search2` 2 trials at seeds 0, 100 in C=4, "
+             "λ=1 only (trial 0 the defaults)" in l for l in setup)
   assert any("(grid `table_in`, 1 seed per cell; no remark reads it)" in l for l in lines)
   fish = [l for l in lines if l.startswith("Fish takes its inner domain steps in a random order")]
   assert len(fish) == 1  # the library's default order

@@ -361,7 +361,15 @@ def setup_lines(data, st) -> list[str]:
   trial_grids = {n: int(g.get("num_trials", 0)) for n, g in sweep.grids.items() if int(g.get("num_trials", 0)) > 1}
   if trial_grids:
     dist = sweep_lib.flatten_distributions(search.get("distributions", {}))
-    lines.append("random search: " + ", ".join(f"{n} {t} trials" for n, t in trial_grids.items())
+    table_cols = set(collect.table_columns(sweep.grids[st["table_grid"]])) if st["table_grid"] in sweep.grids else None
+
+    def trials_text(n, t):
+      g = sweep.grids[n]
+      seeds = tuple(g.get("seeds", (0,)))
+      text = f"grid `{n}` {t} trials at seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+      cols = set(collect.table_columns(g))
+      return text + (f" in {_columns_text(g)} only" if table_cols and cols != table_cols else "")
+    lines.append("random search: " + ", ".join(trials_text(n, t) for n, t in trial_grids.items())
                  + " (trial 0 the defaults)" + ("; the methods' declared ranges" if search.get("method_ranges") else "")
                  + ("; " + ", ".join(f"`{k}` {tuple(v)}" for k, v in sorted(dist.items())) if dist else ""))
   for n, g in sweep.grids.items():
@@ -515,8 +523,10 @@ def deviations(data, st: dict) -> list[str]:
       sel = sweep.get("report", {}).get("selection_grid", "")
       out.append(f"the search ran {k} seed{'s' * (k > 1)} per trial" + (
           f"; grid `{sel}` repeats its trials at a second seed in {_columns_text(sweep.grids[sel])} to measure the "
-          "variance of choosing the winner ('Selection variance'); elsewhere that variance is not in the cells' "
-          "spread" if sel in sweep.grids else
+          "variance of choosing the winner ('Selection variance')" + (
+              "; elsewhere that variance is not in the cells' spread"
+              if set(collect.table_columns(sweep.grids[sel])) != set(collect.table_columns(g)) else "")
+          if sel in sweep.grids else
           ": the variance of choosing the winner is not in the cells' spread" if k == 1 else ""))
   if "data.seed" not in tuple(sweep.get("seed_fields", ("seed",))):
     out.append("the image subsample and the splits (`data.seed`) are the same in every run: the split's variance is "
@@ -757,6 +767,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   dg_in = [m for m in dg if table is not None and any(row[1] == m for row in table.rows)]
   margin = st["margin"]
   bai = reference.bai_cells()
+  has = lambda key: f.get(key, "") in sweep.grids and bool(sweep_lib.grid_entries(exp, f[key]))  # noqa: E731
+  across = ["4.2"] + (["4.7"] if has("clients_grid") or has("clients_steps_grid") else []) + (
+      ["4.8"] if has("rounds_grid") else [])
   md = ["## Reading", "",
         f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above. "
         "Cells: mean ± standard deviation "
@@ -777,7 +790,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "'equivalence bound' is the smallest margin the two one-sided tests accept at that level, |diff| + t SE "
         "(Holm's later steps accept a little more); where t SE alone is above the margin, no difference the data "
         "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. "
-        "Comparisons across columns (remarks 4.2, 4.7, 4.8) are Welch's t-test, "
+        f"Comparisons across columns (remark{'s' * (len(across) > 1)} {', '.join(across)}) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
         "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "
         "in the tables are left out of every test.", "", reference.intro(bai), ""]
