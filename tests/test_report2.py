@@ -650,6 +650,27 @@ def test_remark_4_1_cannot_tell_a_column_where_an_untestable_method_is_above_the
   assert "1 cannot tell" in v
 
 
+def test_late_selection_counts_to_the_last_evaluated_round_and_leaves_staged_selection_out(tmp_path):
+  """Runs configured for 10 rounds whose records end at round 2 and select it: late, counted
+  to their last evaluation; a run whose selection looks at its final stage only (FedLOE) is
+  late by construction and counted apart."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0, 1, 2))
+  s.base.num_rounds = 10
+  exp = sweep_lib.expand(s)
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.4, "in_val": 0.4, "in_test": 0.5, "test": 0.5},
+                                        2: {"heldout_val": 0.5, "in_val": 0.5, "in_test": 0.5, "test": 0.6}})
+    if e.axes["seed"] == 2:
+      path = os.path.join(exp.jobs[e.key].workdir, "summary.json")
+      sm = json.load(open(path))
+      sm["selection_scope"] = "rounds of the final stage (stage 2)"
+      json.dump(sm, open(path, "w"))
+  per = report.late_selection(results_lib.from_runs(s, exp), "table", "heldout_domain", "accuracy")
+  assert per == {(4, 1.0): (2, 2), ("staged",): 1}
+  assert report.late_selection_line(per).endswith("C=4, λ=1 2/2; 1 runs that select within their final stage only "
+                                                  "(FedLOE's stage 2) are not counted")
+
+
 def test_late_selection_is_counted_per_column():
   line = report.late_selection_line({(20, 0.1): (0, 9), (1, None): (1, 6), (20, 1.0): (3, 9), (20, 0.0): (9, 9)})
   assert line.startswith("selected rounds: 13 of 33 runs behind the table's cells (39%) selected a round in the last")

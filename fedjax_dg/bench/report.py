@@ -299,7 +299,9 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
 def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -> dict:
   """{column (C, lam): (k, n)}: of the n runs a column's cells rest on (each seed's selected
   trial), k selected a round in the last `last` fraction of their rounds (the model still
-  improving when training stopped)."""
+  improving when training stopped), counted to the run's last evaluated round. A run whose
+  selection looks only at its final stage (`summary.selection_scope`, e.g. FedLOE's stage 2)
+  selects late by construction and is left out (`late_selection_line` counts them)."""
   entries = sweep_lib.grid_entries(data.exp, grid)
   cells = {}
   for e in entries:
@@ -308,8 +310,12 @@ def late_selection(data, grid: str, rule: str, metric: str, last: float = 0.1) -
   for (_, C, lam), es in cells.items():
     col = (C, None if lam is None else float(lam))
     for e in collect.chosen_entries(es, data.results, rule, metric).values():
-      s = collect.rule_scores(data.results[e.key], rule, metric)
-      rounds = int(data.exp.jobs[e.key].config.num_rounds)
+      run = data.results[e.key]
+      if run["summary"].get("selection_scope", "all rounds") != "all rounds":
+        out[("staged",)] = out.get(("staged",), 0) + 1
+        continue
+      s = collect.rule_scores(run, rule, metric)
+      rounds = max([int(r["round"]) for r in run["records"]] or [int(data.exp.jobs[e.key].config.num_rounds)])
       k, n = out.get(col, (0, 0))
       out[col] = (k + (s["round"] > (1.0 - last) * rounds), n + 1)
   return out
@@ -321,11 +327,15 @@ def _column_key(col) -> tuple:
 
 
 def late_selection_line(per_column: dict) -> str:
+  per_column = dict(per_column)
+  staged = per_column.pop(("staged",), 0)
   k, n = sum(v[0] for v in per_column.values()), sum(v[1] for v in per_column.values())
   cols = sorted(per_column, key=_column_key)
   return (f"selected rounds: {k} of {n} runs behind the table's cells ({(k / n if n else 0):.0%}) selected a round "
           "in the last 10% of training (still improving when it stopped); per column: "
-          + ", ".join(f"{collect.column_label(c)} {per_column[c][0]}/{per_column[c][1]}" for c in cols))
+          + ", ".join(f"{collect.column_label(c)} {per_column[c][0]}/{per_column[c][1]}" for c in cols)
+          + (f"; {staged} runs that select within their final stage only (FedLOE's stage 2) are not counted"
+             if staged else ""))
 
 
 def provenance_lines(data) -> list[str]:
