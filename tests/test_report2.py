@@ -664,11 +664,16 @@ def test_late_selection_counts_to_the_last_evaluated_round_and_leaves_staged_sel
       path = os.path.join(exp.jobs[e.key].workdir, "summary.json")
       sm = json.load(open(path))
       sm["selection_scope"] = "rounds of the final stage (stage 2)"
+      sm["stages"] = [{"name": "stage 1", "rounds": [1, 1]}, {"name": "stage 2", "rounds": [2, 2]}]
       json.dump(sm, open(path, "w"))
   per = report.late_selection(results_lib.from_runs(s, exp), "table", "heldout_domain", "accuracy")
   assert per == {(4, 1.0): (2, 2), ("staged",): 1}
   assert report.late_selection_line(per).endswith("C=4, λ=1 2/2; 1 runs that select within their final stage only "
                                                   "(FedLOE's stage 2) are not counted")
+  assert report.staged_lines(results_lib.from_runs(s, exp), "table") == [
+      "FedAvg-ERM trains in stages (stage 1: 1 rounds, stage 2: 1 rounds) and is selected among its final stage's "
+      "evaluations only, the other methods among all of theirs; its rounds are not the other methods' rounds "
+      "(Table 13's time per round mixes its stages)"]
 
 
 def test_late_selection_is_counted_per_column():

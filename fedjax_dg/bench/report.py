@@ -574,6 +574,7 @@ def deviations(data, st: dict) -> list[str]:
                  f"{stats.TARGET_MDD:g} (80% power at Holm's first level); the median detectable difference is above "
                  f"it in {len(short)} of {len(det)} columns: "
                  + ", ".join(f"{collect.column_label(c)} {d:.3f}" for c, d in short))
+  out += staged_lines(data, st["table_grid"])
   order = _fish_order(data, st["table_grid"])
   if order and order != "ascending":
     out.append(f"Fish takes its inner domain steps in a {order} order at every step (`algorithm.fish.domain_order`, "
@@ -605,6 +606,30 @@ def _columns_text(g) -> str:
   """A grid's (C, lambda) columns as text: "C=20, λ=1" or "C=20, λ=1 and C=100, λ=0"."""
   cols = [collect.column_label(c) for c in collect.table_columns(g)]
   return (", ".join(cols[:-1]) + " and " + cols[-1]) if len(cols) > 1 else "".join(cols) or "no column"
+
+
+def staged_lines(data, grid: str) -> list[str]:
+  """One line per method whose runs in `grid` train in stages and select within the last one
+  (`summary.stages`, `summary.selection_scope`; FedLOE): its stages' rounds (the range over
+  its runs) and that its model is chosen among the final stage's evaluations only."""
+  per = collections.defaultdict(lambda: collections.defaultdict(list))  # method -> stage -> [rounds]
+  names = collect.display_names(data.sweep)
+  for e in sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ():
+    run = data.results.get(e.key)
+    sm = run["summary"] if run else {}
+    if not run or sm.get("selection_scope", "all rounds") == "all rounds" or not sm.get("stages"):
+      continue
+    for st in sm["stages"]:
+      lo, hi = st["rounds"]
+      per[e.axes["method"]][st["name"]].append(int(hi) - int(lo) + 1)
+  out = []
+  for m, stages in sorted(per.items()):
+    span = lambda v: f"{min(v)}" if min(v) == max(v) else f"{min(v)}-{max(v)}"  # noqa: E731
+    parts = ", ".join(f"{name}: {span(v)} rounds" for name, v in stages.items())
+    out.append(f"{names.get(m, m)} trains in stages ({parts}) and is selected among its final stage's evaluations "
+               "only, the other methods among all of theirs; its rounds are not the other methods' rounds (Table "
+               "13's time per round mixes its stages)")
+  return out
 
 
 def _fish_order(data, grid: str) -> str:
