@@ -217,21 +217,24 @@ def welch_se_df(a, b):
 def baseline_test(a: dict, b: dict, margin=MARGIN):
   """{seed: score} a against the baseline b: (kind, diff, se, df, p, wilcoxon p or None,
   TOST p), paired (SciPy's ttest_rel, wilcoxon, one-sided one-sample tests of the shifted
-  differences) where the seeds match, else Welch (ttest_ind, and one-sided Welch tests of
-  the shifted cell)."""
-  if set(a) == set(b):
-    seeds = sorted(a)
+  differences) on the seeds both hold where there are two or more ("paired on n common seeds,
+  k unpaired left out" where the seeds differ), else Welch (ttest_ind, and one-sided Welch
+  tests of the shifted cell)."""
+  seeds = sorted(set(a) & set(b))
+  if len(seeds) >= 2:
+    unpaired = len(set(a) ^ set(b))
+    kind = "paired" + (f" on {len(seeds)} common seeds, {unpaired} unpaired left out" if unpaired else "")
     x, y = [a[k] for k in seeds], [b[k] for k in seeds]
     d = np.subtract(x, y)
     diff = float(np.mean(d))
     wp = 1.0 if not np.any(d != 0) else float(stats.wilcoxon(d).pvalue)
     if statistics.variance(list(d)) == 0 or np.std(d, ddof=1) == 0:
-      return ("paired", diff, 0.0, len(d) - 1, 1.0 if diff == 0 else 0.0, wp,
+      return (kind, diff, 0.0, len(d) - 1, 1.0 if diff == 0 else 0.0, wp,
               0.0 if abs(diff) < margin else 1.0)
     p = float(stats.ttest_rel(x, y).pvalue)
     tost = max(stats.ttest_1samp(d + margin, 0.0, alternative="greater").pvalue,
                stats.ttest_1samp(d - margin, 0.0, alternative="less").pvalue)
-    return "paired", diff, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, p, wp, float(tost)
+    return kind, diff, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, p, wp, float(tost)
   x, y = list(a.values()), list(b.values())
   se, df = welch_se_df(x, y)
   diff = statistics.mean(x) - statistics.mean(y)
@@ -260,7 +263,7 @@ def family_by_hand(pairs, margin=MARGIN):
     o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
     mdd = mdd_by_hand(se, df, 0.05 / len(tests))
     text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
-    text += f", Wilcoxon {p_text(wp)}" if kind == "paired" else ""
+    text += f", Wilcoxon {p_text(wp)}" if kind.startswith("paired") else ""
     bound = equivalence_bound_by_hand(diff, se, df, 0.05 / len(tests))
     text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}, equivalence bound {bound:.3f}"
     out.append((o, text, mdd, bound - abs(diff)))

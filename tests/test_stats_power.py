@@ -32,12 +32,15 @@ def test_paired_t_and_wilcoxon_against_scipy_and_by_hand():
     stats.paired([0.1, 0.2], [0.1])
 
 
-def test_pair_test_pairs_only_where_the_seeds_match():
+def test_pair_test_pairs_on_the_common_seeds_and_needs_two_of_them():
   a, b = {1: 0.5, 2: 0.6, 3: 0.55}, {1: 0.45, 2: 0.58, 3: 0.5}
   assert stats.pair_test(a, b)["kind"] == "paired"
-  w = stats.pair_test(a, {1: 0.45, 2: 0.58, 4: 0.5})
+  t = stats.pair_test(a, {1: 0.45, 2: 0.58, 4: 0.5})
+  assert (t["kind"], t["n"], t["unpaired"]) == ("paired", 2, 2)
+  assert t["p"] == pytest.approx(sp.ttest_rel([0.5, 0.6], [0.45, 0.58]).pvalue, rel=1e-10)
+  w = stats.pair_test(a, {1: 0.45, 5: 0.58, 4: 0.5})
   assert w["kind"] == "welch"
-  assert w["p"] == pytest.approx(sp.ttest_ind(list(a.values()), [0.45, 0.58, 0.5], equal_var=False).pvalue)
+  assert w["p"] == pytest.approx(sp.ttest_ind(list(a.values()), [0.45, 0.5, 0.58], equal_var=False).pvalue)
 
 
 def test_power_of_against_the_normal_limit_and_a_simulation():
@@ -165,3 +168,22 @@ def test_verdict_powered_words():
       "does not hold (1 equivalent within ±0.02, 1 inconclusive of 2 testable)"
   assert stats.verdict_powered(["worse"]) == "does not hold (1 worse of 1 testable)"
   assert stats.verdict_powered(["cannot tell"]) == "cannot tell (1 comparison, none testable)"
+
+
+def test_cells_missing_a_seed_are_paired_on_the_seeds_they_share():
+  """A run that diverged leaves its cell one seed short: the comparison stays paired, on the
+  common seeds (SciPy's ttest_rel on them), and says how many seeds had no partner; cells
+  with fewer than two seeds in common fall back to Welch on all their seeds."""
+  base = {s: 0.60 + 0.01 * s for s in range(6)}
+  cell = {s: base[s] + 0.02 + 0.002 * (-1) ** s for s in range(6) if s != 3}
+  t = stats.pair_test(cell, base)
+  common = sorted(cell)
+  ref = sp.ttest_rel([cell[s] for s in common], [base[s] for s in common])
+  assert t["kind"] == "paired" and t["n"] == 5 and t["unpaired"] == 1
+  assert t["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+  assert stats.pair_test(dict(base), base)["unpaired"] == 0
+  w = stats.pair_test({0: 0.5, 1: 0.6, 2: 0.55}, {2: 0.5, 3: 0.52, 4: 0.49})
+  assert w["kind"] == "welch"
+  assert w["p"] == pytest.approx(sp.ttest_ind([0.5, 0.6, 0.55], [0.5, 0.52, 0.49], equal_var=False).pvalue, rel=1e-10)
+  res = stats.against_baseline([(cell, base)])
+  assert stats.fmt_powered(res[0]).startswith("paired on 5 common seeds, 1 unpaired left out diff +0.020")

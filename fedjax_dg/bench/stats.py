@@ -23,7 +23,9 @@ what the shared randomness does not cancel, so they are tested by the paired t-t
 (`paired`), with Wilcoxon's signed-rank test as a check that does not assume normal
 differences. Cells of different columns (C = 1 against C = 20, lambda = 1 against 0.1) do
 not share a partition or a cohort: they are compared by Welch's unequal-variance t-test
-(`welch`); so is any pair whose seeds differ (`pair_test`).
+(`welch`); so is any pair of cells with fewer than two seeds in common (`pair_test`). Two cells
+of one column that share most of their seeds (a run that diverged or failed) are paired on the
+seeds they share, and the record counts the seeds left out.
 
 Outcomes. A comparison of a cell against the baseline is one of
   "better" / "worse"   the (Holm-adjusted, within its family) two-sided p < alpha
@@ -128,19 +130,23 @@ def paired(a, b) -> dict | None:
 
 
 def pair_test(a_by_seed: dict, b_by_seed: dict) -> dict | None:
-  """`paired` where both cells hold the same seeds (the runs share their random numbers,
-  module docstring), else `welch`.
+  """`paired` on the seeds both cells hold (the runs share their random numbers, module
+  docstring) where there are at least two, else `welch` on all of each cell's seeds.
 
   Args:
     a_by_seed: {seed: score} of the first cell.
     b_by_seed: {seed: score} of the second.
 
   Returns:
-    The test's record (None where it cannot be computed).
+    The test's record (None where it cannot be computed); a paired record holds "unpaired",
+    the seeds of either cell left out for lack of a partner (0 when the seeds match).
   """
-  if set(a_by_seed) == set(b_by_seed):
-    seeds = sorted(a_by_seed)
-    return paired([a_by_seed[s] for s in seeds], [b_by_seed[s] for s in seeds])
+  common = sorted(set(a_by_seed) & set(b_by_seed))
+  if len(common) >= 2:
+    t = paired([a_by_seed[s] for s in common], [b_by_seed[s] for s in common])
+    if t is not None:
+      t["unpaired"] = len(set(a_by_seed) ^ set(b_by_seed))
+    return t
   return welch([a_by_seed[s] for s in sorted(a_by_seed)], [b_by_seed[s] for s in sorted(b_by_seed)])
 
 
@@ -419,7 +425,8 @@ def fmt_powered(c: dict) -> str:
   t = c["test"]
   if t is None:
     return "untestable"
-  text = f"{t['kind']} diff {t['diff']:+.3f} (SE {t['se']:.3f}), {_p(t['p'])}, Holm {_p(c['holm_p'])}"
+  kind = t["kind"] + (f" on {t['n']} common seeds, {t['unpaired']} unpaired left out" if t.get("unpaired") else "")
+  text = f"{kind} diff {t['diff']:+.3f} (SE {t['se']:.3f}), {_p(t['p'])}, Holm {_p(c['holm_p'])}"
   if t["kind"] == "paired":
     text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
   text += f", TOST Holm {_p(c['tost_p'])}"
