@@ -14,7 +14,7 @@ DomainBed's tables print a standard error, `np.std(x) / sqrt(n)` with ddof 0). T
 mean ± standard deviation and n, the number of seeds, as Bai et al. do; the tests of
 `fedjax_dg.bench.stats` use the standard error of a difference (paired where the cells
 share their seeds), which the reading names as SE. A column's best mean is in bold only
-where the test over seeds (paired where the seeds match, else Welch) puts it above the
+where the test over seeds (paired on the seeds both cells ran, else Welch) puts it above the
 runner-up at p < 0.05; "-" = not applicable (no centralised counterpart at C = 1); "-ᵃ" =
 the cell's runs compute the baseline's update exactly by construction, "-ᵇ" = the method's
 own term could not act (both from the runs' preflight findings and activity records,
@@ -242,8 +242,9 @@ def build_table(sweep, exp, results, grid_name: str, rule: str, metric: str, ddo
 
 def leaders(table: Table, alpha: float = stats.ALPHA) -> dict:
   """column -> (best method, runner-up method, the test of best vs runner-up, bold?): the
-  best mean is bold only where its lead over the runner-up is significant (the paired test
-  where the two cells hold the same seeds, else Welch's). Marked cells do not compete.
+  best mean is bold only where its lead over the runner-up is significant (`stats.pair_test`:
+  paired on the seeds both cells hold, Welch's where they share fewer than two). Marked cells
+  do not compete.
   Ties: the first row wins the tie and the lead is 0, so nothing is bold."""
   out = {}
   for col in table.columns:
@@ -289,8 +290,8 @@ def table_notes(table: Table) -> list[str]:
   """The lines under a table: what a cell is, what bold means, the stale mark."""
   notes = ["Cells: mean ± standard deviation over seeds, as Bai et al. print them (n seeds; n=k/m: k of m finished); "
            "the reading's tests use the standard error of a difference (SE). Bold: the column's best mean, only where "
-           f"the test over seeds (paired by seed where both cells ran the same seeds, else Welch's) puts it above the "
-           f"runner-up at p < {stats.ALPHA} (two-sided)."]
+           "the test over seeds (paired on the seeds both cells ran, Welch's where they share fewer than two) puts "
+           f"it above the runner-up at p < {stats.ALPHA} (two-sided)."]
   for kind in (EQUALS_BASELINE, INACTIVE):
     hit = [(m, col, c) for (m, col), c in table.cells.items() if c is not None and c.mark == kind]
     if hit:

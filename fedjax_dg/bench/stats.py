@@ -282,7 +282,7 @@ def holm(p_values) -> list[float]:
 
 
 def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power: float = POWER) -> list[dict]:
-  """One family of comparisons against a baseline, each paired where the seeds match.
+  """One family of comparisons against a baseline, each paired on the seeds both cells hold.
 
   Args:
     pairs: [(cell {seed: score}, baseline {seed: score})].
