@@ -33,32 +33,31 @@ BASELINE = "FedAvg-ERM"
 FEDERATED = ("lam=1", "lam=0.1", "lam=0")
 
 # The papers whose claim the report reads ("<method> beats FedAvg-ERM"), as docs/references.md
-# cites them: authors, title, venue. The method specs' `claim` field keeps the short form.
+# cites them (authors, title, venue), keyed by the short form the method specs' `claim` holds.
 CLAIM_PAPERS = {
-    "fediir": 'Guo, Guo, Cao, Wu and Chang, "Out-of-Distribution Generalization of Federated Learning via '
-              'Implicit Invariant Relationships", ICML 2023',
-    "fedomg": 'Nguyen, Nguyen, Park, Pham and Hwang, "Federated Domain Generalization with Data-free On-server '
-              'Matching Gradient", ICLR 2025',
-    "feddim": 'Liao, Xie, Fu, Huang, Deng, Chen and Zheng, "Federated Domain Generalization with Decision Insight '
-              'Matrix", IJCAI 2025',
-    "fedga": 'Zhang et al., "Federated Domain Generalization with Generalization Adjustment", CVPR 2023',
-    "fedloe": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble" (anonymous submission under '
-              'review)',
+    "Guo et al. 2023": 'Guo, Guo, Cao, Wu and Chang, "Out-of-Distribution Generalization of Federated Learning via '
+                       'Implicit Invariant Relationships", ICML 2023',
+    "Nguyen et al. 2025": 'Nguyen, Nguyen, Park, Pham and Hwang, "Federated Domain Generalization with Data-free '
+                          'On-server Matching Gradient", ICLR 2025',
+    "Liao et al. 2025": 'Liao, Xie, Fu, Huang, Deng, Chen and Zheng, "Federated Domain Generalization with Decision '
+                        'Insight Matrix", IJCAI 2025',
+    "Zhang et al. 2023": 'Zhang et al., "Federated Domain Generalization with Generalization Adjustment", CVPR 2023',
+    "the FedLOE paper": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble" (anonymous submission '
+                        'under review)',
 }
 
 
-def claim_paper(method: str, short: str) -> str:
+def claim_paper(short: str) -> str:
   """The paper behind a method's claim, by authors, title and venue where `CLAIM_PAPERS` has
-  it, else the method spec's short form `short`.
+  it, else `short` itself.
 
   Args:
-    method: the method's registry name.
-    short: its `MethodSpec.claim` (e.g. "Guo et al. 2023").
+    short: the method spec's `claim` (e.g. "Guo et al. 2023").
 
   Returns:
     The citation text.
   """
-  return CLAIM_PAPERS.get(method, short)
+  return CLAIM_PAPERS.get(short, short)
 
 
 def bai_cells(path: str = CELLS_FILE) -> dict:

@@ -276,7 +276,7 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
   for m, spec in algorithms.METHODS.items():  # the methods whose paper claims they beat FedAvg
     if not spec.claim:
       continue
-    who = f"{names.get(m, m)} ({reference.claim_paper(m, spec.claim)})"
+    who = f"{names.get(m, m)} ({reference.claim_paper(spec.claim)})"
     if not any(r[1] == m for r in table.rows):
       continue
     cols = [c for c in table.columns if c[1] is not None
@@ -575,12 +575,13 @@ def deviations(data, st: dict) -> list[str]:
                  f"it in {len(short)} of {len(det)} columns: "
                  + ", ".join(f"{collect.column_label(c)} {d:.3f}" for c, d in short))
   out += staged_lines(data, st["table_grid"])
-  order = _fish_order(data, st["table_grid"])
-  if order and order != "ascending":
-    out.append(f"Fish takes its inner domain steps in a {order} order at every step (`algorithm.fish.domain_order`, "
-               "Shi et al.'s code) where Bai et al.'s federated Fish and DomainBed loop over the domains in ascending "
-               "order: with Adam restarted at every local step the first domain of a fixed order gets the largest "
-               "step, and Bai et al.'s Fish cells carry that order")
+  names = collect.display_names(sweep)
+  for m, order in sorted(_domain_orders(data, st["table_grid"]).items()):
+    if order != "ascending":
+      out.append(f"{names.get(m, m)} takes its inner domain steps in a {order} order at every step (`domain_order`, "
+                 "Shi et al.'s code) where Bai et al.'s federated Fish and DomainBed loop over the domains in "
+                 "ascending order: with Adam restarted at every local step the first domain of a fixed order gets "
+                 "the largest step, and Bai et al.'s Fish cells carry that order")
   for m, over in sorted(sweep.get("method_overrides", {}).items()):
     flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
     out.append(f"`{m}` runs with " + ", ".join(f"`{k}={v}`" for k, v in sorted(flat.items()))
@@ -632,14 +633,16 @@ def staged_lines(data, grid: str) -> list[str]:
   return out
 
 
-def _fish_order(data, grid: str) -> str:
-  """The `algorithm.fish.domain_order` of the grid's Fish runs ("" when the grid runs no Fish
-  or a run's config predates the field; "mixed" when they differ)."""
-  orders = {str(data.exp.jobs[e.key].config.algorithm.fish.get("domain_order", ""))
-            for e in (sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ())
-            if e.axes["algorithm"] == "fish" and "fish" in data.exp.jobs[e.key].config.algorithm}
-  return "" if not orders or "" in orders else orders.pop() if len(orders) == 1 else "mixed"
-
+def _domain_orders(data, grid: str) -> dict:
+  """{method: its order} for the grid's methods whose hyperparameters hold a `domain_order`
+  (Fish): the order of its runs, "mixed" when they differ; a run whose config predates the
+  field leaves its method out."""
+  orders = {}
+  for e in sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ():
+    hp = data.exp.jobs[e.key].config.algorithm.get(e.axes["algorithm"])
+    if hp is not None and hasattr(hp, "get"):
+      orders.setdefault(e.axes["method"], set()).add(str(hp.get("domain_order", "")))
+  return {m: (o.pop() if len(o) == 1 else "mixed") for m, o in orders.items() if "" not in o and o != {""}}
 
 def local_steps_per_round(data, grid: str) -> dict:
   """{C: (mean training rows a client, local steps a round, rounds)} from the grid's finished
