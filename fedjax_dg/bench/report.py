@@ -509,12 +509,13 @@ def figure_caption(name: str, sweep, metric: str) -> str:
 BAI_FIG2 = algorithms.BAI_FIG2
 
 
-def deviations(data, st: dict) -> list[str]:
+def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
   """Where this report's protocol departs from Bai et al.'s (ICLR 2024), from the sweep
   config and the runs themselves, then the sweep's own `report.deviations` lines: the model,
   the seeds per cell, the search's seeds, whether the split varies with the seed, the local
   steps a client takes per round at each number of clients, the methods of Fig. 2, how the
-  in-domain table chooses its trial, and each method's overrides."""
+  in-domain table chooses its trial, and each method's overrides. `table`: the held-out-domain
+  table where the caller has built it (else it is built here)."""
   sweep, b = data.sweep, data.sweep.base
   out = []
   if not str(b.model.name).startswith("resnet"):
@@ -566,7 +567,7 @@ def deviations(data, st: dict) -> list[str]:
     out.append("the in-domain table reuses the trial the held-out domain chose; only its round is chosen by in-domain "
                "validation (Bai et al. choose the trial in-domain too)")
   if g and st["table_grid"] in sweep.grids:
-    det = detectable_by_column(collect.tables(data, "heldout_domain"),
+    det = detectable_by_column(table if table is not None else collect.tables(data, "heldout_domain"),
                                sweep.get("report", {}).get("baseline", "") or _baseline(), st["margin"])
     short = [(c, d) for c, d in det.items() if d > stats.TARGET_MDD]
     if short:
@@ -642,7 +643,8 @@ def _domain_orders(data, grid: str) -> dict:
     hp = data.exp.jobs[e.key].config.algorithm.get(e.axes["algorithm"])
     if hp is not None and hasattr(hp, "get"):
       orders.setdefault(e.axes["method"], set()).add(str(hp.get("domain_order", "")))
-  return {m: (o.pop() if len(o) == 1 else "mixed") for m, o in orders.items() if "" not in o and o != {""}}
+  return {m: (o.pop() if len(o) == 1 else "mixed") for m, o in orders.items() if "" not in o}
+
 
 def local_steps_per_round(data, grid: str) -> dict:
   """{C: (mean training rows a client, local steps a round, rounds)} from the grid's finished
@@ -743,7 +745,7 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   md += ["", "## Deviations from Bai et al. 2024", "",
          "Where this report's protocol departs from Bai, Bagchi and Inouye, \"Benchmarking Algorithms for Federated "
          "Domain Generalization\" (ICLR 2024), read from the sweep config and the runs:", ""]
-  md += [f"- {l}" for l in deviations(data, st)] + [""]
+  md += [f"- {l}" for l in deviations(data, st, table)] + [""]
   for rule in collect.RULES:
     if f"table_{rule}" in texts:
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
