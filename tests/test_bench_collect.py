@@ -257,3 +257,11 @@ def test_rows_equal_seed_for_seed_are_named_under_the_table():
   cells[("irm", (4, 0.0))] = cell([0.35, 0.3])
   cells[("irm", (8, 0.0))] = None
   assert collect.identical_cells(collect.Table(rows, cols, cells, "heldout_domain", "accuracy")) == []
+
+
+def test_fig4_small_multiples_split_groups_and_drop_the_baseline_alone():
+  from fedjax_dg.bench import figures
+  groups = [("B", ["b"]), ("DG", ["b", "m1", "m2", "m3", "m4"]), ("FL", ["b", "f1"])]
+  assert figures.small_multiples(groups, "b", per_panel=3) == [
+      ("DG 1/2", ["b", "m1", "m2", "m3"]), ("DG 2/2", ["b", "m4"]), ("FL", ["b", "f1"])]
+  assert figures.small_multiples([("B", ["b"])], "b") == [("B", ["b"])]  # the baseline alone: its own row

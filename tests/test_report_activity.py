@@ -164,3 +164,63 @@ def test_fig4_draws_no_line_for_a_marked_cell(tmp_path):
   after = {(r["lam"], r["method"]) for r in figures.curve_rows(exp, results_lib.from_runs(s, exp).results, "table",
                                                               4, "heldout_domain", "accuracy")}
   assert before - after == {(0.0, "irm")} and (1.0, "irm") in after and (0.0, "fediir") in after
+
+
+def test_fig4_draws_a_staged_method_at_its_final_stage_by_local_steps(tmp_path):
+  """A method selected within its final stage (FedLOE) is drawn at that stage's evaluations
+  only, placed at the local steps taken in rounds of K steps: its first stage (3 rounds of
+  5 steps) is not drawn, its 4 final-stage rounds share the rest of the 10 x K budget
+  equally, so the last sits at round 10."""
+  import math
+
+  from fedjax_dg import plan
+  from fedjax_dg.bench import figures
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "fediir"), client_counts=(4,), lams=(1.0,), seeds=(0, 1))
+  s.base.num_rounds = 10
+  exp = sweep_lib.expand(s)
+  sizes = [37, 50, 12, 50]
+  for e in exp.entries:
+    staged = e.axes["method"] == "fediir"
+    rounds = range(1, 8) if staged else range(1, 11)
+    acc = {t: {"heldout_val": 0.1 * t / 10 + 0.01 * e.axes["seed"], "in_val": 0.5, "in_test": 0.5,
+               "test": 0.2 + 0.05 * t + 0.01 * e.axes["seed"]} for t in rounds}
+    write_run(exp.jobs[e.key].workdir, acc)
+    if staged:
+      _amend(exp.jobs[e.key].workdir, selection_scope="rounds of the final stage (stage 2)", local_steps=5,
+             client_sizes=sizes, stages=[{"name": "stage 1", "rounds": [1, 3]}, {"name": "stage 2", "rounds": [4, 7]}])
+  results = results_lib.from_runs(s, exp).results
+  rows = [r for r in figures.curve_rows(exp, results, "table", 4, "heldout_domain", "accuracy") if r["split"] == "test"]
+  K = plan.local_steps(exp.jobs[exp.entries[0].key].config.client, max(sizes))
+  assert K == math.ceil(float(s.base.client.local_epochs) * 50 / int(s.base.client.batch_size))
+  per = (10 * K - 15) / 4
+  staged = [r for r in rows if r["method"] == "fediir"]
+  assert [r["round"] for r in staged] == pytest.approx([(15 + j * per) / K for j in (1, 2, 3, 4)])
+  assert staged[-1]["round"] == pytest.approx(10.0) and all(r["staged"] for r in staged)
+  # stage 2's rounds 4-7: test 0.4 .. 0.55, mean over seeds 0 and 1 (+0.005)
+  assert [r["mean"] for r in staged] == pytest.approx([0.405, 0.455, 0.505, 0.555])
+  plain = [r for r in rows if r["method"] == "fedavg"]
+  assert [r["round"] for r in plain] == list(range(1, 11)) and not any(r["staged"] for r in plain)
+  figures.plot_curves(rows, str(tmp_path / "fig4.png"), "accuracy", 4, "test", [("all", ["fedavg", "fediir"])],
+                      {}, {}, "fedavg")
+  assert (tmp_path / "fig4.png").stat().st_size > 0
+  cap = report.figure_caption("fig4_curves_C4.png", s, "accuracy", ("FedIIR",))
+  assert "FedIIR trains in stages: drawn at the final stage's evaluations only" in cap
+  assert "in stages" not in report.figure_caption("fig4_curves_C4.png", s, "accuracy")
+  assert report.staged_methods(results_lib.from_runs(s, exp), "table") == ["fediir"]
+
+
+def test_a_final_stage_past_the_budget_follows_the_last_round():
+  """A first stage that kept the run's whole schedule (60 rounds of K = 5 steps) leaves its
+  final stage's 4 rounds past the budget: they sit at rounds 61-64, not piled on round 60."""
+  from fedjax_dg.bench import figures
+  config = ml_collections.ConfigDict({"num_rounds": 60, "client": {"local_steps": 0, "local_epochs": 1,
+                                                                   "batch_size": 64}})
+  run = {"summary": {"selection_scope": "rounds of the final stage (stage 2)", "local_steps": 5,
+                     "client_sizes": [288, 100], "stages": [{"name": "stage 1", "rounds": [1, 60]},
+                                                           {"name": "stage 2", "rounds": [61, 64]}]}}
+  assert figures.final_stage_positions(run, config) == {61: 61.0, 62: 62.0, 63: 63.0, 64: 64.0}
+  run["summary"]["stages"][0]["rounds"] = [1, 8]  # 8 rounds of 5 steps: 260 of the 300 left, 65 a round
+  run["summary"]["stages"][1]["rounds"] = [9, 12]
+  assert figures.final_stage_positions(run, config) == pytest.approx({9: 21.0, 10: 34.0, 11: 47.0, 12: 60.0})
+  run["summary"]["selection_scope"] = "all rounds"
+  assert figures.final_stage_positions(run, config) is None

@@ -12,9 +12,11 @@
   fig4_curves_C<c>  Bai et al. Fig. 4 style: test metric vs round (fig4_heldout_val_C<c>: the
                     held-out validation domain's), small multiples: one row per method group
                     split into panels of at most `PER_PANEL` methods (the baseline, grey and
-                    dashed, in each), one column per lambda (mean over seeds of each seed's
-                    selected trial); at C = 100 a group's 5-7 overlapping bands in one panel
-                    could not be read
+                    dashed, in each; no row of the baseline alone), one column per lambda
+                    (mean over seeds of each seed's selected trial); at C = 100 a group's 5-7
+                    overlapping bands in one panel could not be read. A method selected
+                    within its final stage (FedLOE) is drawn at that stage's evaluations,
+                    placed by the local steps taken (`final_stage_positions`)
   runs/<method>_C<c>_lam<l>_seed<s>_trial<t>_<key>  one run: every split's metric vs round
 Points and lines are means over trial seeds with ±1 standard deviation (`ddof` as in
 collect) as bands. Lambda runs 1, 0.1, 0 (Bai et al.'s order) in every figure. Colours are
@@ -25,6 +27,7 @@ metadata, so the same numbers give the same bytes.
 from __future__ import annotations
 
 import csv
+import math
 import os
 
 import numpy as np
@@ -124,11 +127,49 @@ def rounds_rows(exp, results, grid: str, rule: str, metric: str, ddof: int, stal
                                      r["num_rounds"]))
 
 
+def steps_per_round(client_config, client_sizes) -> int:
+  """K, the local steps per round of a run's largest client: the runner's rule
+  (`fedjax_dg.plan.local_steps`, not imported here: it brings in the engine)."""
+  c, n_max = client_config, max(int(n) for n in client_sizes)
+  return int(c.local_steps) if c.local_steps > 0 else math.ceil(c.local_epochs * n_max / c.batch_size)
+
+
+def final_stage_positions(run, config) -> dict | None:
+  """{round: x} for a run that trains in stages and is selected within its final stage
+  (`summary.selection_scope`; FedLOE), else None: its final stage's evaluations placed at
+  the local steps taken, in rounds of K steps (the other methods' rounds). Its first stage
+  takes `local_steps` steps a round for its rounds (`summary.stages`); the final stage's
+  rounds share what the run's budget of `num_rounds * K` steps has left, equally (the
+  first stage's rounding remainder, fewer steps than one of its rounds, is counted in the
+  final stage), so its last evaluation sits at `num_rounds`. A first stage that took the
+  whole budget (a run configured to keep its first stage's schedule, `stage1_syncs = 0`)
+  leaves the final stage past it: its rounds then count one round each after `num_rounds`
+  (their steps are the method's own, not read here)."""
+  sm = run["summary"]
+  stages = sm.get("stages") or []
+  if sm.get("selection_scope", "all rounds") == "all rounds" or len(stages) < 2 or not sm.get("client_sizes"):
+    return None
+  K = steps_per_round(config.client, sm["client_sizes"])
+  R = int(config.num_rounds)
+  (lo, hi), (first_lo, first_hi) = stages[-1]["rounds"], stages[0]["rounds"]
+  before = (int(first_hi) - int(first_lo) + 1) * int(sm["local_steps"])  # steps before the final stage
+  n = int(hi) - int(lo) + 1
+  if before >= R * K:
+    return {t: float(R + t - int(lo) + 1) for t in range(int(lo), int(hi) + 1)}
+  per = (R * K - before) / n
+  return {t: (before + (t - int(lo) + 1) * per) / K for t in range(int(lo), int(hi) + 1)}
+
+
 def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str) -> list[dict]:
   """Fig. 4's lines for clients `num_clients`: per (lam, method, split, round) the mean and
   std over (seed, fold) of each seed's selected trial. A cell the tables mark (`collect.cell_mark`:
   equal to the baseline by construction, or its method's term did not act) draws no line: it
-  would repeat the baseline's training under the method's name."""
+  would repeat the baseline's training under the method's name. A method that trains in
+  stages and is selected within its final stage (FedLOE) draws that stage's evaluations
+  only, the models its selection chooses among, at the local steps taken in rounds of the
+  other methods' K steps (`final_stage_positions`; `round` the mean position over seeds,
+  `staged` True): its first stage is another method's training ("Our FedAvg") on a schedule
+  of its own, whose round index is not the other methods' round."""
   entries = [e for e in sweep_lib.grid_entries(exp, grid) if e.axes["num_clients"] == num_clients]
   groups = {}
   for e in entries:
@@ -136,18 +177,27 @@ def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str
   rows = []
   for (lam, method), es in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
     chosen = collect.chosen_entries(es, results, rule, metric)
-    runs = [results[chosen[k].key] for k in sorted(chosen)]
+    keys = [chosen[k].key for k in sorted(chosen)]
+    runs = [results[k] for k in keys]
     if collect.cell_mark(runs)[0]:
       continue
+    places = [final_stage_positions(run, exp.jobs[k].config) for k, run in zip(keys, runs)]
+    staged = any(p is not None for p in places)
     for split in ("heldout_val", "test"):
-      per_round = {}
-      for run in runs:
-        for r in run["records"]:
+      per_round, xs = {}, {}
+      for run, place in zip(runs, places):
+        if staged and place is None:
+          continue  # not the stages the cell's other runs trained in (not a case the runner makes)
+        recs = [r for r in run["records"] if place is None or r["round"] in place]
+        for i, r in enumerate(recs):
           v = collect.metric_of(r["splits"].get(split), metric)
           if v is not None:
-            per_round.setdefault(r["round"], []).append(v)
-      rows += [{"lam": lam, "method": method, "split": split, "round": t, "mean": float(np.mean(v)),
-                "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v)}
+            t = i if place is not None else r["round"]  # a staged run: its final stage's i-th evaluation
+            per_round.setdefault(t, []).append(v)
+            xs.setdefault(t, []).append(place[r["round"]] if place is not None else r["round"])
+      rows += [{"lam": lam, "method": method, "split": split,
+                "round": float(np.mean(xs[t])) if staged else t, "mean": float(np.mean(v)),
+                "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v), "staged": staged}
                for t, v in sorted(per_round.items())]
   return rows
 
@@ -257,8 +307,9 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
       for m in members:
         pts = [r for r in rows if r["lam"] == lam and r["method"] == m]
         st = {"color": BASELINE_COLOUR, "linestyle": "--"} if m == baseline else style(others.index(m))
-        _line(ax, [r["round"] for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts], names.get(m, m),
-              {**st, "marker": None})
+        staged = any(r.get("staged") in (True, "True") for r in pts)  # its final stage's evaluations: marked
+        _line(ax, [float(r["round"]) for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
+              names.get(m, m) + (" (final stage)" if staged else ""), {**st, "marker": st.get("marker") if staged else None})
       ax.set_title(f"{group}: C = {num_clients}, λ = {lam:g}", fontsize=8)
       ax.xaxis.set_major_locator(_integer_locator())
       ax.grid(alpha=0.3)
@@ -411,7 +462,10 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
 def small_multiples(groups: list, baseline: str, per_panel: int = PER_PANEL) -> list:
   """[(group, methods)] split so that each row draws at most `per_panel` methods besides the
   baseline, which every row keeps first: ("DG adapted", [b, m1..m6]) -> ("DG adapted 1/2",
-  [b, m1, m2, m3]), ("DG adapted 2/2", [b, m4, m5, m6])."""
+  [b, m1, m2, m3]), ("DG adapted 2/2", [b, m4, m5, m6]). A group of the baseline alone
+  gets no row where another group has one (every row draws the baseline already)."""
+  if any(m != baseline for _, ms in groups for m in ms):
+    groups = [(g, ms) for g, ms in groups if any(m != baseline for m in ms)]
   out = []
   for group, members in groups:
     others = [m for m in members if m != baseline]

@@ -481,10 +481,11 @@ def _seeds(sweep, grid: str) -> str:
   return f" n = {len(seeds)} seeds per point" + (" (fewer where a run did not finish)." if seeds else ".")
 
 
-def figure_caption(name: str, sweep, metric: str) -> str:
+def figure_caption(name: str, sweep, metric: str, staged: tuple = ()) -> str:
   """What a report figure shows and what it depends on: the selection behind each point,
   defaults or searched hyperparameters, the seeds, and that the bands are standard
-  deviations over seeds (not standard errors)."""
+  deviations over seeds (not standard errors). `staged`: the display names of Fig. 4's
+  methods that train in stages and are selected within the final one (`staged_methods`)."""
   f = sweep.get("figures", {})
   band = "mean ± 1 standard deviation over seeds (bands; not standard errors)"
   if name.startswith("fig2_clients"):
@@ -501,6 +502,12 @@ def figure_caption(name: str, sweep, metric: str) -> str:
     return (f"Fig. 4: {split} {metric} at every evaluated round (no round selected) at C = {m.group(2)}, {band} of "
             "each seed's run at its cell's selected trial; at most three methods a panel, the baseline grey and "
             "dashed in every panel; cells the tables mark (-ᵃ, -ᵇ) draw no line."
+            + (f" {', '.join(staged)} train{'s' if len(staged) == 1 else ''} in stages: drawn at the final stage's "
+               "evaluations only, the models the selection chooses among (labelled \"final stage\", with markers), "
+               "placed at the local steps taken, in rounds of the other methods' steps per round (its rounds "
+               "share equally what the earlier stages left of the budget, or follow round R where the earlier "
+               "stages took it all); the earlier stages run on a schedule of their own and are not drawn."
+               if staged else "")
             + _at_defaults(sweep, f.get("curves_grid", ""))
             + _seeds(sweep, f.get("curves_grid", "")))
   return name
@@ -608,6 +615,17 @@ def _columns_text(g) -> str:
   """A grid's (C, lambda) columns as text: "C=20, λ=1" or "C=20, λ=1 and C=100, λ=0"."""
   cols = [collect.column_label(c) for c in collect.table_columns(g)]
   return (", ".join(cols[:-1]) + " and " + cols[-1]) if len(cols) > 1 else "".join(cols) or "no column"
+
+
+def staged_methods(data, grid: str) -> list[str]:
+  """The methods of `grid` whose runs train in stages and are selected within the final
+  one (`summary.selection_scope`; FedLOE)."""
+  out = []
+  for e in sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ():
+    run = data.results.get(e.key)
+    if run and run["summary"].get("selection_scope", "all rounds") != "all rounds" and e.axes["method"] not in out:
+      out.append(e.axes["method"])
+  return out
 
 
 def staged_lines(data, grid: str) -> list[str]:
@@ -780,11 +798,13 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            "shared its compiled program. The machine's load is not controlled: compare methods within one report, "
            "not across machines.", ""]
   if pngs:
+    curves = sweep.get("figures", {}).get("curves_grid", "")
+    staged = tuple(names.get(m, m) for m in staged_methods(data, curves)) if curves else ()
     md += ["## Figures", ""]
     for p in pngs:
       if os.sep + "runs" + os.sep not in p:
         md += [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})", "",
-               f"*{figure_caption(os.path.basename(p), sweep, st['metric'])}*", ""]
+               f"*{figure_caption(os.path.basename(p), sweep, st['metric'], staged)}*", ""]
   failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
   if failed:
     label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
