@@ -184,6 +184,7 @@ def test_r_dg_and_r_fl_equal_their_definitions(tmp_path):
   assert d["C"] == 4 and d["D"] == 4 and d["n"] == 60 + 4 * 10
   md = difficulty.to_markdown(d, "rotated_digits", 3)
   assert f"| {d['R_DG']['value']:.3f} ± {d['R_DG']['std']:.3f} |" in md and "R_FL(λ=0)" in md
+  assert "FedAvg at C = 4 and centralised ERM at their default hyperparameters, n = 2 seeds a ratio" in md
 
 
 def test_figure_csvs_hold_the_plotted_numbers(tmp_path):

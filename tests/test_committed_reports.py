@@ -281,6 +281,7 @@ def family_by_hand(pairs, margin=MARGIN):
   tests = {i: baseline_test(a, b, margin) for i, (a, b) in enumerate(pairs) if len(a) > 1 and len(b) > 1}
   adj = holm_by_hand({i: t[4] for i, t in tests.items()})
   adj_eq = holm_by_hand({i: t[6] for i, t in tests.items()})
+  adj_w = holm_by_hand({i: t[5] for i, t in tests.items() if t[0].startswith("paired")})
   out = []
   for i in range(len(pairs)):
     if i not in tests:
@@ -290,7 +291,9 @@ def family_by_hand(pairs, margin=MARGIN):
     o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
     mdd = mdd_by_hand(se, df, 0.05 / len(tests))
     text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
-    text += f", Wilcoxon {p_text(wp)}" if kind.startswith("paired") else ""
+    if kind.startswith("paired"):
+      text += (f", Wilcoxon {p_text(wp)} (Holm {p_text(adj_w[i])}"
+               + (", disagrees)" if (adj[i] < 0.05) != (adj_w[i] < 0.05) else ")"))
     bound = equivalence_bound_by_hand(diff, se, df, 0.05 / len(tests))
     text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}, equivalence bound {bound:.3f}"
     out.append((o, text, mdd, bound - abs(diff)))
@@ -318,7 +321,8 @@ def verdict_powered(outcomes, supports="better", labels=None):
     return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
   k = sum(o == supports for o in testable)
   word = ("holds" if k == len(testable) else "holds in part" if k else
-          "inconclusive" if all(o == "inconclusive" for o in testable) else "does not hold")
+          "inconclusive" if all(o == "inconclusive" for o in testable) else
+          "not supported" if "inconclusive" in testable else "does not hold")
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{MARGIN:g}",
                       "inconclusive": "inconclusive"}
   counts = ", ".join(f"{testable.count(w)} {lab}" for w, lab in labels.items() if w in testable)
@@ -403,7 +407,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         res = dict(zip(labs, family_by_hand([(others[lab], base) for lab in labs])))
         parts = rest.split("; ")
         by = {k: {lab for lab in labs if res[lab][0] == k} for k in ("better", "worse", "equivalent", "inconclusive")}
-        listed = {m.group(1): m.group(2) for m in re.finditer(rf"([\w+\-]+) {CELL} \((paired [^)]*\)[^)]*|welch [^)]*\)[^)]*)\)", line)}
+        listed = {m.group(1): m.group(2) for m in re.finditer(rf"([\w+\-]+) {CELL} \((paired [^()]*\([^)]*\)[^()]*(?:\([^)]*\)[^()]*)?|welch [^)]*\)[^)]*)\)", line)}
         assert set(listed) == by["better"] | by["worse"], (folder, line)
         for lab, text in listed.items():
           assert text == res[lab][1], (folder, col, lab)

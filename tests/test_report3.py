@@ -46,6 +46,11 @@ def test_the_third_edition_config():
   assert collect.table_columns(g.table) == ((1, None), (20, 1.0), (20, 0.1), (20, 0.0), (100, 1.0), (100, 0.0))
   assert "clients" not in g and "clients_steps" not in g and s.figures.clients_grid == ""
   assert s.report.out == "experiments/report_fmnist3"
+  from fedjax_dg.bench import report
+  # Fig. 3's C=100, lambda=0.1 panel has no table column: its caption says it is run for the figure only.
+  assert "C=100, λ=0.1 is run for this figure only (no table column)." in report.figure_caption(
+      "fig3_rounds.png", s, "accuracy")
+  assert "figure only" not in report.figure_caption("fig4_curves_C100.png", s, "accuracy")
   sl = mod.get_config("slice")
   assert tuple(sl.grids.search2.seeds) == (0, 100) and sl.table.in_domain_grid == "table_in"
   with pytest.raises(ValueError, match="variant"):

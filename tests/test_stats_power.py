@@ -144,6 +144,24 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
     sd = np.std([list(c.values()) for c in (better, worse, same, vague)][i] - np.array(list(base.values())), ddof=1)
     assert res[i]["mdd"] == pytest.approx(stats.mdd(sd / math.sqrt(8), 7, 0.05 / 4), rel=1e-9)
   assert res[4]["mdd"] is None and res[4]["test"] is None
+  # The signed-rank check, Holm-adjusted over the same family (scipy's exact Wilcoxon by hand):
+  # 8 seeds with every difference of one sign give p = 2 / 2^8, Holm's 4 x that still below
+  # 0.05, so "better" and "worse" agree; "vague" (signs alternate) is not significant by either.
+  wps = [sp.wilcoxon(np.subtract([list(c.values()) for c in (better, worse, same, vague)][i],
+                                 list(base.values()))).pvalue for i in range(4)]
+  order = np.argsort(wps)
+  running, wholm = 0.0, {}
+  for k, i in enumerate(order):
+    running = max(running, min(1.0, (4 - k) * wps[i]))
+    wholm[i] = running
+  for i in range(4):
+    assert res[i]["wilcoxon_holm_p"] == pytest.approx(wholm[i], rel=1e-9)
+    assert res[i]["check_disagrees"] == ((holm[i] < 0.05) != (wholm[i] < 0.05))
+  assert not res[0]["check_disagrees"] and not res[3]["check_disagrees"] and res[4]["wilcoxon_holm_p"] is None
+  # With 3 seeds the signed-rank test cannot go below 0.25: a clear paired t-test lead disagrees.
+  three = stats.against_baseline([({0: 0.7, 1: 0.71, 2: 0.72}, {0: 0.6, 1: 0.62, 2: 0.61})])[0]
+  assert three["outcome"] == "better" and three["wilcoxon_holm_p"] == pytest.approx(0.25)
+  assert three["check_disagrees"] and "Wilcoxon p = 0.250 (Holm p = 0.250, disagrees)" in stats.fmt_powered(three)
   # The equivalence bound at the family's first level: the margin at which the one-sided tests'
   # larger p-value (scipy's, on the per-seed differences) reaches alpha / 4.
   for i in range(4):
@@ -165,8 +183,10 @@ def test_verdict_powered_words():
       "holds in part (1 better, 1 equivalent within ±0.02, 1 inconclusive of 3 testable)"
   assert stats.verdict_powered(["inconclusive", "inconclusive"]) == "inconclusive (2 inconclusive of 2 testable)"
   assert stats.verdict_powered(["equivalent", "inconclusive"]) == \
-      "does not hold (1 equivalent within ±0.02, 1 inconclusive of 2 testable)"
+      "not supported (1 equivalent within ±0.02, 1 inconclusive of 2 testable)"
   assert stats.verdict_powered(["worse"]) == "does not hold (1 worse of 1 testable)"
+  assert stats.verdict_powered(["worse", "equivalent"]) == \
+      "does not hold (1 worse, 1 equivalent within ±0.02 of 2 testable)"
   assert stats.verdict_powered(["cannot tell"]) == "cannot tell (1 comparison, none testable)"
 
 

@@ -151,8 +151,8 @@ def get_config(variant: str = "full"):
   s.report.deviations = (
       "Bai et al. name FedAdam as FedAvg's counterpart but tabulate FedAvg-ERM; every client here runs Adam with "
       "plain averaging on the server, so no method has a FedAdam server",
-      "FedADG's discriminator, noise and generator width is 256, the MLP's feature width, where Bai et al. use 1024: "
-      "at 1024 its generator alone costs about 80 times the MLP",
+      "why FedADG's override above: its discriminator, noise and generator widths are the MLP's feature width "
+      "where Bai et al. use 1024, at which its generator alone costs about 80 times the MLP",
       "Fig. 2 (accuracy against the number of clients) is not drawn in this edition: its grids are dropped to keep "
       "20 seeds per table cell within the CPU budget, so remark 4.7 is not read",
       "the C = 100, lambda = 0.1 column is left out for the same reason (lambda = 0.1 stays at C = 20), so "

@@ -91,7 +91,10 @@ def to_markdown(d: dict, dataset: str, digits: int = 3) -> str:
          + " | ".join(_fmt(d["R_FL"][l], digits, " ± ") for l in lams) + " |")
   note = (f"\n\nRatios of mean {d['metric']} over trial seeds at the {d['rule']}-selected round (± the std of "
           f"per-seed ratios); R_DG moves {d['fraction']:.0%} of the test domain into training and tests both runs "
-          "on the rest; R_FL on the in-domain test split.") if d["fraction"] is not None else ""
+          "on the rest; R_FL on the in-domain test split. Its own runs, not the tables' cells: FedAvg at "
+          f"C = {d['C'] or '-'} and centralised ERM at their default hyperparameters, n = "
+          f"{max([d['R_DG']['n']] + [r['n'] for r in d['R_FL'].values()])} seeds a ratio (every λ here is run for "
+          "this table, whatever columns the tables keep).") if d["fraction"] is not None else ""
   return head + "\n|---|---:|---:|---:|---:|" + "---:|" * len(lams) + "\n" + row + note
 
 

@@ -475,6 +475,17 @@ def _at_defaults(sweep, grid: str) -> str:
   return " Each method at its default hyperparameters (no search)."
 
 
+def _own_columns(sweep, grid: str) -> str:
+  """" C=100, λ=0.1 is run for this figure only (no table column)." for a figure grid's
+  (C, lambda) panels that the held-out-domain table does not have."""
+  g, t = sweep.grids.get(grid, {}), sweep.grids.get(collect.report_settings(sweep)["table_grid"], {})
+  if not g or not t or "client_counts" not in g or "client_counts" not in t:
+    return ""
+  extra = [c for c in collect.table_columns(g) if c not in set(collect.table_columns(t))]
+  return (f" {', '.join(map(collect.column_label, extra))} {'is' if len(extra) == 1 else 'are'} run for this figure "
+          f"only (no table column)." if extra else "")
+
+
 def _seeds(sweep, grid: str) -> str:
   g = sweep.grids.get(grid, {})
   seeds = tuple(g.get("seeds", ()))
@@ -495,7 +506,7 @@ def figure_caption(name: str, sweep, metric: str, staged: tuple = ()) -> str:
   if name.startswith("fig3_rounds"):
     return (f"Fig. 3: test {metric} at each run's held-out-selected round against the number of rounds R at a fixed "
             f"total of local epochs (R x E; E annotated), {band}." + _at_defaults(sweep, f.get("rounds_grid", ""))
-            + _seeds(sweep, f.get("rounds_grid", "")))
+            + _own_columns(sweep, f.get("rounds_grid", "")) + _seeds(sweep, f.get("rounds_grid", "")))
   m = re.match(r"fig4_(curves|heldout_val)_C(\d+)", name)
   if m:
     split = "test-domain" if m.group(1) == "curves" else "held-out validation domain"
@@ -853,6 +864,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. "
         f"Comparisons across columns (remark{'s' * (len(across) > 1)} {', '.join(across)}) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
+        "each at its own level, not corrected for the remark's many comparisons (the remark's verdict counts how "
+        "many support it; a single comparison among them may be significant by chance), "
         "each with its detectable difference. 'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ "
         "in the tables are left out of every test.", "", reference.intro(bai), ""]
 
@@ -868,7 +881,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons)",
                     remark_4_2_federated(table, dg_in, baseline, names),
                     reference.remark_4_2_federated(bai) + " " + reference.fish_in_federated_columns(bai))
-    md += section("Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons)",
+    both = sorted({c[0] for c in table.columns if c[1] == 1.0} & {c[0] for c in table.columns if c[1] == 0.1})
+    md += section(f"Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons; at "
+                  f"C = {', '.join(map(str, both)) or '-'}, where both columns were run)",
                   remark_4_2_lambda(table, dg_in, names), reference.remark_4_2_lambda(bai))
   rule, metric, ddof = "heldout_domain", st["metric"], st["ddof"]
   for key, what in (("clients_grid", "at a fixed number of local epochs per round"),

@@ -293,19 +293,25 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
   Returns:
     One dict per pair: {"outcome" ("better" | "worse" | "equivalent" | "inconclusive" |
     "cannot tell"), "test" (the record, or None), "holm_p", "tost_p" (Holm-adjusted over
-    the family's testable comparisons), "mdd" (at alpha / m, m the testable comparisons),
-    "eq_bound" (`equivalence_bound` at alpha / m, the same strictest level), "margin"}.
+    the family's testable comparisons), "wilcoxon_holm_p" (the signed-rank p, Holm-adjusted
+    over the family's paired comparisons; None for a Welch one), "check_disagrees" (the
+    signed-rank test decides otherwise than the t-test at the family's level: a difference
+    resting on a few seeds, or ranks that cannot reach the level with few seeds), "mdd" (at
+    alpha / m, m the testable comparisons), "eq_bound" (`equivalence_bound` at alpha / m,
+    the same strictest level), "margin"}.
   """
   tests = [pair_test(a, b) for a, b in pairs]
   idx = [i for i, t in enumerate(tests) if t is not None]
   m = len(idx)
   adj = dict(zip(idx, holm([tests[i]["p"] for i in idx])))
   adj_eq = dict(zip(idx, holm([tost(tests[i], margin) for i in idx])))
+  paired = [i for i in idx if tests[i]["kind"] == "paired"]
+  adj_w = dict(zip(paired, holm([tests[i]["wilcoxon_p"] for i in paired])))
   out = []
   for i, t in enumerate(tests):
     if t is None:
-      out.append({"outcome": "cannot tell", "test": None, "holm_p": None, "tost_p": None, "mdd": None,
-                  "eq_bound": None, "margin": margin})
+      out.append({"outcome": "cannot tell", "test": None, "holm_p": None, "tost_p": None, "wilcoxon_holm_p": None,
+                  "check_disagrees": False, "mdd": None, "eq_bound": None, "margin": margin})
       continue
     if adj[i] < alpha:
       o = "better" if t["diff"] > 0 else "worse"
@@ -313,7 +319,9 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
       o = "equivalent"
     else:
       o = "inconclusive"
-    out.append({"outcome": o, "test": t, "holm_p": adj[i], "tost_p": adj_eq[i],
+    w = adj_w.get(i)
+    out.append({"outcome": o, "test": t, "holm_p": adj[i], "tost_p": adj_eq[i], "wilcoxon_holm_p": w,
+                "check_disagrees": w is not None and (adj[i] < alpha) != (w < alpha),
                 "mdd": mdd(t["se"], t["df"], alpha / m, power), "eq_bound": equivalence_bound(t, alpha / m),
                 "margin": margin})
   return out
@@ -376,8 +384,9 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
 def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None) -> str:
   """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
   claim predicts. "holds" when every testable comparison supports it, "holds in part" when
-  some do, "does not hold" when none does and at least one decides against it (the other
-  direction, or equivalence within the margin), "inconclusive" when every testable
+  some do, "does not hold" when every testable comparison decides against it (the other
+  direction, or equivalence within the margin), "not supported" when none supports it, some
+  decide against it and the rest are inconclusive, "inconclusive" when every testable
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
   when none is testable. The counts of each outcome follow in brackets, each named by
   `labels` (outcome -> words; default: better, worse, equivalent within +-margin,
@@ -393,6 +402,8 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
     word = "holds in part"
   elif all(o == "inconclusive" for o in testable):
     word = "inconclusive"
+  elif "inconclusive" in testable:
+    word = "not supported"
   else:
     word = "does not hold"
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
@@ -420,8 +431,9 @@ def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
 
 def fmt_powered(c: dict) -> str:
   """A comparison against the baseline in words: "paired diff +0.012 (SE 0.004), p = 0.020,
-  Holm p = 0.210, Wilcoxon p = 0.031, TOST Holm p = 0.400, detectable 0.025, equivalence
-  bound 0.024", or "untestable"."""
+  Holm p = 0.210, Wilcoxon p = 0.031 (Holm p = 0.250), TOST Holm p = 0.400, detectable
+  0.025, equivalence bound 0.024", or "untestable"; "(Holm p = ..., disagrees)" where the
+  signed-rank test decides otherwise than the t-test at the family's level."""
   t = c["test"]
   if t is None:
     return "untestable"
@@ -429,6 +441,8 @@ def fmt_powered(c: dict) -> str:
   text = f"{kind} diff {t['diff']:+.3f} (SE {t['se']:.3f}), {_p(t['p'])}, Holm {_p(c['holm_p'])}"
   if t["kind"] == "paired":
     text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
+    if c.get("wilcoxon_holm_p") is not None:
+      text += f" (Holm {_p(c['wilcoxon_holm_p'])}" + (", disagrees)" if c.get("check_disagrees") else ")")
   text += f", TOST Holm {_p(c['tost_p'])}"
   text += f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -"
   if "eq_bound" in c:
