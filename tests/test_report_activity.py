@@ -147,6 +147,12 @@ def test_the_in_domain_table_takes_its_trial_from_in_domain_validation(tmp_path)
   st = collect.report_settings(s)
   assert any("in-domain validation chose (grid `table_in`, 2 seeds per cell; no remark reads it)" in l
              for l in report.deviations(data, st))
+  # Each table's winners are listed: every in-domain cell ran at trial 2, every held-out one at 1.
+  n_cells = len({(e.axes["method"], e.axes["num_clients"], e.axes["lam"]) for e in sweep_lib.grid_entries(exp2, "table")})
+  assert report.other_winners(data, "table", "table_in") == (n_cells, n_cells)
+  assert report.other_winners(data, "table", "table") == (0, n_cells)
+  rows = report.selected_hyperparameters(data, "table_in", {}).splitlines()[2:]
+  assert len(rows) == n_cells and all(r.split(" | ")[2] == "2" for r in rows)
 
 
 def test_fig4_draws_no_line_for_a_marked_cell(tmp_path):

@@ -400,6 +400,28 @@ def _value(v) -> str:
   return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+def _winners(data, grid: str) -> tuple[dict, dict]:
+  """({(method, C, lam, test domains): (trial, overrides)}, {same key: [runs]}) of a grid
+  whose seeds run at the trial its search selected (winners are chosen per fold)."""
+  cells, runs = {}, collections.defaultdict(list)
+  for e in sweep_lib.grid_entries(data.exp, grid):
+    a = e.axes
+    lam = None if a["lam"] is None else float(a["lam"])
+    k = (a["method"], a["num_clients"], lam, tuple(a["test_domains"]))
+    cells.setdefault(k, (a["trial"], a["overrides"]))
+    if e.key in data.results:
+      runs[k].append(data.results[e.key])
+  return cells, runs
+
+
+def other_winners(data, grid: str, other: str) -> tuple[int, int]:
+  """(k, n): of the n cells both grids hold, k run at another trial in `other` (the in-domain
+  table's winners against the held-out-domain table's)."""
+  a, b = _winners(data, grid)[0], _winners(data, other)[0]
+  both = set(a) & set(b)
+  return sum(a[k][0] != b[k][0] for k in both), len(both)
+
+
 def selected_hyperparameters(data, grid: str, names: dict) -> str:
   """Bai et al.'s Table 7 counterpart: for each cell of a `select_from` grid, the search
   trial its seeds ran at and that trial's values (the method's defaults for trial 0),
@@ -409,14 +431,7 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
   sweep, exp = data.sweep, data.exp
   if not sweep.grids.get(grid, {}).get("select_from", ""):
     return ""
-  cells, runs = {}, collections.defaultdict(list)
-  for e in sweep_lib.grid_entries(exp, grid):  # winners are chosen per fold
-    a = e.axes
-    lam = None if a["lam"] is None else float(a["lam"])
-    k = (a["method"], a["num_clients"], lam, tuple(a["test_domains"]))
-    cells.setdefault(k, (a["trial"], a["overrides"]))
-    if e.key in data.results:
-      runs[k].append(data.results[e.key])
+  cells, runs = _winners(data, grid)
   folds = len({k[3] for k in cells}) > 1
   order = {m: i for i, m in enumerate(dict.fromkeys(k[0] for k in cells))}
   rows = ["| method | column |" + (" test domains |" if folds else "") + " trial | values |",
@@ -692,11 +707,15 @@ def local_steps_per_round(data, grid: str) -> dict:
   return out
 
 
-def selection_variance(data, src: str, rule: str, metric: str) -> list[str]:
+def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None) -> list[str]:
   """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
-  it alone would select in each cell; how often that winner differs between seeds, and by
-  how much the search runs' own test score differs between the winners (mean over the
-  search's seeds), per column. [] when it ran one seed (or `src` is not a grid)."""
+  it alone would select in each cell (among the trials it finished: a trial whose run did
+  not finish at that seed, e.g. diverged, cannot win there, as in `sweep.select_winners`);
+  per column, how often that winner differs between seeds and by how much the search runs'
+  own test score differs between the winners (each winner's mean over the seeds that hold
+  it), and the cells where it changed: method, each seed's trial and its test score. []
+  when it ran one seed (or `src` is not a grid)."""
+  names = names or {}
   if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
     return []
   cells = collections.defaultdict(lambda: collections.defaultdict(dict))  # cell -> trial -> seed -> (val, test)
@@ -708,25 +727,26 @@ def selection_variance(data, src: str, rule: str, metric: str) -> list[str]:
     a = e.axes
     cells[(a["method"], a["num_clients"], None if a["lam"] is None else float(a["lam"]))][a["trial"]][a["seed"]] = (
         sc["val"], sc["test"])
-  per_col = collections.defaultdict(lambda: [0, 0, []])
-  for (m, C, lam), trials in cells.items():
+  per_col = collections.defaultdict(lambda: [0, 0, [], []])
+  for (m, C, lam), trials in sorted(cells.items(), key=lambda kv: str(kv[0])):
     seeds = sorted({s for t in trials.values() for s in t})
-    full = {t: v for t, v in trials.items() if set(v) == set(seeds)}
-    if len(seeds) < 2 or not full:
+    if len(seeds) < 2:
       continue
-    winners = {s: max(sorted(full), key=lambda t: full[t][s][0]) for s in seeds}
+    winners = {s: max(sorted(t for t in trials if s in trials[t]), key=lambda t: trials[t][s][0]) for s in seeds}
     col = per_col[(C, lam)]
     col[1] += 1
     if len(set(winners.values())) > 1:
       col[0] += 1
-      tests = [float(np.mean([full[w][s][1] for s in seeds])) for w in set(winners.values())]
-      col[2].append(max(tests) - min(tests))
+      test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
+      col[2].append(max(test.values()) - min(test.values()))
+      col[3].append(f"{names.get(m, m)} " + " vs ".join(f"trial {winners[s]} (seed {s}, test {test[winners[s]]:.3f})"
+                                                      for s in seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
-    k, n, gaps = per_col[col]
+    k, n, gaps, which = per_col[col]
     lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
                  + (f"; the search runs' test {metric} at the two winners differs by {float(np.median(gaps)):.3f} "
-                    f"(median; largest {max(gaps):.3f})" if gaps else ""))
+                    f"(median; largest {max(gaps):.3f}): " + "; ".join(which) if gaps else ""))
   return lines
 
 
@@ -781,13 +801,14 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   if "difficulty" in texts:
     md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
   sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
-  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"]) if table is not None else []
+  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"], names) if table is not None else []
   if sv:
     md += ["## Selection variance", "", f"Grid `{sel_grid}` runs the search's trials at "
            f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds in {_columns_text(sweep.grids[sel_grid])} (the other "
            "columns' winners come from one search seed); each seed alone would select the trial with its best "
-           "held-out validation score. Where the winners differ, the cell would read differently under the other "
-           "winner by about the difference given (the search runs' own test scores, mean over the seeds).", ""]
+           "held-out validation score among the trials it finished. Where the winners differ, the cell would read "
+           "differently under the other winner by about the difference given (the search runs' own test scores, "
+           "each winner's mean over the seeds that finished it), and the cells are named.", ""]
     md += [f"- {l}" for l in sv] + [""]
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
@@ -798,6 +819,15 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            f"[hyperparameters.md](hyperparameters.md) ({hp.count(chr(10)) - 1} cells; trial 0 is the method's "
            "defaults; \"no effect\" marks values whose runs equal the baseline by construction or whose method's "
            "term could not act).", ""]
+    ind = st["in_domain_grid"]
+    hp_in = selected_hyperparameters(data, ind, names) if ind and ind in sweep.grids else ""
+    if hp_in:
+      with open(os.path.join(out_dir, "hyperparameters_in_domain.md"), "w") as fh:
+        fh.write(hp_in + "\n")
+      k, n = other_winners(data, st["table_grid"], ind)
+      md[-2] += (f" The in-domain table's cells ran at the trial with the best in-domain validation score: "
+                 f"[hyperparameters_in_domain.md](hyperparameters_in_domain.md) ({k} of {n} cells at another trial "
+                 "than the held-out-domain table's).")
   rt = round_times(data, st["table_grid"]) if st["table_grid"] in sweep.grids else ""
   if rt:
     backends = ", ".join(tm["backends"]) or "-"
