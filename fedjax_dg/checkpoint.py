@@ -160,12 +160,15 @@ def _closed_loop_noise(exc_type, exc, tb) -> bool:
 
 class _DropOrbaxUnretrieved(logging.Filter):
   """Drops asyncio's "exception was never retrieved" record for a future whose exception was
-  raised in orbax (a failed write of a background save, collected when the process ends)."""
+  raised in orbax (a failed write of a background save, collected when the process ends):
+  raised in an orbax module, or by TensorStore's writer with no Python frame, naming the
+  save's temporary directory (`*.orbax-checkpoint-tmp*`)."""
 
   def filter(self, record):
     exc = record.exc_info[1] if record.exc_info else None
     tb = exc.__traceback__ if exc is not None else None
     in_orbax = tb is not None and any(f"{os.sep}orbax{os.sep}" in f.filename for f in traceback.extract_tb(tb))
+    in_orbax = in_orbax or (exc is not None and ".orbax-checkpoint-tmp" in str(exc))
     return not (in_orbax and "exception was never retrieved" in record.getMessage())
 
 

@@ -19,11 +19,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sweeps", "tiny.py")
 
 
+LAMS = "(1.0,)"  # tiny.py's lambda = 1 column only: 4 jobs in 2 batch programs, as `cli` runs them
+
+
 def tiny(root, bad_job: bool = True):
-  """configs/sweeps/tiny.py (2 methods x 2 lambdas x 2 seeds, 8 jobs) plus, with `bad_job`, a
+  """configs/sweeps/tiny.py at lambda = 1 (2 methods x 2 seeds, 4 jobs) plus, with `bad_job`, a
   grid whose one job has an invalid lambda (the runner's validation raises)."""
   s = sweep_lib.load_config_file(TINY)
   s.root = str(root)
+  s.grids.table.lams = (1.0,)
   s.base.num_rounds = 5  # a wider window to catch a job between its first checkpoint and its end
   if bad_job:
     s.grids.bad = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.5,), "seeds": (0,)}
@@ -44,23 +48,24 @@ def finished_checkpoint(workdir) -> bool:
 
 
 def cli(root, cache, *args, **kw):
-  """`python -m fedjax_dg.bench ... --sweep configs/sweeps/tiny.py` with 5 rounds, in `root`."""
+  """`python -m fedjax_dg.bench ... --sweep configs/sweeps/tiny.py` with 5 rounds at lambda = 1, in `root`."""
   env = dict(os.environ, PYTHONPATH=helpers.pythonpath(ROOT), JAX_PLATFORMS="cpu")
   return subprocess.Popen([sys.executable, "-m", "fedjax_dg.bench", *args, f"--sweep={TINY}",
-                           f"--sweep.root={root}", "--sweep.base.num_rounds=5",
+                           f"--sweep.root={root}", "--sweep.base.num_rounds=5", f"--sweep.grids.table.lams={LAMS}",
                            f"--sweep.launch.compilation_cache_dir={cache}"], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def test_killed_sweep_resumes_to_the_uninterrupted_tables_and_failures_are_recorded(tmp_path, jax_cache):
   root, ref_root, cache = tmp_path / "sweep", tmp_path / "reference", jax_cache
-  # The CLI launcher runs tiny.py's 8 jobs in its own process group and is killed with SIGKILL
-  # as soon as some job has a finished checkpoint but no summary.
+  # The CLI launcher runs tiny.py's 4 jobs at lambda = 1 in its own process group and is killed
+  # with SIGKILL as soon as some job has a finished checkpoint but no summary.
   proc = cli(root, cache, "run", start_new_session=True)
-  exp8 = sweep_lib.expand(tiny(root, bad_job=False))
+  exp4 = sweep_lib.expand(tiny(root, bad_job=False))
+  assert len(exp4.jobs) == 4
   caught, deadline = None, time.time() + 300
   while caught is None and proc.poll() is None and time.time() < deadline:
-    for key, job in exp8.jobs.items():
+    for key, job in exp4.jobs.items():
       if finished_checkpoint(job.workdir) and not os.path.exists(os.path.join(job.workdir, "summary.json")):
         caught = key
         os.killpg(proc.pid, signal.SIGKILL)
@@ -69,24 +74,24 @@ def test_killed_sweep_resumes_to_the_uninterrupted_tables_and_failures_are_recor
   proc.wait()
   assert caught is not None, "the sweep ended before a job could be interrupted:\n" + proc.stdout.read()
   t0 = time.time()  # the killed worker is gone once init reaps it
-  while launch.lock_is_live(launch.read_lock(exp8.jobs[caught].workdir)) and time.time() < t0 + 30:
+  while launch.lock_is_live(launch.read_lock(exp4.jobs[caught].workdir)) and time.time() < t0 + 30:
     time.sleep(0.05)
-  before = {k: launch.job_state(j.workdir) for k, j in exp8.jobs.items()}
-  assert before[caught] == "interrupted" and launch.read_lock(exp8.jobs[caught].workdir)  # a dead process's lock
+  before = {k: launch.job_state(j.workdir) for k, j in exp4.jobs.items()}
+  assert before[caught] == "interrupted" and launch.read_lock(exp4.jobs[caught].workdir)  # a dead process's lock
   done_before = {k for k, st in before.items() if st == "done"}
-  mtimes = {k: os.stat(os.path.join(exp8.jobs[k].workdir, "summary.json")).st_mtime_ns for k in done_before}
+  mtimes = {k: os.stat(os.path.join(exp4.jobs[k].workdir, "summary.json")).st_mtime_ns for k in done_before}
 
   # Restarted with one more grid whose job raises (an invalid lambda): it fails, the rest run.
   s = tiny(root)
   exp = sweep_lib.expand(s)
-  assert len(exp.jobs) == 9 and set(exp8.jobs) < set(exp.jobs)
+  assert len(exp.jobs) == 5 and set(exp4.jobs) < set(exp.jobs)
   bad = next(e.key for e in exp.entries if e.grid == "bad")
   counts = launch.run_local(exp, workers=1, cache_dir=cache, quiet=True)
-  assert counts["failed"] == 1 and counts["done"] == 8 - len(done_before)
+  assert counts["failed"] == 1 and counts["done"] == 4 - len(done_before)
   rows = {r["key"]: r for r in launch.status(exp)}
   assert rows[bad]["state"] == "failed" and "partition.lam must lie in [0, 1], got 1.5" in rows[bad]["error"]
   assert "ConfigError" in open(os.path.join(exp.jobs[bad].workdir, "error.txt")).read()
-  for key, job in exp8.jobs.items():
+  for key, job in exp4.jobs.items():
     assert rows[key]["state"] == "done"
     assert [e["event"] for e in launch.read_events(job.workdir)].count("done") == 1  # done once
     assert [r["round"] for r in collect.read_records(job.workdir)] == [1, 2, 3, 4, 5]  # every evaluation once
@@ -101,7 +106,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_tables_and_failures_are_recor
   ref = tiny(ref_root, bad_job=False)
   ref.base.checkpoint_every = 0  # result-neutral: the same job, without checkpoint writes
   ref_exp = sweep_lib.expand(ref)
-  assert list(ref_exp.jobs) == list(exp8.jobs)  # the key depends on neither the root nor checkpoint_every
+  assert list(ref_exp.jobs) == list(exp4.jobs)  # the key depends on neither the root nor checkpoint_every
   ref_exp = dataclasses.replace(ref_exp, jobs={caught: ref_exp.jobs[caught]},
                                 entries=[e for e in ref_exp.entries if e.key == caught])
   assert launch.run_local(ref_exp, workers=1, cache_dir=cache, quiet=True)["done"] == 1
@@ -109,9 +114,9 @@ def test_killed_sweep_resumes_to_the_uninterrupted_tables_and_failures_are_recor
   tables = collect.collect(s, str(tmp_path / "tables"), exp)
   assert len(tables) == 3 and "X" not in tables["table_heldout_domain"]
 
-  # The status view of the 8-job sweep (the CLI prints this text: test_configs_packaged.py).
-  out = launch.status_text(launch.status(exp8))
-  assert "8 done, 0 running, 0 failed, 0 interrupted, 0 pending (of 8 jobs)" in out, out
+  # The status view of the 4-job sweep (the CLI prints this text: test_configs_packaged.py).
+  out = launch.status_text(launch.status(exp4))
+  assert "4 done, 0 running, 0 failed, 0 interrupted, 0 pending (of 4 jobs)" in out, out
 
 
 # In the slow suite: by default test_bench_batched.py's test_submitit_submits_one_job_per_batch

@@ -451,6 +451,11 @@ def test_an_unretrieved_orbax_write_failure_is_not_logged_and_other_failures_are
 
   def elsewhere():
     raise ZeroDivisionError("not orbax")
+
+  def tensorstore():  # TensorStore's writer fails in C++: no orbax frame, the save's temporary directory named
+    raise ValueError('OUT_OF_RANGE: Error writing "state.hparams.server.lr/0" in OCDBT database at local file '
+                     '"/w/checkpoints/2.orbax-checkpoint-tmp/default.orbax-checkpoint-tmp/ocdbt.process_0/": '
+                     'Failed to write 617 bytes to file 4: File too large')
   seen = []
   handler = logging.Handler()
   handler.emit = seen.append
@@ -459,7 +464,7 @@ def test_an_unretrieved_orbax_write_failure_is_not_logged_and_other_failures_are
   log.addFilter(drop)
   loop = asyncio.new_event_loop()
   try:
-    for fn in (orbax_ns["write"], elsewhere):
+    for fn in (orbax_ns["write"], elsewhere, tensorstore):
       fut = loop.create_future()
       try:
         fn()

@@ -5,6 +5,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import fedjax_dg
 import helpers
 
@@ -22,6 +24,10 @@ print("\n".join(failed))
 """
 
 
+# In the slow suite: by default test_import_graph.py's test_the_package_has_no_import_cycle
+# finds cycles statically (lazy imports included); this one also catches an import-order
+# failure through a package's __init__ and an import-time error in a module no test imports.
+@pytest.mark.slow
 def test_every_module_imports_first():
   names = sorted(m.name for m in pkgutil.walk_packages(fedjax_dg.__path__, "fedjax_dg.")
                  if not m.name.endswith("__main__"))
