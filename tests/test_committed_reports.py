@@ -608,3 +608,11 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
       checked += 1
     assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, verdict)
   assert checked
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_unfilled_placeholder_in_a_report(folder):
+  """A string the reader meant as an f-string and wrote as a plain one prints its
+  placeholder ("Holm p < {stats.ALPHA:g}"): no `{name}` or `{name:spec}` in REPORT.md."""
+  text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
+  assert not re.findall(r"\{[A-Za-z_][\w.]*(?::[^}]*)?\}", text)

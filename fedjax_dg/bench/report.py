@@ -883,7 +883,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "and with fewer than two in common Welch's test is used. The comparisons a claim rests on are one "
         f"family, Holm-adjusted at {stats.ALPHA:g}: for remark 4.1 a column's methods, for a method paper's claim "
         "that method's columns, so one comparison can be decided in a claim (few comparisons) and not in its "
-        "column (many). Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
+        f"column (many). Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
         f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted: a difference that small is below the "
         "spread of one method across learning-rate draws), or 'inconclusive' (the data allow a difference larger than "
         f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
@@ -912,8 +912,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                     remark_4_2_federated(table, dg_in, baseline, names),
                     reference.remark_4_2_federated(bai) + " " + reference.fish_in_federated_columns(bai))
     both = sorted({c[0] for c in table.columns if c[1] == 1.0} & {c[0] for c in table.columns if c[1] == 0.1})
-    md += section(f"Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons; at "
-                  f"C = {', '.join(map(str, both)) or '-'}, where both columns were run)",
+    where = f"at C = {', '.join(map(str, both))}, where both columns were run" if both else "no C has both columns"
+    md += section(f"Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons; {where})",
                   remark_4_2_lambda(table, dg_in, names), reference.remark_4_2_lambda(bai))
   rule, metric, ddof = "heldout_domain", st["metric"], st["ddof"]
   for key, what in (("clients_grid", "at a fixed number of local epochs per round"),
