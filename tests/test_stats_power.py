@@ -122,6 +122,15 @@ def test_tost_against_one_sided_scipy_tests_and_its_size_by_simulation():
   assert stats.tost({"diff": 0.03, "se": 0.0, "df": 2}, 0.02) == 1.0
 
 
+def _holm_by_hand(ps) -> dict:
+  """Holm (1979): the k-th smallest of m p-values times (m - k), a running maximum, at most 1."""
+  running, out = 0.0, {}
+  for k, i in enumerate(np.argsort(ps)):
+    running = max(running, min(1.0, (len(ps) - k) * ps[i]))
+    out[int(i)] = running
+  return out
+
+
 def test_against_baseline_four_outcomes_holm_within_the_family():
   base = {s: 0.60 + 0.01 * s for s in range(8)}
   noise = [0.003, -0.002, 0.001, -0.001, 0.002, -0.003, 0.0, 0.001]
@@ -134,11 +143,7 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
   assert [r["outcome"] for r in res] == ["better", "worse", "equivalent", "inconclusive", "cannot tell"]
   ps = [sp.ttest_rel([c[s] for s in range(8)], [base[s] for s in range(8)]).pvalue
         for c in (better, worse, same, vague)]
-  order = np.argsort(ps)
-  running, holm = 0.0, {}
-  for k, i in enumerate(order):
-    running = max(running, min(1.0, (4 - k) * ps[i]))
-    holm[i] = running
+  holm = _holm_by_hand(ps)
   for i in range(4):
     assert res[i]["holm_p"] == pytest.approx(holm[i], rel=1e-9)
     sd = np.std([list(c.values()) for c in (better, worse, same, vague)][i] - np.array(list(base.values())), ddof=1)
@@ -149,11 +154,7 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
   # 0.05, so "better" and "worse" agree; "vague" (signs alternate) is not significant by either.
   wps = [sp.wilcoxon(np.subtract([list(c.values()) for c in (better, worse, same, vague)][i],
                                  list(base.values()))).pvalue for i in range(4)]
-  order = np.argsort(wps)
-  running, wholm = 0.0, {}
-  for k, i in enumerate(order):
-    running = max(running, min(1.0, (4 - k) * wps[i]))
-    wholm[i] = running
+  wholm = _holm_by_hand(wps)
   for i in range(4):
     assert res[i]["wilcoxon_holm_p"] == pytest.approx(wholm[i], rel=1e-9)
     assert res[i]["check_disagrees"] == ((holm[i] < 0.05) != (wholm[i] < 0.05))
