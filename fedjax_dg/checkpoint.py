@@ -161,8 +161,8 @@ def _closed_loop_noise(exc_type, exc, tb) -> bool:
 class _DropOrbaxUnretrieved(logging.Filter):
   """Drops asyncio's "exception was never retrieved" record for a future whose exception was
   raised in orbax (a failed write of a background save, collected when the process ends):
-  raised in an orbax module, or by TensorStore's writer with no Python frame, naming the
-  save's temporary directory (`*.orbax-checkpoint-tmp*`)."""
+  one raised in an orbax module, or one whose message names a save's temporary directory
+  (`*.orbax-checkpoint-tmp*`, as TensorStore's writer raises them with no orbax frame)."""
 
   def filter(self, record):
     exc = record.exc_info[1] if record.exc_info else None

@@ -184,7 +184,10 @@ def test_r_dg_and_r_fl_equal_their_definitions(tmp_path):
   assert d["C"] == 4 and d["D"] == 4 and d["n"] == 60 + 4 * 10
   md = difficulty.to_markdown(d, "rotated_digits", 3)
   assert f"| {d['R_DG']['value']:.3f} ± {d['R_DG']['std']:.3f} |" in md and "R_FL(λ=0)" in md
-  assert "FedAvg at C = 4 and centralised ERM at their default hyperparameters, n = 2 seeds a ratio" in md
+  assert "FedAvg at C = 4 and centralised ERM at their default hyperparameters, 2 (seed, fold) pairs a ratio" in md
+  # Ratios resting on different numbers of pairs (a run that did not finish) print the range.
+  d["R_FL"]["0"]["n"] = 1
+  assert "1-2 (seed, fold) pairs a ratio" in difficulty.to_markdown(d, "rotated_digits", 3)
 
 
 def test_figure_csvs_hold_the_plotted_numbers(tmp_path):

@@ -245,7 +245,7 @@ def welch_se_df(a, b):
 
 def baseline_test(a: dict, b: dict, margin=MARGIN):
   """{seed: score} a against the baseline b: (kind, diff, se, df, p, wilcoxon p or None,
-  TOST p), paired (SciPy's ttest_rel, wilcoxon, one-sided one-sample tests of the shifted
+  TOST p, nonzero paired differences or None), paired (SciPy's ttest_rel, wilcoxon, one-sided one-sample tests of the shifted
   differences) on the seeds both hold where there are two or more ("paired on n common seeds,
   k unpaired left out" where the seeds differ), else Welch (ttest_ind, and one-sided Welch
   tests of the shifted cell)."""
@@ -259,20 +259,21 @@ def baseline_test(a: dict, b: dict, margin=MARGIN):
     wp = 1.0 if not np.any(d != 0) else float(stats.wilcoxon(d).pvalue)
     if statistics.variance(list(d)) == 0 or np.std(d, ddof=1) == 0:
       return (kind, diff, 0.0, len(d) - 1, 1.0 if diff == 0 else 0.0, wp,
-              0.0 if abs(diff) < margin else 1.0)
+              0.0 if abs(diff) < margin else 1.0, int(np.count_nonzero(d)))
     p = float(stats.ttest_rel(x, y).pvalue)
     tost = max(stats.ttest_1samp(d + margin, 0.0, alternative="greater").pvalue,
                stats.ttest_1samp(d - margin, 0.0, alternative="less").pvalue)
-    return kind, diff, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, p, wp, float(tost)
+    return (kind, diff, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, p, wp, float(tost),
+            int(np.count_nonzero(d)))
   x, y = list(a.values()), list(b.values())
   se, df = welch_se_df(x, y)
   diff = statistics.mean(x) - statistics.mean(y)
   if se == 0:
-    return "welch", diff, 0.0, df, 1.0 if diff == 0 else 0.0, None, 0.0 if abs(diff) < margin else 1.0
+    return "welch", diff, 0.0, df, 1.0 if diff == 0 else 0.0, None, 0.0 if abs(diff) < margin else 1.0, None
   p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
   tost = max(stats.ttest_ind(np.add(x, margin), y, equal_var=False, alternative="greater").pvalue,
              stats.ttest_ind(np.subtract(x, margin), y, equal_var=False, alternative="less").pvalue)
-  return "welch", diff, se, df, p, None, float(tost)
+  return "welch", diff, se, df, p, None, float(tost), None
 
 
 def family_by_hand(pairs, margin=MARGIN):
@@ -283,19 +284,22 @@ def family_by_hand(pairs, margin=MARGIN):
   tests = {i: baseline_test(a, b, margin) for i, (a, b) in enumerate(pairs) if len(a) > 1 and len(b) > 1}
   adj = holm_by_hand({i: t[4] for i, t in tests.items()})
   adj_eq = holm_by_hand({i: t[6] for i, t in tests.items()})
-  adj_w = holm_by_hand({i: t[5] for i, t in tests.items() if t[0].startswith("paired")})
+  # The signed-rank check over the same m comparisons, a Welch one counted with p = 1.
+  adj_w = holm_by_hand({i: t[5] if t[0].startswith("paired") else 1.0 for i, t in tests.items()})
   out = []
   for i in range(len(pairs)):
     if i not in tests:
       out.append(("cannot tell", "untestable", None, None))
       continue
-    kind, diff, se, df, p, wp, _ = tests[i]
+    kind, diff, se, df, p, wp, _, nonzero = tests[i]
     o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
     mdd = mdd_by_hand(se, df, 0.05 / len(tests))
     text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
     if kind.startswith("paired"):
+      unreachable = 2.0 / 2 ** nonzero >= 0.05 / len(tests)  # its smallest exact p above the first level
       text += (f", Wilcoxon {p_text(wp)} (Holm {p_text(adj_w[i])}"
-               + (", disagrees)" if (adj[i] < 0.05) != (adj_w[i] < 0.05) else ")"))
+               + (f", cannot reach the level with {df + 1} seeds)" if unreachable
+                  else ", disagrees)" if (adj[i] < 0.05) != (adj_w[i] < 0.05) else ")"))
     bound = equivalence_bound_by_hand(diff, se, df, 0.05 / len(tests))
     text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}, equivalence bound {bound:.3f}"
     out.append((o, text, mdd, bound - abs(diff)))
@@ -315,14 +319,15 @@ def equivalence_bound_by_hand(diff, se, df, alpha):
   return hi
 
 
-def verdict_powered(outcomes, supports="better", labels=None):
-  """The claim's verdict and counts, as the report's reading words them."""
+def verdict_powered(outcomes, supports="better", labels=None, refuted_by=None):
+  """The claim's verdict and counts, as the report's reading words them (`refuted_by`: an
+  outcome that alone refutes a claim about every comparison)."""
   testable = [o for o in outcomes if o != "cannot tell"]
   untestable = len(outcomes) - len(testable)
   if not testable:
     return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
   k = sum(o == supports for o in testable)
-  word = ("holds" if k == len(testable) else "holds in part" if k else
+  word = ("does not hold" if refuted_by in testable else "holds" if k == len(testable) else "holds in part" if k else
           "inconclusive" if all(o == "inconclusive" for o in testable) else
           "not supported" if "inconclusive" in testable else "does not hold")
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{MARGIN:g}",
@@ -433,7 +438,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         columns.append("against" if by["better"] else "cannot tell" if untested_above or not testable
                        else "inconclusive" if by["inconclusive"] else "supports")
         checked += 1
-      assert verdict == verdict_powered(columns, "supports", COLUMN_LABELS), (folder, verdict)
+      assert verdict == verdict_powered(columns, "supports", COLUMN_LABELS, refuted_by="against"), (folder, verdict)
     elif " beats " in title:
       method = title.split(" (", 1)[0]
       rows = []

@@ -363,7 +363,7 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   # lambda = 0.1 and 0 no method is above it, but IRM (C = 1, lambda = 0) or FedIIR (0.1) is
   # neither better nor within the margin: those columns are inconclusive.
   assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; paired by " \
-         "seed, Holm over each column's methods): not supported (1 columns with a method above it, 3 columns with " \
+         "seed, Holm over each column's methods): does not hold (1 columns with a method above it, 3 columns with " \
          "none above it but some undecided of 4 testable).**" in reading
   # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs
   # (.40,.41,.42) (different columns: different partitions, no pairing), with the difference
@@ -386,7 +386,8 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   assert "FedIIR beats FedAvg-ERM: holds in part (1 better, 1 equivalent within ±0.02, 1 inconclusive of 3 " \
          "testable).**" in reading
   assert "C=4, λ=0: FedIIR 0.420 ± 0.020 (n=3) vs FedAvg-ERM 0.420 ± 0.020 (n=3): equivalent within ±0.02 (paired " \
-         "diff +0.000 (SE 0.000), p = 1.000, Holm p = 1.000, Wilcoxon p = 1.000 (Holm p = 1.000), TOST Holm p < 0.001, " \
+         "diff +0.000 (SE 0.000), p = 1.000, Holm p = 1.000, Wilcoxon p = 1.000 (Holm p = 1.000, cannot reach the " \
+         "level with 3 seeds), TOST Holm p < 0.001, " \
          "detectable " \
          "0.000, equivalence bound 0.000)" in reading
   assert "selected rounds: 0 of 33 runs" in md
@@ -817,8 +818,8 @@ def test_remark_4_1_holds_a_column_to_a_family_wise_level(tmp_path):
   assert p1 < 0.05
   assert (f"significantly above it: FedIIR 0.710 ± 0.010 (n=3) (paired diff +0.100 (SE 0.006), p = {p1:.3f}, "
           f"Holm p = {p1:.3f}, Wilcoxon p = 0.250 (Holm p = ") in line
-  assert "disagrees)" in line.split("significantly above it: FedIIR")[1].split("TOST")[0]  # 3 seeds: ranks reach 0.25
-  assert v.startswith("not supported (1 columns with a method above it")
+  assert "cannot reach the level with 3 seeds)" in line.split("significantly above it: FedIIR")[1].split("TOST")[0]
+  assert v.startswith("does not hold (1 columns with a method above it")
 
 
 def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_path):

@@ -136,11 +136,13 @@ def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path)
   data = results_lib.from_runs(s, exp)
   lines = report.selection_variance(data, "table", "heldout_domain", "accuracy", {"fedavg": "FedAvg-ERM"})
   assert lines == ["C=4, λ=1: the winner changes between search seeds in 1 of 1 cells; the search runs' test "
-                   "accuracy at the two winners differs by 0.150 (median; largest 0.150): FedAvg-ERM trial 1 (seed 0, "
-                   "test 0.450) vs trial 2 (seed 100, test 0.600)",
+                   "accuracy at the two winners differs by 0.150 (median; largest 0.150): FedAvg-ERM: seed 0 picks "
+                   "trial 1 (mean test 0.450 over its 2 search runs), seed 100 picks trial 2 (mean test 0.600 over its "
+                   "2 search runs)",
                    "C=4, λ=0: the winner changes between search seeds in 1 of 1 cells; the search runs' test "
-                   "accuracy at the two winners differs by 0.060 (median; largest 0.060): FedAvg-ERM trial 0 (seed 0, "
-                   "test 0.300) vs trial 2 (seed 100, test 0.360)"]
+                   "accuracy at the two winners differs by 0.060 (median; largest 0.060): FedAvg-ERM: seed 0 picks "
+                   "trial 0 (mean test 0.300 over its 1 search run), seed 100 picks trial 2 (mean test 0.360 over its "
+                   "2 search runs)"]
   s1 = sweep_config(tmp_path / "one", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,))
   assert report.selection_variance(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
                                    "accuracy") == []

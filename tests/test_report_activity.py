@@ -150,7 +150,6 @@ def test_the_in_domain_table_takes_its_trial_from_in_domain_validation(tmp_path)
   # Each table's winners are listed: every in-domain cell ran at trial 2, every held-out one at 1.
   n_cells = len({(e.axes["method"], e.axes["num_clients"], e.axes["lam"]) for e in sweep_lib.grid_entries(exp2, "table")})
   assert report.other_winners(data, "table", "table_in") == (n_cells, n_cells)
-  assert report.other_winners(data, "table", "table") == (0, n_cells)
   rows = report.selected_hyperparameters(data, "table_in", {}).splitlines()[2:]
   assert len(rows) == n_cells and all(r.split(" | ")[2] == "2" for r in rows)
 
@@ -172,7 +171,7 @@ def test_fig4_draws_no_line_for_a_marked_cell(tmp_path):
   assert before - after == {(0.0, "irm")} and (1.0, "irm") in after and (0.0, "fediir") in after
 
 
-def test_fig4_draws_a_staged_method_at_its_final_stage_by_local_steps(tmp_path):
+def test_fig4_draws_a_staged_method_at_its_final_stage_by_local_steps(tmp_path, monkeypatch):
   """A method selected within its final stage (FedLOE) is drawn at that stage's evaluations
   only, placed at the local steps taken in rounds of K steps: its first stage (3 rounds of
   5 steps) is not drawn, its 4 final-stage rounds share the rest of the 10 x K budget
@@ -206,9 +205,19 @@ def test_fig4_draws_a_staged_method_at_its_final_stage_by_local_steps(tmp_path):
   assert [r["mean"] for r in staged] == pytest.approx([0.405, 0.455, 0.505, 0.555])
   plain = [r for r in rows if r["method"] == "fedavg"]
   assert [r["round"] for r in plain] == list(range(1, 11)) and not any(r["staged"] for r in plain)
+  drawn = []  # what each line is drawn with: its label, x values and marker
+  real_line = figures._line  # pylint: disable=protected-access
+
+  def line(ax, xs, ys, sds, label, st, band=True):
+    drawn.append((label, list(xs), st["marker"]))
+    real_line(ax, xs, ys, sds, label, st, band)
+  monkeypatch.setattr(figures, "_line", line)
   figures.plot_curves(rows, str(tmp_path / "fig4.png"), "accuracy", 4, "test", [("all", ["fedavg", "fediir"])],
-                      {}, {}, "fedavg")
+                      {"fediir": "FedIIR"}, {}, "fedavg")
   assert (tmp_path / "fig4.png").stat().st_size > 0
+  by_label = {label: (xs, marker) for label, xs, marker in drawn}
+  assert by_label["FedIIR (final stage)"][0] == pytest.approx([(15 + j * per) / K for j in (1, 2, 3, 4)])
+  assert by_label["FedIIR (final stage)"][1] is not None and by_label["fedavg"][1] is None
   cap = report.figure_caption("fig4_curves_C4.png", s, "accuracy", ("FedIIR",))
   assert "FedIIR trains in stages: drawn at the final stage's evaluations only" in cap
   assert "in stages" not in report.figure_caption("fig4_curves_C4.png", s, "accuracy")

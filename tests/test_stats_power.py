@@ -159,10 +159,22 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
     assert res[i]["wilcoxon_holm_p"] == pytest.approx(wholm[i], rel=1e-9)
     assert res[i]["check_disagrees"] == ((holm[i] < 0.05) != (wholm[i] < 0.05))
   assert not res[0]["check_disagrees"] and not res[3]["check_disagrees"] and res[4]["wilcoxon_holm_p"] is None
-  # With 3 seeds the signed-rank test cannot go below 0.25: a clear paired t-test lead disagrees.
+  # With 3 seeds the signed-rank test cannot go below 2 / 2^3 = 0.25: it cannot reach 0.05,
+  # which is said instead of a disagreement.
   three = stats.against_baseline([({0: 0.7, 1: 0.71, 2: 0.72}, {0: 0.6, 1: 0.62, 2: 0.61})])[0]
   assert three["outcome"] == "better" and three["wilcoxon_holm_p"] == pytest.approx(0.25)
-  assert three["check_disagrees"] and "Wilcoxon p = 0.250 (Holm p = 0.250, disagrees)" in stats.fmt_powered(three)
+  assert three["test"]["wilcoxon_floor"] == 0.25 and three["check_unreachable"] and not three["check_disagrees"]
+  assert "Wilcoxon p = 0.250 (Holm p = 0.250, cannot reach the level with 3 seeds)" in stats.fmt_powered(three)
+  # 6 seeds (floor 2 / 64 = 0.031 < 0.05, so the check can reach the level): five differences
+  # near +0.05 and one of -0.001. The t-test finds the lead (p < 0.01); the exact signed-rank
+  # p is 2 x 2 / 64 = 0.0625 (the one negative difference holds rank 1): they disagree.
+  d = [0.05, 0.051, 0.052, 0.053, 0.054, -0.001]
+  lead = stats.against_baseline([({s: 0.5 + d[s] for s in range(6)}, {s: 0.5 for s in range(6)})])[0]
+  assert lead["holm_p"] == pytest.approx(sp.ttest_1samp(d, 0.0).pvalue, rel=1e-6) and lead["holm_p"] < 0.01
+  assert lead["wilcoxon_holm_p"] == pytest.approx(4 / 64, rel=1e-9)
+  assert not lead["check_unreachable"] and lead["check_disagrees"]
+  assert "(Holm p = 0.062, disagrees)" in stats.fmt_powered(lead)
+
   # The equivalence bound at the family's first level: the margin at which the one-sided tests'
   # larger p-value (scipy's, on the per-seed differences) reaches alpha / 4.
   for i in range(4):
@@ -178,6 +190,20 @@ def test_against_baseline_four_outcomes_holm_within_the_family():
   assert text.startswith("paired diff +0.050 (SE 0.001), p < 0.001, Holm p < 0.001, Wilcoxon p = 0.008")
 
 
+
+def test_the_signed_rank_family_counts_welch_comparisons():
+  """A family of a paired comparison and a Welch one (no common seeds): the signed-rank p is
+  Holm-adjusted over both (m = 2, the Welch one counted with p = 1), as the t-test's is."""
+  base = {s: 0.5 + 0.01 * s for s in range(8)}
+  paired = {s: base[s] + 0.05 + 0.001 * (s % 3) for s in range(8)}
+  welch = {s + 100: 0.4 + 0.01 * s for s in range(8)}
+  res = stats.against_baseline([(paired, base), (welch, base)])
+  assert res[0]["test"]["kind"] == "paired" and res[1]["test"]["kind"] == "welch"
+  w = sp.wilcoxon(np.subtract(list(paired.values()), list(base.values()))).pvalue
+  assert res[0]["wilcoxon_holm_p"] == pytest.approx(min(1.0, 2 * w), rel=1e-9)
+  assert res[1]["wilcoxon_holm_p"] is None and not res[1]["check_disagrees"]
+
+
 def test_verdict_powered_words():
   assert stats.verdict_powered(["better", "better", "cannot tell"]) == "holds (2 better of 2 testable; 1 cannot tell)"
   assert stats.verdict_powered(["better", "equivalent", "inconclusive"]) == \
@@ -188,6 +214,10 @@ def test_verdict_powered_words():
   assert stats.verdict_powered(["worse"]) == "does not hold (1 worse of 1 testable)"
   assert stats.verdict_powered(["worse", "equivalent"]) == \
       "does not hold (1 worse, 1 equivalent within ±0.02 of 2 testable)"
+  # A claim about every comparison is refuted by one against it, whatever the others say.
+  assert stats.verdict_powered(["better", "worse", "inconclusive"], refuted_by="worse") == \
+      "does not hold (1 better, 1 worse, 1 inconclusive of 3 testable)"
+  assert stats.verdict_powered(["better", "inconclusive"], refuted_by="worse").startswith("holds in part")
   assert stats.verdict_powered(["cannot tell"]) == "cannot tell (1 comparison, none testable)"
 
 

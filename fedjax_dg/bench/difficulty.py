@@ -84,6 +84,13 @@ def _fmt(r: dict, digits: int, pm: str) -> str:
   return f"{r['value']:.{digits}f}" + (f"{pm}{r['std']:.{digits}f}" if r["std"] is not None else "")
 
 
+def _pairs(d: dict) -> str:
+  """"3 (seed, fold) pairs", or "2-3 ..." where the ratios rest on different numbers."""
+  ns = [d["R_DG"]["n"]] + [r["n"] for r in d["R_FL"].values()]
+  lo, hi = min(ns), max(ns)
+  return f"{lo if lo == hi else f'{lo}-{hi}'} (seed, fold) pair{'s' * (hi != 1)}"
+
+
 def to_markdown(d: dict, dataset: str, digits: int = 3) -> str:
   lams = list(d["R_FL"])
   head = "| dataset | n | D | C | R_DG | " + " | ".join(f"R_FL(λ={l})" for l in lams) + " |"
@@ -92,9 +99,8 @@ def to_markdown(d: dict, dataset: str, digits: int = 3) -> str:
   note = (f"\n\nRatios of mean {d['metric']} over trial seeds at the {d['rule']}-selected round (± the std of "
           f"per-seed ratios); R_DG moves {d['fraction']:.0%} of the test domain into training and tests both runs "
           "on the rest; R_FL on the in-domain test split. Its own runs, not the tables' cells: FedAvg at "
-          f"C = {d['C'] or '-'} and centralised ERM at their default hyperparameters, n = "
-          f"{max([d['R_DG']['n']] + [r['n'] for r in d['R_FL'].values()])} seeds a ratio (every λ here is run for "
-          "this table, whatever columns the tables keep).") if d["fraction"] is not None else ""
+          f"C = {d['C'] or '-'} and centralised ERM at their default hyperparameters, {_pairs(d)} a ratio "
+          "(every λ here is run for this table, whatever columns the tables keep).") if d["fraction"] is not None else ""
   return head + "\n|---|---:|---:|---:|---:|" + "---:|" * len(lams) + "\n" + row + note
 
 

@@ -135,7 +135,7 @@ def steps_per_round(client_config, client_sizes) -> int:
 
 
 def final_stage_positions(run, config) -> dict | None:
-  """{round: x} for a run that trains in stages and is selected within its final stage
+  """{round: x} for a run that trains in two stages and is selected within the second
   (`summary.selection_scope`; FedLOE), else None: its final stage's evaluations placed at
   the local steps taken, in rounds of K steps (the other methods' rounds). Its first stage
   takes `local_steps` steps a round for its rounds (`summary.stages`); the final stage's
@@ -147,8 +147,9 @@ def final_stage_positions(run, config) -> dict | None:
   (their steps are the method's own, not read here)."""
   sm = run["summary"]
   stages = sm.get("stages") or []
-  if sm.get("selection_scope", "all rounds") == "all rounds" or len(stages) < 2 or not sm.get("client_sizes"):
-    return None
+  if (sm.get("selection_scope", "all rounds") == "all rounds" or len(stages) != 2 or not sm.get("client_sizes")
+      or not sm.get("local_steps")):
+    return None  # not two stages, or a summary without what the placement reads
   K = steps_per_round(config.client, sm["client_sizes"])
   R = int(config.num_rounds)
   (lo, hi), (first_lo, first_hi) = stages[-1]["rounds"], stages[0]["rounds"]

@@ -121,8 +121,9 @@ def intro(cells: dict) -> str:
   """
   return (f"Bai et al.'s own cells: {cells['source']}; each comparison is Welch's t-test from the printed mean "
           f"and standard deviation with n = {RUNS} per cell (unpaired: which of their runs shared a seed is not "
-          "printed), significant at the report's levels (Holm within a family where the report's rule has one); "
-          "no equivalence is tested on their cells (three runs a cell cannot show one at a useful margin).")
+          "printed), significant at p < 0.05 (remark 4.1: Holm within each column, as the report's rule; a method "
+          "paper's claim and remark 4.2: each comparison at its own level, the verdict by the 'most' rule); no "
+          "equivalence is tested on their cells (three runs a cell cannot show one at a useful margin).")
 
 
 def remark_4_1(cells: dict, alpha: float = stats.ALPHA) -> str:

@@ -168,7 +168,7 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
                f"±{float(np.median(floors)):.3f} (t SE at the same level, the bound at a zero difference: "
                f"{sum(f < margin for f in floors)} of {len(floors)} below ±{margin:g})")
     lines.append(text)
-  return stats.verdict_powered(outcomes, "supports", margin, COLUMN_LABELS), lines
+  return stats.verdict_powered(outcomes, "supports", margin, COLUMN_LABELS, refuted_by="against"), lines
 
 
 def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: dict) -> tuple[str, list[str]]:
@@ -497,7 +497,7 @@ def _own_columns(sweep, grid: str) -> str:
   if not g or not t or "client_counts" not in g or "client_counts" not in t:
     return ""
   extra = [c for c in collect.table_columns(g) if c not in set(collect.table_columns(t))]
-  return (f" {', '.join(map(collect.column_label, extra))} {'is' if len(extra) == 1 else 'are'} run for this figure "
+  return (f" {'; '.join(map(collect.column_label, extra))} {'is' if len(extra) == 1 else 'are'} run for this figure "
           f"only (no table column)." if extra else "")
 
 
@@ -531,9 +531,9 @@ def figure_caption(name: str, sweep, metric: str, staged: tuple = ()) -> str:
             + (f" {', '.join(staged)} train{'s' if len(staged) == 1 else ''} in stages: drawn at the final stage's "
                "evaluations only, the models the selection chooses among (labelled \"final stage\", with markers), "
                "placed at the local steps taken, in rounds of the other methods' steps per round (its rounds "
-               "share equally what the earlier stages left of the budget, or follow round R where the earlier "
-               "stages took it all); the earlier stages run on a schedule of their own and are not drawn."
-               if staged else "")
+               "share equally what the first stage left of the budget, or follow round R where the first stage "
+               "took it all); the first stage is not drawn: its models are not among those the selection "
+               "chooses." if staged else "")
             + _at_defaults(sweep, f.get("curves_grid", ""))
             + _seeds(sweep, f.get("curves_grid", "")))
   return name
@@ -643,13 +643,17 @@ def _columns_text(g) -> str:
   return (", ".join(cols[:-1]) + " and " + cols[-1]) if len(cols) > 1 else "".join(cols) or "no column"
 
 
-def staged_methods(data, grid: str) -> list[str]:
-  """The methods of `grid` whose runs train in stages and are selected within the final
-  one (`summary.selection_scope`; FedLOE)."""
+def staged_methods(data, grid: str, num_clients: int | None = None) -> list[str]:
+  """The methods of `grid` (at `num_clients`, None: any) that Fig. 4 draws at their final
+  stage's evaluations: runs in two stages selected within the second
+  (`figures.final_stage_positions`; FedLOE)."""
   out = []
   for e in sweep_lib.grid_entries(data.exp, grid) if grid in data.sweep.grids else ():
+    if num_clients is not None and int(e.axes["num_clients"]) != num_clients:
+      continue
     run = data.results.get(e.key)
-    if run and run["summary"].get("selection_scope", "all rounds") != "all rounds" and e.axes["method"] not in out:
+    if (run and e.axes["method"] not in out
+        and figures.final_stage_positions(run, data.exp.jobs[e.key].config) is not None):
       out.append(e.axes["method"])
   return out
 
@@ -739,8 +743,10 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
       col[0] += 1
       test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
       col[2].append(max(test.values()) - min(test.values()))
-      col[3].append(f"{names.get(m, m)} " + " vs ".join(f"trial {winners[s]} (seed {s}, test {test[winners[s]]:.3f})"
-                                                      for s in seeds))
+      n_of = {w: len(trials[w]) for w in test}
+      col[3].append(f"{names.get(m, m)}: " + ", ".join(
+          f"seed {s} picks trial {winners[s]} (mean test {test[winners[s]]:.3f} over its {n_of[winners[s]]} "
+          f"search run{'s' * (n_of[winners[s]] != 1)})" for s in seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
     k, n, gaps, which = per_col[col]
@@ -840,10 +846,11 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            "not across machines.", ""]
   if pngs:
     curves = sweep.get("figures", {}).get("curves_grid", "")
-    staged = tuple(names.get(m, m) for m in staged_methods(data, curves)) if curves else ()
     md += ["## Figures", ""]
     for p in pngs:
       if os.sep + "runs" + os.sep not in p:
+        c = re.match(r"fig4_\w+?_C(\d+)\.png$", os.path.basename(p))
+        staged = tuple(names.get(m, m) for m in staged_methods(data, curves, int(c.group(1)))) if c and curves else ()
         md += [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})", "",
                f"*{figure_caption(os.path.basename(p), sweep, st['metric'], staged)}*", ""]
   failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
@@ -879,7 +886,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "and those of every method on the plain classifier also the initial model (FedSR and FedADG initialise "
         "another parameter tree from the same key; FedLOE's first stage synchronises on its own schedule), so "
         "the paired t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's "
-        "signed-rank p as a check; a cell missing seeds (a run that failed) is paired on the seeds it shares, "
+        "signed-rank p as a check, Holm-adjusted in the same family ('disagrees' where it decides otherwise than "
+        "the t-test; 'cannot reach the level' where its smallest possible p, 2 / 2^n for n seeds, is above the "
+        "family's first Holm level); a cell missing seeds (a run that failed) is paired on the seeds it shares, "
         "and with fewer than two in common Welch's test is used. The comparisons a claim rests on are one "
         f"family, Holm-adjusted at {stats.ALPHA:g}: for remark 4.1 a column's methods, for a method paper's claim "
         "that method's columns, so one comparison can be decided in a claim (few comparisons) and not in its "
@@ -891,7 +900,11 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. The "
         "'equivalence bound' is the smallest margin the two one-sided tests accept at that level, |diff| + t SE "
         "(Holm's later steps accept a little more); where t SE alone is above the margin, no difference the data "
-        "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. "
+        "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. A claim "
+        "holds where every testable comparison supports it, holds in part where some do, does not hold where every "
+        "one decides against it (for remark 4.1, where any column has a method above the baseline), is not "
+        "supported where none supports it, some decide against it and the rest are inconclusive, and is "
+        "inconclusive where all are. "
         f"Comparisons across columns (remark{'s' * (len(across) > 1)} {', '.join(across)}) are Welch's t-test, "
         f"two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where p >= {stats.ALPHA:g}), "
         "each at its own level, not corrected for the remark's many comparisons (the remark's verdict counts how "

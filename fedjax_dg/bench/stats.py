@@ -104,8 +104,9 @@ def paired(a, b) -> dict | None:
   Returns:
     {"kind": "paired", "diff" (mean difference), "sd" (of the differences), "se" (sd /
     sqrt(n), the standard error the test uses), "t", "df" (n - 1), "p" (two-sided),
-    "wilcoxon_p" (two-sided, exact where SciPy can be), "n"}; None with fewer than two
-    pairs. Constant differences: p = 1 if they are all 0, else 0.
+    "wilcoxon_p" (two-sided, exact where SciPy can be), "wilcoxon_floor" (the smallest
+    two-sided p the signed-rank test can give with these nonzero differences, 2 / 2^k), "n"};
+    None with fewer than two pairs. Constant differences: p = 1 if they are all 0, else 0.
 
   Raises:
     ValueError: when a and b differ in length.
@@ -119,14 +120,15 @@ def paired(a, b) -> dict | None:
   n, diff, sd = len(d), float(d.mean()), float(d.std(ddof=1))
   from scipy import stats
   wp = 1.0 if not np.any(d != 0) else float(stats.wilcoxon(d).pvalue)
+  floor = min(1.0, 2.0 / 2.0 ** int(np.count_nonzero(d)))
   if sd == 0.0:
     return {"kind": "paired", "diff": diff, "sd": 0.0, "se": 0.0,
             "t": 0.0 if diff == 0.0 else math.copysign(math.inf, diff), "df": float(n - 1),
-            "p": 1.0 if diff == 0.0 else 0.0, "wilcoxon_p": wp, "n": n}
+            "p": 1.0 if diff == 0.0 else 0.0, "wilcoxon_p": wp, "wilcoxon_floor": floor, "n": n}
   se = sd / math.sqrt(n)
   t = diff / se
   return {"kind": "paired", "diff": diff, "sd": sd, "se": se, "t": t, "df": float(n - 1),
-          "p": float(2.0 * stats.t.sf(abs(t), n - 1)), "wilcoxon_p": wp, "n": n}
+          "p": float(2.0 * stats.t.sf(abs(t), n - 1)), "wilcoxon_p": wp, "wilcoxon_floor": floor, "n": n}
 
 
 def pair_test(a_by_seed: dict, b_by_seed: dict) -> dict | None:
@@ -294,9 +296,11 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
     One dict per pair: {"outcome" ("better" | "worse" | "equivalent" | "inconclusive" |
     "cannot tell"), "test" (the record, or None), "holm_p", "tost_p" (Holm-adjusted over
     the family's testable comparisons), "wilcoxon_holm_p" (the signed-rank p, Holm-adjusted
-    over the family's paired comparisons; None for a Welch one), "check_disagrees" (the
-    signed-rank test decides otherwise than the t-test at the family's level: a difference
-    resting on a few seeds, or ranks that cannot reach the level with few seeds), "mdd" (at
+    over the same m comparisons, a Welch one counted with p = 1; None for a Welch one),
+    "check_unreachable" (the signed-rank test cannot reach the family's first level alpha /
+    m with this many nonzero differences: 2 / 2^k >= alpha / m, e.g. 3 seeds), "check_disagrees"
+    (it could and decides otherwise than the t-test at the family's level: a difference
+    resting on a few seeds or on outliers), "mdd" (at
     alpha / m, m the testable comparisons), "eq_bound" (`equivalence_bound` at alpha / m,
     the same strictest level), "margin"}.
   """
@@ -305,13 +309,14 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
   m = len(idx)
   adj = dict(zip(idx, holm([tests[i]["p"] for i in idx])))
   adj_eq = dict(zip(idx, holm([tost(tests[i], margin) for i in idx])))
-  paired = [i for i in idx if tests[i]["kind"] == "paired"]
-  adj_w = dict(zip(paired, holm([tests[i]["wilcoxon_p"] for i in paired])))
+  paired = {i for i in idx if tests[i]["kind"] == "paired"}
+  adj_w = dict(zip(idx, holm([tests[i]["wilcoxon_p"] if i in paired else 1.0 for i in idx])))
   out = []
   for i, t in enumerate(tests):
     if t is None:
       out.append({"outcome": "cannot tell", "test": None, "holm_p": None, "tost_p": None, "wilcoxon_holm_p": None,
-                  "check_disagrees": False, "mdd": None, "eq_bound": None, "margin": margin})
+                  "check_unreachable": False, "check_disagrees": False, "mdd": None, "eq_bound": None,
+                  "margin": margin})
       continue
     if adj[i] < alpha:
       o = "better" if t["diff"] > 0 else "worse"
@@ -319,9 +324,11 @@ def against_baseline(pairs, alpha: float = ALPHA, margin: float = MARGIN, power:
       o = "equivalent"
     else:
       o = "inconclusive"
-    w = adj_w.get(i)
+    w = adj_w[i] if i in paired else None
+    unreachable = w is not None and t["wilcoxon_floor"] >= alpha / m
     out.append({"outcome": o, "test": t, "holm_p": adj[i], "tost_p": adj_eq[i], "wilcoxon_holm_p": w,
-                "check_disagrees": w is not None and (adj[i] < alpha) != (w < alpha),
+                "check_unreachable": unreachable,
+                "check_disagrees": w is not None and not unreachable and (adj[i] < alpha) != (w < alpha),
                 "mdd": mdd(t["se"], t["df"], alpha / m, power), "eq_bound": equivalence_bound(t, alpha / m),
                 "margin": margin})
   return out
@@ -381,7 +388,8 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   return word + counts
 
 
-def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None) -> str:
+def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None,
+                    refuted_by: str | None = None) -> str:
   """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
   claim predicts. "holds" when every testable comparison supports it, "holds in part" when
   some do, "does not hold" when every testable comparison decides against it (the other
@@ -390,13 +398,17 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
   when none is testable. The counts of each outcome follow in brackets, each named by
   `labels` (outcome -> words; default: better, worse, equivalent within +-margin,
-  inconclusive)."""
+  inconclusive). `refuted_by`: an outcome that alone refutes a claim about every comparison
+  (remark 4.1's "against": a column with a method above the baseline): "does not hold"
+  wherever it occurs."""
   testable = [o for o in outcomes if o != "cannot tell"]
   untestable = len(outcomes) - len(testable)
   if not testable:
     return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
   k = sum(o == supports for o in testable)
-  if k == len(testable):
+  if refuted_by is not None and refuted_by in testable:
+    word = "does not hold"
+  elif k == len(testable):
     word = "holds"
   elif k:
     word = "holds in part"
@@ -433,7 +445,8 @@ def fmt_powered(c: dict) -> str:
   """A comparison against the baseline in words: "paired diff +0.012 (SE 0.004), p = 0.020,
   Holm p = 0.210, Wilcoxon p = 0.031 (Holm p = 0.250), TOST Holm p = 0.400, detectable
   0.025, equivalence bound 0.024", or "untestable"; "(Holm p = ..., disagrees)" where the
-  signed-rank test decides otherwise than the t-test at the family's level."""
+  signed-rank test decides otherwise than the t-test at the family's level, "(Holm p = ...,
+  cannot reach the level with n seeds)" where its smallest p is above that level."""
   t = c["test"]
   if t is None:
     return "untestable"
@@ -442,7 +455,9 @@ def fmt_powered(c: dict) -> str:
   if t["kind"] == "paired":
     text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
     if c.get("wilcoxon_holm_p") is not None:
-      text += f" (Holm {_p(c['wilcoxon_holm_p'])}" + (", disagrees)" if c.get("check_disagrees") else ")")
+      text += f" (Holm {_p(c['wilcoxon_holm_p'])}" + (
+          f", cannot reach the level with {t['n']} seeds)" if c.get("check_unreachable")
+          else ", disagrees)" if c.get("check_disagrees") else ")")
   text += f", TOST Holm {_p(c['tost_p'])}"
   text += f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -"
   if "eq_bound" in c:
