@@ -332,7 +332,8 @@ def verdict_powered(outcomes, supports="better", labels=None, refuted_by=None):
           "not supported" if "inconclusive" in testable else "does not hold")
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{MARGIN:g}",
                       "inconclusive": "inconclusive"}
-  counts = ", ".join(f"{testable.count(w)} {lab}" for w, lab in labels.items() if w in testable)
+  counts = ", ".join(f"{testable.count(w)} {lab if isinstance(lab, str) else lab[testable.count(w) != 1]}"
+                     for w, lab in labels.items() if w in testable)
   return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
 
 
@@ -385,9 +386,11 @@ def verdict_words(outcomes):
   return "holds" if k == len(testable) else "does not hold" if k == 0 else "holds in part"
 
 
-COLUMN_LABELS = {"supports": "columns with every method decided and none above it",
-                 "against": "columns with a method above it",
-                 "inconclusive": "columns with none above it but some undecided"}
+COLUMN_LABELS = {"supports": ("column with every method decided and none above it",
+                              "columns with every method decided and none above it"),
+                 "against": ("column with a method above it", "columns with a method above it"),
+                 "inconclusive": ("column with none above it but some undecided",
+                                  "columns with none above it but some undecided")}
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

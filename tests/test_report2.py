@@ -363,7 +363,7 @@ def test_reading_is_generated_from_the_numbers(tmp_path):
   # lambda = 0.1 and 0 no method is above it, but IRM (C = 1, lambda = 0) or FedIIR (0.1) is
   # neither better nor within the margin: those columns are inconclusive.
   assert "**Remark 4.1, FedAvg-ERM is a strong baseline (no method significantly above it in a column; paired by " \
-         "seed, Holm over each column's methods): does not hold (1 columns with a method above it, 3 columns with " \
+         "seed, Holm over each column's methods): does not hold (1 column with a method above it, 3 columns with " \
          "none above it but some undecided of 4 testable).**" in reading
   # 4.2 (lambda 1 vs 0.1, IRM the only DG method): 0.51 vs 0.41, Welch on (.50,.52,.51) vs
   # (.40,.41,.42) (different columns: different partitions, no pairing), with the difference
@@ -819,7 +819,7 @@ def test_remark_4_1_holds_a_column_to_a_family_wise_level(tmp_path):
   assert (f"significantly above it: FedIIR 0.710 ± 0.010 (n=3) (paired diff +0.100 (SE 0.006), p = {p1:.3f}, "
           f"Holm p = {p1:.3f}, Wilcoxon p = 0.250 (Holm p = ") in line
   assert "cannot reach the level with 3 seeds)" in line.split("significantly above it: FedIIR")[1].split("TOST")[0]
-  assert v.startswith("does not hold (1 columns with a method above it")
+  assert v.startswith("does not hold (1 column with a method above it")
 
 
 def test_status_search_shows_each_cells_trials_and_best_validation_so_far(tmp_path):

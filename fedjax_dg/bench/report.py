@@ -92,9 +92,11 @@ def _bullets(lines):
 
 # ---------------------------------------------------------------------------- remarks
 
-COLUMN_LABELS = {"supports": "columns with every method decided and none above it",
-                 "against": "columns with a method above it",
-                 "inconclusive": "columns with none above it but some undecided"}
+COLUMN_LABELS = {"supports": ("column with every method decided and none above it",
+                              "columns with every method decided and none above it"),
+                 "against": ("column with a method above it", "columns with a method above it"),
+                 "inconclusive": ("column with none above it but some undecided",
+                                  "columns with none above it but some undecided")}
 
 
 def detectable_by_column(table: collect.Table, baseline: str, margin: float = stats.MARGIN) -> dict:

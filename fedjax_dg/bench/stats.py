@@ -397,8 +397,8 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
   decide against it and the rest are inconclusive, "inconclusive" when every testable
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
   when none is testable. The counts of each outcome follow in brackets, each named by
-  `labels` (outcome -> words; default: better, worse, equivalent within +-margin,
-  inconclusive). `refuted_by`: an outcome that alone refutes a claim about every comparison
+  `labels` (outcome -> words, or (singular, plural) words; default: better, worse,
+  equivalent within +-margin, inconclusive). `refuted_by`: an outcome that alone refutes a claim about every comparison
   (remark 4.1's "against": a column with a method above the baseline): "does not hold"
   wherever it occurs."""
   testable = [o for o in outcomes if o != "cannot tell"]
@@ -420,8 +420,9 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
     word = "does not hold"
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
                       "inconclusive": "inconclusive"}
-  counts = ", ".join(f"{sum(o == w for o in testable)} {label}" for w, label in labels.items()
-                     if any(o == w for o in testable))
+  n = {w: sum(o == w for o in testable) for w in labels}
+  counts = ", ".join(f"{n[w]} {label if isinstance(label, str) else label[n[w] != 1]}" for w, label in labels.items()
+                     if n[w])
   return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
 
 
