@@ -308,7 +308,7 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
       for m in members:
         pts = [r for r in rows if r["lam"] == lam and r["method"] == m]
         st = {"color": BASELINE_COLOUR, "linestyle": "--"} if m == baseline else style(others.index(m))
-        staged = any(r.get("staged") in (True, "True") for r in pts)  # its final stage's evaluations: marked
+        staged = any(r.get("staged") for r in pts)  # its final stage's evaluations: marked
         _line(ax, [float(r["round"]) for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
               names.get(m, m) + (" (final stage)" if staged else ""), {**st, "marker": st.get("marker") if staged else None})
       ax.set_title(f"{group}: C = {num_clients}, λ = {lam:g}", fontsize=8)

@@ -398,9 +398,9 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
   when none is testable. The counts of each outcome follow in brackets, each named by
   `labels` (outcome -> words, or (singular, plural) words; default: better, worse,
-  equivalent within +-margin, inconclusive). `refuted_by`: an outcome that alone refutes a claim about every comparison
-  (remark 4.1's "against": a column with a method above the baseline): "does not hold"
-  wherever it occurs."""
+  equivalent within +-margin, inconclusive). `refuted_by`: an outcome that alone refutes a
+  claim about every comparison (remark 4.1's "against": a column with a method above the
+  baseline): "does not hold" wherever it occurs."""
   testable = [o for o in outcomes if o != "cannot tell"]
   untestable = len(outcomes) - len(testable)
   if not testable:
