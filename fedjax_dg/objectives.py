@@ -157,20 +157,58 @@ def _pair_sum_sq(a, w):
   return n * jnp.sum(dev)
 
 
-def mean_pairwise_coral(z, slot, mask, num_slots: int):
+def _cov_pair_sum_gram(c, weights, two):
+  """`_pair_sum_sq(cov, two)` for the slots' covariances `cov_s = C^T diag(weights_s) C`
+  (`weights` [N, S]: each slot's row indicators over its `n_s - 1`) without forming them:
+  `cov_s - covbar = C^T diag(e_s) C` with `e_s = weights_s - sum_t two_t weights_t / |two|`,
+  so `||cov_s - covbar||_F^2 = e_s^T (G o G) e_s` for the Gram matrix `G = C C^T` of the
+  centred rows. O(N^2 d + S N^2) and an [N, N] matrix instead of O(S N d^2) and [S, d, d]."""
+  n2 = jnp.sum(two)
+  e = weights - (weights @ two)[:, None] / jnp.maximum(n2, 1.0)
+  g = c @ c.T
+  sq = jnp.einsum("ns,nm,ms->s", e, g * g, e) / c.shape[1] ** 2  # mean((cov_s - covbar)^2)
+  return n2 * jnp.sum(two * sq)
+
+
+def mean_pairwise_coral(z, slot, mask, num_slots: int, covariance: str = "auto"):
   """The mean of `coral_penalty(z_i, z_j)` over the pairs `i < j` of present slots (0 with
-  fewer than two): per-slot moments once (`[S, d]`, `[S, d, d]`), then the pair sums of
-  `_pair_sum_sq` (the covariance term over the pairs whose slots both have >= 2 rows, as
-  `coral_penalty`). Equal to the loop over pairs up to float rounding."""
+  fewer than two): per-slot means once, then the pair sums of `_pair_sum_sq` (the
+  covariance term over the pairs whose slots both have >= 2 rows, as `coral_penalty`).
+  Equal to the loop over pairs up to float rounding.
+
+  Args:
+    z: features [N, d].
+    slot: each row's slot [N] (`domain_slots`).
+    mask: 1 for real rows [N].
+    num_slots: S, the static number of slots.
+    covariance: how the covariance term is computed: "moments" forms the S covariances
+      ([S, d, d], O(S N d^2)); "gram" reads the same sums off the rows' Gram matrix
+      ([N, N], O(N^2 d): `_cov_pair_sum_gram`); "auto" takes "gram" where it is the
+      cheaper (N < S d: a batch of 64 rows against 256 features is about 20 times faster to
+      differentiate). The Gram form's float rounding is relative to the covariances' own
+      squared scale rather than to the penalty's: where the slots' covariances nearly
+      coincide the penalty's relative error grows (float32, measured against float64: about
+      1e-7 on rows that differ, 2e-2 on domains whose rows agree to 1e-3, a penalty of
+      about 1e-6), its absolute error staying below float32's resolution of the covariances.
+
+  Returns:
+    The penalty, a scalar.
+  """
+  if covariance not in ("auto", "gram", "moments"):
+    raise ValueError(f"covariance: {covariance!r}; choose auto, gram or moments")
   m = jnp.asarray(mask, z.dtype)
   onehot = (slot[:, None] == jnp.arange(num_slots)[None]) * m[:, None]  # [N, S]
   n = jnp.sum(onehot, 0)
   mu = onehot.T @ z / jnp.maximum(n, 1.0)[:, None]
   c = (z - mu[slot]) * m[:, None]
-  cov = jnp.einsum("ns,nd,ne->sde", onehot, c, c) / jnp.maximum(n - 1.0, 1.0)[:, None, None]
   present, two = (n > 0).astype(z.dtype), (n >= 2).astype(z.dtype)
   n_pairs = jnp.sum(present) * (jnp.sum(present) - 1) / 2
-  return (_pair_sum_sq(mu, present) + _pair_sum_sq(cov, two)) / jnp.maximum(n_pairs, 1.0)
+  weights = onehot / jnp.maximum(n - 1.0, 1.0)[None]
+  if covariance == "gram" or (covariance == "auto" and z.shape[0] < num_slots * z.shape[1]):
+    cov_term = _cov_pair_sum_gram(c, weights, two)
+  else:
+    cov_term = _pair_sum_sq(jnp.einsum("ns,nd,ne->sde", weights, c, c), two)
+  return (_pair_sum_sq(mu, present) + cov_term) / jnp.maximum(n_pairs, 1.0)
 
 
 def mean_pairwise_mmd(z, slot, mask, num_slots: int, gammas=MMD_GAMMAS):

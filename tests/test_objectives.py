@@ -138,7 +138,8 @@ def test_slot_penalties_match_a_numpy_loop_over_domains(num_domains, domains):
   over `domain_slots` equal the loop over every domain / pair of domains, with padding rows
   (whose ids are real domains) and one single-row domain (no CORAL covariance term); and
   their gradients equal central finite differences of the NumPy reference (IRM's is now
-  taken through `softmax(z) . z - z_y` instead of an inner `jax.grad`)."""
+  taken through `softmax(z) . z - z_y` instead of an inner `jax.grad`). CORAL both ways:
+  from the slots' covariances and from the rows' Gram matrix."""
   rng = np.random.default_rng(num_domains + len(domains))
   n, k, dim = 15, 3, 4
   d = np.r_[np.asarray(domains)[rng.integers(0, len(domains), n - 3)], domains[0], domains[-1], domains[0]]
@@ -154,11 +155,12 @@ def test_slot_penalties_match_a_numpy_loop_over_domains(num_domains, domains):
 
     def irm(lg):
       return jnp.sum(irm_penalties(lg, jnp.asarray(y), slot, mask, size) * present) / present.sum()
-    f = {0: irm, 1: lambda zz: mean_pairwise_coral(zz, slot, mask, size),
-         2: lambda zz: mean_pairwise_mmd(zz, slot, mask, size)}
+    f = [(0, irm), (1, lambda zz: mean_pairwise_coral(zz, slot, mask, size, covariance="moments")),
+         (1, lambda zz: mean_pairwise_coral(zz, slot, mask, size, covariance="gram")),
+         (2, lambda zz: mean_pairwise_mmd(zz, slot, mask, size))]
     rows = np_domain_rows(d, m, num_domains)
     want = np_slot_penalties(z, logits, y, rows)
-    for i, fn in f.items():
+    for i, fn in f:
       arg = logits if i == 0 else z
       value, grad = jax.jit(jax.value_and_grad(fn))(jnp.asarray(arg))
       np.testing.assert_allclose(float(value), want[i], rtol=1e-9, atol=1e-13, err_msg=str(i))
