@@ -143,6 +143,21 @@ def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path)
                    "accuracy at the two winners differs by 0.060 (median; largest 0.060): FedAvg-ERM: seed 0 picks "
                    "trial 0 (mean test 0.300 over its 1 search run), seed 100 picks trial 2 (mean test 0.360 over its "
                    "2 search runs)"]
+  # With the held-out table: its cells' median standard deviation in the column, and the
+  # expected |difference| of two means of 2 runs at that spread, sigma * sqrt(2/2) * sqrt(2/pi).
+  cells = {("fedavg", (4, 1.0)): collect.Cell(0.5, 0.04, (0.46, 0.54), 2),
+           ("irm", (4, 1.0)): collect.Cell(0.5, 0.10, (0.4, 0.6), 2),
+           ("fish", (4, 1.0)): collect.Cell(0.5, 0.06, (0.44, 0.56), 2),
+           ("mmd", (4, 1.0)): collect.Cell(0.5, 0.50, (0.0, 1.0), 2, mark=collect.INACTIVE),  # not usable
+           ("fedavg", (4, 0.0)): None}
+  table = collect.Table(rows=(), columns=((4, 1.0), (4, 0.0)), cells=cells, rule="heldout_domain", metric="accuracy")
+  with_noise = report.selection_variance(data, "table", "heldout_domain", "accuracy", {"fedavg": "FedAvg-ERM"}, table)
+  assert with_noise[0] == lines[0].replace(
+      "(median; largest 0.150): ", "(median; largest 0.150); by run noise alone, two means of 2 runs each at the "
+      f"column's median spread (0.060, the standard deviation of the held-out table's cells over their seeds) differ "
+      f"by about {0.06 * (2 / 3.141592653589793) ** 0.5:.3f}: ")
+  assert with_noise[0].count("differ by about 0.048") == 1
+  assert with_noise[1] == lines[1]  # no usable cell in that column: no scale
   s1 = sweep_config(tmp_path / "one", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,))
   assert report.selection_variance(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
                                    "accuracy") == []

@@ -713,14 +713,30 @@ def local_steps_per_round(data, grid: str) -> dict:
   return out
 
 
-def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None) -> list[str]:
+def noise_scale(table, col, runs: int) -> tuple[float, float] | None:
+  """`(sigma, d)`: the median over the column's usable cells of `table` of their standard
+  deviation over seeds, and `d = sigma sqrt(2 / runs) sqrt(2 / pi)`, the expected absolute
+  difference of two means of `runs` independent runs each at that spread when the two
+  trials do not differ. None without such cells."""
+  sds = [c.std for (m, c_col), c in table.cells.items() if c_col == col and c is not None and c.usable
+         and c.std is not None]
+  if not sds:
+    return None
+  sigma = float(np.median(sds))
+  return sigma, sigma * math.sqrt(2.0 / runs) * math.sqrt(2.0 / math.pi)
+
+
+def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None) -> list[str]:
   """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
   it alone would select in each cell (among the trials it finished: a trial whose run did
   not finish at that seed, e.g. diverged, cannot win there, as in `sweep.select_winners`);
   per column, how often that winner differs between seeds and by how much the search runs'
   own test score differs between the winners (each winner's mean over the seeds that hold
-  it), and the cells where it changed: method, each seed's trial and its test score. []
-  when it ran one seed (or `src` is not a grid)."""
+  it), and the cells where it changed: method, each seed's trial and its test score. With
+  `table` (the held-out table), each column also gives the difference run noise alone
+  would make (`noise_scale`): the winners' test means are over a few search runs, so part
+  of their difference is those runs' own spread. [] when it ran one seed (or `src` is not a
+  grid)."""
   names = names or {}
   if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
     return []
@@ -749,12 +765,18 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
       col[3].append(f"{names.get(m, m)}: " + ", ".join(
           f"seed {s} picks trial {winners[s]} (mean test {test[winners[s]]:.3f} over its {n_of[winners[s]]} "
           f"search run{'s' * (n_of[winners[s]] != 1)})" for s in seeds))
+  runs = len(tuple(data.sweep.grids[src].seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
     k, n, gaps, which = per_col[col]
+    noise = noise_scale(table, col, runs) if table is not None and col in table.columns and gaps else None
     lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
                  + (f"; the search runs' test {metric} at the two winners differs by {float(np.median(gaps)):.3f} "
-                    f"(median; largest {max(gaps):.3f}): " + "; ".join(which) if gaps else ""))
+                    f"(median; largest {max(gaps):.3f})" if gaps else "")
+                 + (f"; by run noise alone, two means of {runs} runs each at the column's median spread "
+                    f"({noise[0]:.3f}, the standard deviation of the held-out table's cells over their seeds) differ "
+                    f"by about {noise[1]:.3f}" if noise else "")
+                 + (": " + "; ".join(which) if gaps else ""))
   return lines
 
 
@@ -809,14 +831,15 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   if "difficulty" in texts:
     md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
   sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
-  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"], names) if table is not None else []
+  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"], names, table) if table is not None else []
   if sv:
     md += ["## Selection variance", "", f"Grid `{sel_grid}` runs the search's trials at "
            f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds in {_columns_text(sweep.grids[sel_grid])} (the other "
            "columns' winners come from one search seed); each seed alone would select the trial with its best "
            "held-out validation score among the trials it finished. Where the winners differ, the cell would read "
            "differently under the other winner by about the difference given (the search runs' own test scores, "
-           "each winner's mean over the seeds that finished it), and the cells are named.", ""]
+           "each winner's mean over the seeds that finished it, so part of it is those few runs' own spread: the "
+           "difference that spread alone makes is given beside it), and the cells are named.", ""]
     md += [f"- {l}" for l in sv] + [""]
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
