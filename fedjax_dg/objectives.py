@@ -184,8 +184,8 @@ def mean_pairwise_coral(z, slot, mask, num_slots: int, covariance: str = "auto")
     covariance: how the covariance term is computed: "moments" forms the S covariances
       ([S, d, d], O(S N d^2)); "gram" reads the same sums off the rows' Gram matrix
       ([N, N], O(N^2 d): `_cov_pair_sum_gram`); "auto" takes "gram" where it is the
-      cheaper (N < S d: a batch of 64 rows against 256 features is about 20 times faster to
-      differentiate). The Gram form's float rounding is relative to the covariances' own
+      cheaper (N < S d; for 64 rows of 256 features the term's gradient is about 20 times
+      faster, a whole MLP step with CORAL 6.5 times: benchmarks/penalty_cost.py). The Gram form's float rounding is relative to the covariances' own
       squared scale rather than to the penalty's: where the slots' covariances nearly
       coincide the penalty's relative error grows (float32, measured against float64: about
       1e-7 on rows that differ, 2e-2 on domains whose rows agree to 1e-3, a penalty of
