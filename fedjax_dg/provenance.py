@@ -118,6 +118,14 @@ def code_of(source: str, path: str = "<source>") -> str:
   return ast.dump(tree, annotate_fields=True, include_attributes=False)
 
 
+@functools.lru_cache(maxsize=256)  # a package's files (about 110), once each per source text
+def _parsed_code(source: str, path: str) -> bytes:
+  """`code_of(source, path)` as bytes, computed once per process for each source text: the
+  fingerprints of a sweep's methods share most of their files (the engine, data, models),
+  and `bench status` fingerprints every method of the sweep."""
+  return code_of(source, path).encode()
+
+
 ALWAYS = ("algorithms/__init__.py", "algorithms/base.py", "algorithms/spec.py", "algorithms/fedavg.py")
 
 
@@ -236,7 +244,7 @@ def fingerprint_of(root: str, skip: tuple = NOT_NUMERIC, algorithm: str | None =
       if scope is not None and rel.startswith("algorithms/") and rel not in scope:
         continue
       with open(path, encoding="utf-8") as f:
-        code = code_of(f.read(), path).encode()
+        code = _parsed_code(f.read(), path)
       h.update(rel.encode() + b"\0" + str(len(code)).encode() + b"\0" + code)
       per_file[rel] = hashlib.sha256(code).hexdigest()[:16]
       n += 1
