@@ -125,8 +125,8 @@ def config_key(config: ml_collections.ConfigDict, length: int = 16) -> str:
   default that keeps earlier behaviour) does not orphan a sweep's finished jobs; any value
   a job sets differently still makes it a new job. A change of a default's value or of
   the code is not seen by the key: rerun the sweep into a new `root` after one."""
-  flat = {k: json.loads(canonical_json(v)) for k, v in flatten(config).items()
-          if k.split(".")[0] not in rundir.RESULT_NEUTRAL}
+  flat = json.loads(canonical_json({k: v for k, v in flatten(config).items()
+                                    if k.split(".")[0] not in rundir.RESULT_NEUTRAL}))  # values as JSON reads them
   flat.update(_NEUTRAL_KEY_VALUES)
   keyed, defaults = keyed_fields(), library_defaults()
   kept = {k: v for k, v in flat.items() if k in keyed or k not in defaults or v != defaults[k]}
