@@ -21,7 +21,8 @@ def user_files(root: str = ROOT) -> list[str]:
       out.append(entry)
       continue
     for d, dirs, files in os.walk(path):
-      dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")))
+      # `runs` folders hold the records a sweep's jobs write (JSON, logs), not text written for a reader.
+      dirs[:] = sorted(x for x in dirs if not x.startswith((".", "__")) and x != "runs")
       out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files) if f.endswith(SUFFIXES)
               and os.path.relpath(os.path.join(d, f), root) != THIS_FILE]
   return out
