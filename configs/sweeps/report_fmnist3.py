@@ -91,6 +91,14 @@ aimed at, which a second C = 100 column or fewer seeds would buy, and the verdic
 both more than the hours. The report states what the grid cost as it lands. Run the
 grid as batched programs (`bench run`'s default, `--workers=2`), resumable, and commit as
 it lands.
+
+Where it runs: `sweep.root` is `experiments/report_fmnist3/runs`, inside the repository
+and git-ignored; `scripts/commit_sweep_jobs.sh experiments/report_fmnist3/runs 1200`
+beside `bench run` commits each finished job's summary, evaluations, events and job files
+(about 45 kB a job; checkpoints and selected models stay on the machine) every 20 minutes.
+On any clone `bench run --sweep configs/sweeps/report_fmnist3.py` goes on from the committed
+jobs, from a checkout whose files in the jobs' scopes are those the jobs recorded (`bench
+status` lists any that are not as stale).
 """
 import importlib.util
 import os
@@ -124,7 +132,7 @@ def get_config(variant: str = "full"):
   s = second.get_config("full")
   s.name = "FedDG benchmark on rotated Fashion-MNIST, third edition (Bai et al.'s protocol)"
   s.report.title = s.name
-  s.root = "runs/sweeps/report_fmnist3"
+  s.root = "experiments/report_fmnist3/runs"  # its finished jobs are committed as they land (the docstring)
   s.seed_fields = ("seed", "data.seed")
   s.search.distributions = {"client": {"lr": ("log_uniform",) + LR_RANGE}}
   cells = {"methods": second.TABLE_METHODS, "client_counts": (1,) + second.CLIENTS, "lams": second.LAMS,
