@@ -33,18 +33,12 @@ commit_once() {
       [[ -f $d/$f ]] && files+=("$d/$f")
     done
   done
-  # An error.txt committed earlier whose job has since succeeded goes too.
-  local gone=()
-  while IFS= read -r f; do
-    [[ -e $f ]] || gone+=("$f")
-  done < <(git ls-files -- "$ROOT")
   if ((${#files[@]})); then
     printf '%s\0' "${files[@]}" | xargs -0 -n 2000 git add -f -- || return 1
   fi
-  if ((${#gone[@]})); then
-    git rm -q --cached -- "${gone[@]}" || return 1
-  fi
-  if git diff --cached --quiet -- "$ROOT"; then
+  # `--only` commits ROOT's tracked files as they are now: an error.txt committed earlier
+  # whose job has since succeeded goes with the commit that adds its summary.
+  if git diff --cached --quiet -- "$ROOT" && git diff --quiet -- "$ROOT"; then
     return 0
   fi
   local done failed
