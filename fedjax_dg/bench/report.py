@@ -340,18 +340,50 @@ def late_selection_line(per_column: dict) -> str:
              if staged else ""))
 
 
+_VECTOR_WIDTHS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+
+
+def machine_label(provenance: dict) -> str:
+  """A run's machine as the report names it: the CPU model its record gives, the widest vector
+  extension the CPU offers, and the cores the run could use (`provenance.determinism`).
+
+  Args:
+    provenance: a run summary's `provenance` record.
+
+  Returns:
+    e.g. "AMD EPYC, AVX-512, 2 cores"; "not recorded" for a run recorded before machines were.
+  """
+  d = provenance.get("determinism") or {}
+  cpu = d.get("cpu") or {}
+  if not cpu:
+    return "not recorded"
+  simd = set(cpu.get("simd") or ())
+  width = next((name for flag, name in _VECTOR_WIDTHS if flag in simd), "no vector extension recorded")
+  cores = d.get("usable_cores")
+  return f"{cpu.get('model') or 'unknown CPU'}, {width}" + (f", {cores} cores" if cores else "")
+
+
 def provenance_lines(data) -> list[str]:
   commits, dirty, fps = collections.Counter(), collections.Counter(), collections.Counter()
+  machines = collections.Counter()
   for run in data.results.values():
     p = run["summary"].get("provenance") or {}
     g = p.get("git") or {}
     commits[(g.get("commit") or "")[:12] or "unknown"] += 1
     dirty["unknown" if g.get("dirty") is None else "uncommitted changes" if g.get("dirty") else "clean tree"] += 1
     fps[((p.get("source") or {}).get("sha256") or "")[:12] or "none recorded"] += 1
+    machines[machine_label(p)] += 1
   n = len(data.results)
   fmt = lambda c: ", ".join(f"{k} ({v})" for k, v in sorted(c.items()))
-  return [f"runs: {n} finished; git commits: {fmt(commits) or '-'}; trees: {fmt(dirty) or '-'}",
-          f"source fingerprints (sha256 of the parsed code each run can execute, `fedjax_dg.provenance`): {fmt(fps) or '-'}; stale runs: {len(data.stale)}"]
+  lines = [f"runs: {n} finished; git commits: {fmt(commits) or '-'}; trees: {fmt(dirty) or '-'}",
+           f"source fingerprints (sha256 of the parsed code each run can execute, `fedjax_dg.provenance`): {fmt(fps) or '-'}; stale runs: {len(data.stale)}",
+           f"machines (CPU model, widest vector extension, usable cores): {fmt(machines) or '-'}"]
+  if len(machines) > 1:
+    lines[-1] += ("; a run's rounding follows its machine's vector code, and a long run at a large learning rate "
+                  "carries a last-bit difference into visibly different accuracies (docs/reproducibility.md): the "
+                  "runs of one seed share its split, partition, cohorts and initial model wherever they ran, not "
+                  "their rounding, which the seeds' spread includes")
+  return lines
 
 
 def setup_lines(data, st) -> list[str]:
