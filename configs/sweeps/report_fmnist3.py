@@ -101,8 +101,7 @@ jobs, from a checkout whose files in the jobs' scopes are those the jobs recorde
 status` lists any that are not as stale). To give every cell its first ten seeds before any
 cell its last, run the table at seeds 1-10 first (the same jobs, keyed by their configs):
 
-  python -m fedjax_dg.bench run --sweep configs/sweeps/report_fmnist3.py --workers=2 \
-      '--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)'
+  python -m fedjax_dg.bench run --sweep configs/sweeps/report_fmnist3.py '--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)'
 
 then without the override; a report of the first pass takes the same override.
 """
