@@ -459,6 +459,9 @@ def rerun_warning(recorded: dict, current: dict | None = None) -> str | None:
   return "a rerun here may not reproduce the recorded run bit for bit; it differs in " + "; ".join(diffs)
 
 
+MAX_SUMMARY_BYTES = 64 << 20  # a run's summary.json; a 60-round job's takes about 14 kB
+
+
 def check_run(workdir: str) -> str:
   """Whether rerunning the run in `workdir` here is expected to reproduce it bit for bit.
 
@@ -473,10 +476,10 @@ def check_run(workdir: str) -> str:
       naming the file).
   """
   import json
+  from fedjax_dg import bounded
   path = workdir if workdir.endswith(".json") else os.path.join(workdir, "summary.json")
   try:
-    with open(path, encoding="utf-8") as f:
-      summary = json.load(f)
+    summary = json.loads(bounded.read_capped(path, MAX_SUMMARY_BYTES))
   except (OSError, ValueError) as e:
     raise ValueError(f"{path}: cannot read the run's summary ({type(e).__name__}: {e})".splitlines()[0]) from None
   recorded = summary.get("provenance") if isinstance(summary, dict) else None
