@@ -198,3 +198,89 @@ def test_a_committed_fedavg_job_of_the_report_reruns_bit_for_bit(tmp_path):
   selection = json.loads(last[len("SELECTION "):])
   for rule in ("heldout_domain", "in_domain"):
     assert selection[rule] == job["summary"]["selection"][rule]
+
+
+RUNS3 = os.path.join(ROOT, "experiments", "report_fmnist3", "runs")
+RESULTS3 = os.path.join(ROOT, "experiments", "report_fmnist3", "results.jsonl.gz")
+
+# Picks the first candidate whose every deciding field equals this process's, reruns it alone
+# and prints its evaluations; or says that no candidate ran on a machine like this one.
+_RERUN_MATCHING = r"""
+import json, sys
+import jax
+from fedjax_dg import experiment, provenance, rundir
+candidates, workdir = json.load(open(sys.argv[1])), sys.argv[2]
+here = provenance.deciding_fields(provenance.provenance("fedavg"))
+match = next((c for c in candidates if provenance.deciding_fields(c["provenance"]) == here), None)
+if match is None:
+  first = provenance.deciding_fields(candidates[0]["provenance"])
+  print("NO MATCH " + "; ".join(f"{k}: {v} -> {here.get(k)}" for k, v in sorted(first.items()) if here.get(k) != v))
+  sys.exit(0)
+config = rundir.config_from_json(match["config"])
+config.workdir, config.resume, config.quiet, config.tensorboard = workdir, False, True, False
+experiment.train_and_evaluate(config, workdir)
+print("KEY " + match["key"])
+"""
+
+
+def _third_edition_fedavg_jobs() -> dict:
+  """key -> {"config", "summary", "records"} of the third edition's finished FedAvg jobs at
+  C = 20 over 60 rounds: from its results file once the report is committed, else from the
+  committed run folders of its grid."""
+  from fedjax_dg import rundir
+  want = lambda s: (((s.get("config") or {}).get("algorithm") or {}).get("name") == "fedavg"
+                    and s.get("num_clients") == 20 and (s.get("config") or {}).get("num_rounds") == 60)
+  jobs = {}
+  if os.path.exists(RESULTS3):
+    with gzip.open(RESULTS3, "rt") as f:
+      next(f)
+      for line in f:
+        j = json.loads(line)
+        if j.get("summary") and want(j["summary"]):
+          jobs[j["key"]] = {"config": j["config"], "summary": j["summary"], "records": j["records"]}
+  elif os.path.isdir(RUNS3):
+    for key in sorted(os.listdir(RUNS3)):
+      path = os.path.join(RUNS3, key, "summary.json")
+      if os.path.exists(path):
+        with open(path) as f:
+          summary = json.load(f)
+        if want(summary):
+          jobs[key] = {"config": summary["config"], "summary": summary,
+                       "records": rundir.read_metrics(os.path.join(RUNS3, key))}
+  return jobs
+
+
+@pytest.mark.slow
+def test_a_committed_job_of_the_third_edition_reruns_bit_for_bit_on_a_machine_like_its_own(tmp_path):
+  """The third edition's grid runs on whichever machines it is given and records each one
+  (`provenance.determinism`). Of its committed FedAvg jobs at C = 20 over 60 rounds (run in
+  batches of the search's trials), the one with the largest client learning rate among those
+  recorded on a machine like this one (every field of `provenance.deciding_fields` equal,
+  the code in FedAvg's scope included) is rerun alone in a fresh Python: every evaluation
+  equals the stored one bit for bit. Skipped where none ran on such a machine."""
+  import subprocess
+  import sys
+  from fedjax_dg import rundir
+  jobs = _third_edition_fedavg_jobs()
+  if not jobs:
+    pytest.skip("the third edition has no finished FedAvg job at C = 20 committed yet")
+  order = sorted(jobs, key=lambda k: (-float(jobs[k]["config"]["client"]["lr"]), k))
+  candidates = [{"key": k, "config": jobs[k]["config"], "provenance": jobs[k]["summary"].get("provenance") or {}}
+                for k in order]
+  (tmp_path / "candidates.json").write_text(json.dumps(candidates))
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_", "FEDJAX_DG_TEST"))}
+  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  workdir = tmp_path / "run"
+  out = subprocess.run([sys.executable, "-c", _RERUN_MATCHING, str(tmp_path / "candidates.json"), str(workdir)],
+                       env=env, capture_output=True, text=True, timeout=1800)
+  assert out.returncode == 0, out.stderr[-3000:]
+  last = out.stdout.strip().splitlines()[-1]
+  if last.startswith("NO MATCH "):
+    pytest.skip("no committed job ran on a machine like this one: " + last[len("NO MATCH "):])
+  key = last[len("KEY "):]
+  rerun = [_flat(r) for r in rundir.read_metrics(str(workdir))]
+  stored = [_flat(r) for r in jobs[key]["records"]]
+  assert len(rerun) == len(stored) == 30
+  for new, old in zip(rerun, stored):
+    assert new == old, f"job {key}, round {old['round']}: " + ", ".join(
+        f"{k} {new.get(k)!r} != {old[k]!r}" for k in old if new.get(k) != old[k])
