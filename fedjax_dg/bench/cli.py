@@ -200,7 +200,7 @@ def main(argv) -> int:
         def run_once(exp):
           if vectorize:
             return launch.run_batched(exp, workers, memory, max_runs, cache_dir=cache,
-                                      ignore_locks=_IGNORE_LOCKS.value)
+                                      ignore_locks=_IGNORE_LOCKS.value, seconds=collect.job_seconds(exp))
           return launch.run_local(exp, workers, cache_dir=cache, ignore_locks=_IGNORE_LOCKS.value)
         exp, counts = run_phases(sweep, exp, run_once)
         print(", ".join(f"{v} {k}" for k, v in counts.items()))

@@ -579,6 +579,61 @@ def _rounds_done(workdir: str) -> int:
   return max((int(r["round"]) for r in records), default=0)
 
 
+def per_round_costs(done: dict, exp: sweep_lib.Expansion, pilot=None) -> dict:
+  """What a round costs, measured: `_work_key` (algorithm, number of clients, local work per
+  round) -> the mean over finished runs of their share of their program's wall time
+  (`wall_shares`) per round.
+
+  Args:
+    done: key -> {"summary"} of the sweep's finished runs.
+    exp: the sweep's expansion (the runs' configs).
+    pilot: a results file's `fedjax_dg.bench.results.Data` whose runs count too, or None.
+
+  Returns:
+    {work key: seconds per round}; a work key no finished run has is absent.
+  """
+  per_round = collections.defaultdict(list)
+  sources = [(wall_shares(done), exp)] + ([(wall_shares(pilot.results), pilot.exp)] if pilot is not None else [])
+  for shares, e in sources:
+    for key, share in shares.items():
+      if share > 0:
+        config = e.jobs[key].config
+        per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
+  return {k: float(np.mean(v)) for k, v in per_round.items()}
+
+
+def job_seconds(exp: sweep_lib.Expansion) -> dict:
+  """job key -> its estimated run time: its rounds times the measured cost of a round of the
+  sweep's finished runs with the same algorithm, number of clients and local work per round
+  (`per_round_costs`). What the local launcher orders its units by (`launch.longest_first`).
+
+  Args:
+    exp: the sweep's expansion.
+
+  Returns:
+    The estimate of every job of `exp` whose work a finished run measured (finished jobs
+    included); the others are absent.
+  """
+  from fedjax_dg import rundir
+  done = {}
+  for key, job in exp.jobs.items():
+    if not os.path.exists(os.path.join(job.workdir, "summary.json")):
+      continue
+    try:
+      summary = rundir.read_summary(job.workdir)
+    except rundir.RunDirError:
+      continue
+    if summary is not None:
+      done[key] = {"summary": summary}
+  per_round = per_round_costs(done, exp)
+  out = {}
+  for key, job in exp.jobs.items():
+    cost = per_round.get(_work_key(job.config))
+    if cost is not None:
+      out[key] = int(job.config.num_rounds) * cost
+  return out
+
+
 def time_left(sweep, exp: sweep_lib.Expansion, workers: int, pilot=None) -> str:
   """`bench status`: an estimate of the run time the sweep still needs. A finished job's cost
   is its share of its program's wall time (`wall_shares`: a batch program's time split over
@@ -620,18 +675,12 @@ def time_left(sweep, exp: sweep_lib.Expansion, workers: int, pilot=None) -> str:
     counts[what] += len(cells) * len(g.get("seeds", (0,)))
   if not left:
     return "time left: none (every job has finished)"
-  per_round = collections.defaultdict(list)
-  sources = [(wall_shares(done), exp)] + ([(wall_shares(pilot.results), pilot.exp)] if pilot is not None else [])
-  for shares, e in sources:
-    for key, share in shares.items():
-      if share > 0:
-        config = e.jobs[key].config
-        per_round[_work_key(config)].append(share / max(int(config.num_rounds), 1))
+  per_round = per_round_costs(done, exp, pilot)
   seconds, missing, unknown = collections.Counter(), collections.Counter(), collections.Counter()
   for what, config, frac in left:
-    costs = per_round.get(_work_key(config))
-    if costs:
-      seconds[what] += frac * int(config.num_rounds) * float(np.mean(costs))
+    cost = per_round.get(_work_key(config))
+    if cost is not None:
+      seconds[what] += frac * int(config.num_rounds) * cost
     else:
       missing[f"{config.algorithm.name} C={int(config.num_clients)}"] += 1
       unknown[what] += 1

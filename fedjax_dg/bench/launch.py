@@ -3,7 +3,10 @@ of worker processes (`run_batched`, the default), one job at a time per worker (
 `--no-vectorize`), or Slurm through submitit (`run_submitit`, one submitit job per batch, or
 per job run as several tasks of one `jax.distributed` run: `fedjax_dg.bench.tasks`).
 `execute` runs one job in this process, `execute_batch` a batch (`fedjax_dg.bench.batches`
-groups and sizes them; `fedjax_dg.batch` runs them).
+groups and sizes them; `fedjax_dg.batch` runs them). The local pool starts the units it
+expects to take longest first (`longest_first`, from the estimates the command line passes:
+`collect.job_seconds`), so that the end of a phase does not leave one worker running a long
+unit alone.
 
 A job's folder (job.json, RUNNING, events.jsonl, error.txt, log.txt) and one run of it in
 this process are `fedjax_dg.bench.jobs`'s.
@@ -288,14 +291,39 @@ def plan(jobs: list, max_runs: int = batches_lib.DEFAULT_MAX_RUNS, workers: int 
   return batches_lib.units(groups, max_runs, workers), errors
 
 
+def longest_first(units: list, seconds: dict) -> list:
+  """The units in order of their estimated run time, longest first (ties in their given
+  order). A pool of workers takes units in turn, so the last to start are then the short
+  ones and no worker runs a long unit alone at the end (longest processing time first); the
+  units themselves, and so every run's numbers, are unchanged.
+
+  Args:
+    units: lists of jobs (`plan`).
+    seconds: job key -> its estimated run time; a job without one counts the mean of those
+      with one.
+
+  Returns:
+    The same units, reordered; in their given order when no job has an estimate.
+  """
+  known = [v for u in units for j in u for v in [seconds.get(j.key)] if v is not None]
+  if not known:
+    return list(units)
+  mean = sum(known) / len(known)
+  cost = [sum(seconds[j.key] if seconds.get(j.key) is not None else mean for j in u) for u in units]
+  order = sorted(range(len(units)), key=lambda i: -cost[i])  # stable: ties keep the sweep's order
+  return [units[i] for i in order]
+
+
 def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.Memory | None = None,
                 max_runs: int = batches_lib.DEFAULT_MAX_RUNS, cache_dir: str = "", quiet: bool = False,
-                ignore_locks: bool = False) -> dict:
+                ignore_locks: bool = False, seconds: dict | None = None) -> dict:
   """Runs every job not done as batches of jobs that share a static configuration
   (`plan`), each unit in one of `workers` worker processes, which cuts it into batches that
-  fit `memory` (`execute_batch`). A job with an invalid config is recorded failed before
-  anything runs; a job failing inside a batch is recorded failed alone. A dead worker's
-  jobs run again, as in `run_local`."""
+  fit `memory` (`execute_batch`), the units expected to take longest first (`longest_first`
+  with `seconds`, job key -> estimated run time, e.g. `collect.job_seconds`; none: the
+  sweep's order). A job with an invalid config is recorded failed before anything runs; a
+  job failing inside a batch is recorded failed alone. A dead worker's jobs run again, as in
+  `run_local`."""
   if workers < 1:
     raise sweep_lib.SweepError(f"workers must be >= 1, got {workers}")
   batches_lib.check_max_runs(max_runs)
@@ -311,6 +339,7 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
     _print(f"[{n[0]}/{total}] {text}  {label[job.key]}  {job.workdir}", quiet)
 
   units, errors = plan(todo, max_runs, workers)
+  units = longest_first(units, seconds or {})
   _print(f"{len(exp.jobs)} jobs, {len(exp.jobs) - total} already done, {total} to run in {len(units)} unit(s) on "
          f"{workers} worker(s); batches of at most {max_runs} runs within {memory.describe()}", quiet)
   for job in (j for j in todo if j.key in errors):  # refused before anything runs
@@ -347,6 +376,7 @@ def run_batched(exp: sweep_lib.Expansion, workers: int = 1, memory: batches_lib.
     units = []
     if broken and not stopping.stop_signal():  # a worker died; the pool took the other workers' units with it
       units, _ = plan(_crashed(left, counts, progress), max_runs, workers)
+      units = longest_first(units, seconds or {})
   return counts
 
 
