@@ -92,6 +92,13 @@ both more than the hours. The report states what the grid cost as it lands. Run 
 grid as batched programs (`bench run`'s default, `--workers=2`), resumable, and commit as
 it lands.
 
+The grid runs under code whose CORAL penalty takes the Gram form (`mean_pairwise_coral`: a
+local step of the MLP with CORAL at 1.8x ERM's instead of 11.8x, `benchmarks/penalty_cost.py`);
+the figures above priced the covariance form, then about a quarter of what was left. With
+278 of its jobs finished, `bench status --pilot experiments/report_fmnist/results.jsonl.gz`
+estimated 31.2 h of run time left, 15.6 h of wall time at 2 workers (the pilot's per-round
+costs where the grid has none of its own yet).
+
 Where it runs: `sweep.root` is `experiments/report_fmnist3/runs`, inside the repository
 and git-ignored; `scripts/commit_sweep_jobs.sh experiments/report_fmnist3/runs 1200`
 beside `bench run` commits each finished job's summary, evaluations, events and job files
