@@ -323,6 +323,15 @@ def family_by_hand(pairs, margin=MARGIN):
   return out
 
 
+def non_superiority_by_hand(a, b, margin=MARGIN):
+  """(p of the one-sided test of H0: diff >= margin, t_0.95 SE) of cell a against baseline b,
+  on `baseline_test`'s difference, SE and degrees of freedom (SciPy's t distribution)."""
+  _, diff, se, df, *_ = baseline_test(a, b, margin)
+  if se == 0:
+    return (0.0 if diff < margin else 1.0), 0.0
+  return float(stats.t.cdf((diff - margin) / se, df)), float(stats.t.ppf(0.95, df) * se)
+
+
 def equivalence_bound_by_hand(diff, se, df, alpha):
   """The margin m at which max(P(T > (diff + m) / se), P(T < (diff - m) / se)) = alpha, by
   bisection (|diff| where se is 0)."""
@@ -362,7 +371,8 @@ def welch_p(a, b):
 
 
 def p_text(p):
-  return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+  """Three decimals, four where three would round onto the level 0.05."""
+  return "p < 0.001" if p < 0.001 else f"p = {p:.4f}" if f"{p:.3f}" == "0.050" else f"p = {p:.3f}"
 
 
 def holm_by_hand(ps: dict) -> dict:
@@ -403,11 +413,11 @@ def verdict_words(outcomes):
   return "holds" if k == len(testable) else "does not hold" if k == 0 else "holds in part"
 
 
-COLUMN_LABELS = {"supports": ("column with every method decided and none above it",
-                              "columns with every method decided and none above it"),
+COLUMN_LABELS = {"supports": ("column with no method the margin or more above it",
+                              "columns with no method the margin or more above it"),
                  "against": ("column with a method above it", "columns with a method above it"),
-                 "inconclusive": ("column with none above it but some undecided",
-                                  "columns with none above it but some undecided")}
+                 "inconclusive": ("column with none significantly above it but some possibly the margin above",
+                                  "columns with none significantly above it but some possibly the margin above")}
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -443,20 +453,26 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])
           assert set(got) == by[key], (folder, col, key)
         mdds = sorted(r[2] for r in res.values() if r[2] is not None)
+        # Non-superiority, one-sided at 0.05 each (the intersection-union test of the column).
+        ns = {lab: non_superiority_by_hand(others[lab], base) for lab in labs if res[lab][0] != "cannot tell"}
         if mdds:
-          medians[col] = float(np.median(mdds))
-          assert parts[-2] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
+          medians[col] = mdds
+          assert parts[-3] == (f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): {mdds[0]:.3f} to "
                                f"{mdds[-1]:.3f}, median {float(np.median(mdds)):.3f}"), (folder, line)
           floors = sorted(r[3] for r in res.values() if r[3] is not None)
-          assert parts[-1] == (f"equivalence provable at best within ±{floors[0]:.3f} to ±{floors[-1]:.3f}, median "
+          assert parts[-2] == (f"equivalence provable at best within ±{floors[0]:.3f} to ±{floors[-1]:.3f}, median "
                                f"±{float(np.median(floors)):.3f} (t SE at the same level, the bound at a zero "
                                f"difference: {sum(f < MARGIN for f in floors)} of {len(floors)} below "
                                f"±{MARGIN:g})"), (folder, line)
+          zero = sorted(z for _, z in ns.values())
+          assert parts[-1] == (f"not {MARGIN:g} or more above it (one-sided, 0.05 each): "
+                               f"{sum(p < 0.05 for p, _ in ns.values())} of {len(ns)}, provable at best within "
+                               f"+{zero[0]:.3f} to +{zero[-1]:.3f}, median +{float(np.median(zero)):.3f} (t SE at "
+                               "0.05, the bound at a zero difference)"), (folder, line)
         untested_above = any(res[lab][0] == "cannot tell" and statistics.mean(others[lab].values()) >
                              statistics.mean(base.values()) for lab in labs)
-        testable = any(res[lab][0] != "cannot tell" for lab in labs)
-        columns.append("against" if by["better"] else "cannot tell" if untested_above or not testable
-                       else "inconclusive" if by["inconclusive"] else "supports")
+        columns.append("against" if by["better"] else "cannot tell" if untested_above or not ns
+                       else "supports" if all(p < 0.05 for p, _ in ns.values()) else "inconclusive")
         checked += 1
       assert verdict == verdict_powered(columns, "supports", COLUMN_LABELS, refuted_by="against"), (folder, verdict)
     elif " beats " in title:
@@ -483,13 +499,15 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
   # The Deviations line naming the columns whose median detectable difference misses 0.03.
-  short = [(c, d) for c, d in medians.items() if d > 0.03]
+  short = [(c, d) for c, d in medians.items() if d[-1] > 0.03]
   text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
   line = next((l for l in text.splitlines() if l.startswith("- the benchmark's target for the tests")), None)
   if short:
     assert line == ("- the benchmark's target for the tests against the baseline is a detectable difference of 0.03 "
-                    f"(80% power at Holm's first level); the median detectable difference is above it in {len(short)} "
-                    f"of {len(medians)} columns: " + ", ".join(f"{c} {d:.3f}" for c, d in short)), (folder, line)
+                    f"(80% power at Holm's first level); comparisons above it in {len(short)} of {len(medians)} "
+                    "columns: " + ", ".join(f"{c} {sum(x > 0.03 for x in d)} of {len(d)} (median "
+                                            f"{float(np.median(d)):.3f}, largest {d[-1]:.3f})" for c, d in short)), \
+        (folder, line)
   else:
     assert line is None, (folder, line)
 

@@ -188,9 +188,10 @@ def test_deviations_name_the_selection_grids_columns_fishs_order_and_each_tables
     write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.5, "in_test": 0.5, "test": 0.4}})
   st = collect.report_settings(s)
   lines = report.deviations(results_lib.from_runs(s, exp), st)
-  assert "3 seeds per cell of the held-out-domain table (Bai et al.: 3)" in lines[1]
-  assert "grid `search2` repeats its trials at a second seed in C=4, λ=1 to measure" in lines[2]
-  assert lines[2].endswith("; elsewhere that variance is not in the cells' spread")
+  assert lines[0].startswith("data: ") and "not one of Bai et al.'s seven datasets" in lines[0]
+  assert "3 seeds per cell of the held-out-domain table (Bai et al.: 3)" in lines[2]
+  assert "grid `search2` repeats its trials at a second seed in C=4, λ=1 to measure" in lines[3]
+  assert lines[3].endswith("; elsewhere that variance is not in the cells' spread")
   setup = report.setup_lines(results_lib.from_runs(s, exp), st)
   assert any("random search: grid `search` 2 trials at seed 0, grid `search2` 2 trials at seeds 0, 100 in C=4, "
              "λ=1 only (trial 0 the defaults)" in l for l in setup)

@@ -238,3 +238,22 @@ def test_cells_missing_a_seed_are_paired_on_the_seeds_they_share():
   assert w["p"] == pytest.approx(sp.ttest_ind([0.5, 0.6, 0.55], [0.5, 0.52, 0.49], equal_var=False).pvalue, rel=1e-10)
   res = stats.against_baseline([(cell, base)])
   assert stats.fmt_powered(res[0]).startswith("paired on 5 common seeds, 1 unpaired left out diff +0.020")
+
+
+def test_non_superiority_is_the_one_sided_shifted_t_test_and_its_bound_inverts_it():
+  """`non_superiority`: SciPy's one-sided one-sample t-test of the paired differences shifted
+  by the margin (H1: mean < margin); `non_superiority_bound` is the margin at which that p is
+  alpha; a known difference (SE 0) is decided outright; three decimals that would round onto
+  the level get a fourth."""
+  from scipy import stats as sp
+  a, b = [0.50, 0.53, 0.49, 0.52], [0.49, 0.50, 0.50, 0.49]
+  t = stats.paired(a, b)
+  d = [x - y for x, y in zip(a, b)]
+  want = sp.ttest_1samp([x - 0.02 for x in d], 0.0, alternative="less").pvalue
+  assert abs(stats.non_superiority(t, 0.02) - want) < 1e-12
+  bound = stats.non_superiority_bound(t, 0.05)
+  assert abs(sp.ttest_1samp([x - bound for x in d], 0.0, alternative="less").pvalue - 0.05) < 1e-9
+  assert stats.non_superiority({"diff": 0.01, "se": 0.0, "df": 3}, 0.02) == 0.0
+  assert stats.non_superiority({"diff": 0.03, "se": 0.0, "df": 3}, 0.02) == 1.0
+  assert stats.fmt_p({"p": 0.04954}) == "p = 0.0495" and stats.fmt_p({"p": 0.0504}) == "p = 0.0504" and stats.fmt_p({"p": 0.0512}) == "p = 0.051"
+  assert stats.fmt_p({"p": 0.0449}) == "p = 0.045" and stats.fmt_p({"p": 0.2}, 0.04954) == "p = 0.200, Holm p = 0.0495"

@@ -41,7 +41,8 @@ CLAIM_PAPERS = {
                           'On-server Matching Gradient", ICLR 2025',
     "Liao et al. 2025": 'Liao, Xie, Fu, Huang, Deng, Chen and Zheng, "Federated Domain Generalization with Decision '
                         'Insight Matrix", IJCAI 2025',
-    "Zhang et al. 2023": 'Zhang et al., "Federated Domain Generalization with Generalization Adjustment", CVPR 2023',
+    "Zhang et al. 2023": 'Zhang, Xu, Yao, Zhang, Tian and Wang, "Federated Domain Generalization with Generalization '
+                         'Adjustment", CVPR 2023',
     "the FedLOE paper": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble" (anonymous submission '
                         'under review)',
 }
