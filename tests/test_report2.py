@@ -695,7 +695,7 @@ def test_late_selection_counts_to_the_last_evaluated_round_and_leaves_staged_sel
   assert report.staged_lines(results_lib.from_runs(s, exp), "table") == [
       "FedAvg-ERM trains in stages (stage 1: 1 rounds, stage 2: 1 rounds) and is selected among its final stage's "
       "evaluations only, the other methods among all of theirs; its rounds are not the other methods' rounds "
-      "(Table 13's time per round mixes its stages)"]
+      "(Table 13 gives its training time over the other methods' rounds)"]
 
 
 def test_late_selection_is_counted_per_column():
@@ -960,3 +960,17 @@ def test_round_times_table_is_the_mean_per_run_median_round_over_the_tables_jobs
   assert lines[2] == f"| B | FedAvg-ERM | 0.300 (2) | {fedavg_4:.3f} (4) |"
   assert lines[3] == "| DG adapted | IRM | - | 1.500 (2) |"  # IRM at C = 1 recorded no round times
   assert f"{(0.9 * 3 + 0.5) / 4:.3f}" != f"{fedavg_4:.3f}"  # what the cell would read without the split
+  assert len(lines) == 4
+  # A method selected within the final stage of its own schedule (FedLOE's kind): 6 timed
+  # rounds took 3 s of training (0.5 s each); its stages hold 2 + 6 = 8 rounds of its own, the
+  # schedule 2 rounds: 0.5 x 8 / 2 = 2.0 s per round of the schedule, named below the table.
+  path = os.path.join(exp.jobs[keys[("irm", 4, 1.0, 1)]].workdir, "summary.json")
+  summary = json.load(open(path))
+  summary["selection_scope"] = "rounds of the final stage (stage 2)"
+  summary["stages"] = [{"name": "stage 1", "rounds": [1, 2]}, {"name": "stage 2", "rounds": [3, 8]}]
+  summary["timing"] = {"total_s": 9.0, "median_round_s": 7.0, "train_s": 3.0, "rounds_timed": 6}
+  json.dump(summary, open(path, "w"))
+  lines = report.round_times(results_lib.from_runs(s, exp), "table").splitlines()
+  assert lines[3] == f"| DG adapted | IRM | - | {(1.0 + 0.5 * 8 / 2) / 2:.3f} (2) |"
+  assert lines[5].startswith("IRM: its training time (its mean timed round times its own rounds) over the rounds "
+                              "of the other methods' schedule")
