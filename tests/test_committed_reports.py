@@ -482,6 +482,8 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         if line == "- (no finished runs for this)":  # e.g. a method whose cells are all X
           assert not any(scores.get((method, c)) for _, c in scores), (folder, title)
           continue
+        if re.fullmatch(r"- C=\d+, λ=[\d.]+: not tested; left out, marked in the table: .+", line):
+          continue  # a marked cell (-ᵃ / -ᵇ), not one of the claim's comparisons
         m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+?) \(((?:paired|welch) .+|untestable)\)", line)
         assert m and m.group(2) == method and m.group(3) == baseline, (folder, line)
         rows.append((m.group(1), m.group(4), m.group(5)))

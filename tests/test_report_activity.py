@@ -70,13 +70,16 @@ def test_marked_cells_print_a_dash_with_a_footnote_and_leave_the_tests(tmp_path)
   assert "-ᵇ: the cell's runs ran a method whose own term could not act" in md and "IRM (C=4, λ=1) 3 of 3 runs" in md
   tex = collect.to_latex(t, caption="x")
   assert "-$^a$" in tex and "-$^b$" in tex and "ᵃ" not in tex
-  # Remark 4.1: IRM is not among a marked column's comparisons; FedIIR alone is tested there.
+  # Remark 4.1: IRM is not among a marked column's comparisons, only named as left out;
+  # FedIIR alone is tested there.
   _, lines = report.remark_4_1(t, "fedavg", collect.display_names(s))
   line1 = next(l for l in lines if l.startswith("C=4, λ=1:"))
-  assert "IRM" not in line1 and "significantly above it: FedIIR" in line1
+  left1 = "; left out, marked in the table: IRM (-ᵇ, its own term did not act); "
+  assert left1 in line1 and "IRM" not in line1.replace(left1, "") and "significantly above it: FedIIR" in line1
   assert "level 0.05/1" in line1  # a family of one: the marked cell is not counted
   line0 = next(l for l in lines if l.startswith("C=4, λ=0:"))
-  assert "IRM" not in line0 and "equivalent within ±0.02: FedIIR" in line0
+  left0 = "; left out, marked in the table: IRM (-ᵃ, its runs compute the baseline's update by construction); "
+  assert left0 in line0 and "IRM" not in line0.replace(left0, "") and "equivalent within ±0.02: FedIIR" in line0
   # The paired test FedIIR would have had in a family of two is now alone (Holm p = p).
   res = stats.against_baseline([(t.cells[("fediir", (4, 1.0))].by_seed, t.cells[("fedavg", (4, 1.0))].by_seed)])
   assert f"Holm p = {res[0]['test']['p']:.3f}" in line1
@@ -239,3 +242,20 @@ def test_a_final_stage_past_the_budget_follows_the_last_round():
   assert figures.final_stage_positions(run, config) == pytest.approx({9: 21.0, 10: 34.0, 11: 47.0, 12: 60.0})
   run["summary"]["selection_scope"] = "all rounds"
   assert figures.final_stage_positions(run, config) is None
+
+
+def test_a_method_papers_claim_names_its_marked_columns_as_not_tested(tmp_path):
+  """FedIIR's claim ("beats FedAvg-ERM") is tested in its unmarked federated columns only; a
+  column where its cell is marked reads "not tested" with the mark and its reason, and is
+  not counted in the verdict."""
+  s = sweep_config(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  fill(exp)
+  _mark_runs(exp, "fediir", 0.0, preflight=[{**NEVER, "field": "algorithm.fediir.gamma"}])
+  t = collect.tables(results_lib.from_runs(s, exp), "heldout_domain")
+  claims = {m: (v, lines) for m, _, v, lines in report.seed_paper_claims(t, "fedavg", collect.display_names(s))}
+  v, lines = claims["fediir"]
+  assert lines[-1] == "C=4, λ=0: not tested; left out, marked in the table: FedIIR (-ᵇ, its own term did not act)"
+  tested = [l for l in lines if "not tested" not in l]
+  assert [l.split(":", 1)[0] for l in tested] == ["C=4, λ=1", "C=4, λ=0.1"]
+  assert v.endswith("of 2 testable)")

@@ -82,6 +82,19 @@ def _usable(c) -> bool:
   return c is not None and c.usable
 
 
+MARK_WORDS = {collect.EQUALS_BASELINE: "its runs compute the baseline's update by construction",
+              collect.INACTIVE: "its own term did not act"}
+
+
+def _left_out(cells, names: dict) -> str:
+  """"; left out, marked in the table: IRM (-ᵃ, ...), Fish (-ᵇ, ...)" for the marked cells among
+  `cells` ([(method, cell)]), "" when none is marked."""
+  marked = [(m, c) for m, c in cells if c is not None and c.mark]
+  return ("; left out, marked in the table: " + ", ".join(
+      f"{names.get(m, m)} (-{collect.MARKS.get(c.mark, '')}, {MARK_WORDS.get(c.mark, c.mark)})" for m, c in marked)
+      if marked else "")
+
+
 def _headline(title: str, v: str) -> str:
   return f"**{title}: {v}.**"
 
@@ -154,7 +167,8 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
     outcomes.append("against" if by["better"] else "cannot tell" if untested_above or not tested
                     else "supports" if all(below) else "inconclusive")
     cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
-    text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}; "
+    text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
+    text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
              else "no method significantly above it")
     text += f"; significantly below it: {', '.join(cite(*x) for x in by['worse'])}" if by["worse"] else ""
@@ -302,6 +316,9 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
       word = CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")
       lines.append(f"{collect.column_label(col)}: {names.get(m, m)} {collect.format_cell(a, 3)} vs "
                    f"{names.get(baseline, baseline)} {collect.format_cell(b, 3)}: {word} ({stats.fmt_powered(r)})")
+    for col in table.columns:
+      if col[1] is not None and (cell := table.cells.get((m, col))) is not None and cell.mark:
+        lines.append(f"{collect.column_label(col)}: not tested{_left_out([(m, cell)], names)}")
     out.append((m, f"{who}: {names.get(m, m)} beats {names.get(baseline, baseline)}",
                 stats.verdict_powered([r["outcome"] for r in res], "better", margin), lines))
   return out
