@@ -525,6 +525,18 @@ def verdict_most(outcomes):
   return "holds" if 2 * sum(o == "higher" for o in testable) > len(testable) else "does not hold"
 
 
+def verdict_most_powered(outcomes):
+  """Remark 4.2's verdict from four-outcome comparisons ("better" = degrades): holds when more
+  than half of the testable ones degrade, does not hold when more than half improve or are
+  equivalent, else inconclusive."""
+  testable = [o for o in outcomes if o != "cannot tell"]
+  if not testable:
+    return "cannot tell"
+  if 2 * sum(o == "better" for o in testable) > len(testable):
+    return "holds"
+  return "does not hold" if 2 * sum(o in ("worse", "equivalent") for o in testable) > len(testable) else "inconclusive"
+
+
 def grid_points(sweep, docs, grid, fields):
   """{tuple of the entry's `fields`: [score by seed]} of one grid's finished runs at the
   held-out selection; a centralised entry (lam None) stands in every lambda of its grid."""
@@ -567,42 +579,52 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
   dg = [m for m in dg if any(lab == m for lab, _ in values)]
   checked = 0
 
+  words = {"better": "degrades", "worse": "improves", "inconclusive": "inconclusive", "cannot tell": "cannot tell",
+           "equivalent": f"equivalent within ±{MARGIN:g}"}
+
+  def check_family(cited, family):
+    """Each cited (word, text) against the family recomputed by hand; the outcomes."""
+    res = family_by_hand(family)
+    for (word, text), (o, want, _, _) in zip(cited, res):
+      assert (word, text) == (words[o], want), (folder, word, text)
+    return [o for o, _, _, _ in res]
+
   verdict, body = section_of(folder, "Remark 4.2, DG methods degrade in FL")
   if verdict is not None:
-    outcomes = []
+    fam, fam_base = ([], []), ([], [])
     for line in body.splitlines():
       who, rest = line[2:].split(": C=1 ", 1)
       m = who.removesuffix(" (the baseline, for comparison)")
       cen, *parts = rest.split("; ")
       assert cen == point_text(values[(m, "C=1 (centralised)")]), (folder, line)
       for part in parts:
-        g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (\w[\w ]*) \(({PD}|untestable)\)", part)
+        g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (.+?) \(((?:paired|welch) .+|untestable)\)", part)
         assert g and g.group(2) == point_text(values[(m, g.group(1))]), (folder, part)
-        o, p = outcome(values[(m, "C=1 (centralised)")], values[(m, g.group(1))])
-        word = {"higher": "degrades", "lower": "improves"}.get(o, o)
-        assert (g.group(3), g.group(4)) == (word, p), (folder, m, part)
-        if m != who:
-          continue
-        outcomes.append(o)
+        into = fam if m == who else fam_base
+        into[0].append((g.group(3), g.group(4)))
+        into[1].append((scores[(m, "C=1 (centralised)")], scores[(m, g.group(1))]))
         checked += 1
+    outcomes = check_family(*fam)
+    check_family(*fam_base)
     assert {line[2:].split(":", 1)[0] for line in body.splitlines()} >= set(dg)
-    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+    assert verdict.split(" (", 1)[0] == verdict_most_powered(outcomes), (folder, verdict)
 
   verdict, body = section_of(folder, "Remark 4.2, DG methods degrade from")
   if verdict is not None:
-    outcomes = []
+    fam = ([], [])
     for line in body.splitlines():
       if line == "- (no finished runs for this)":  # no DG method with both columns (e.g. every such cell marked)
         continue
-      g = re.fullmatch(rf"- (.+) at C=(\d+): λ=1 ({CELL}) vs λ=0\.1 ({CELL}): (\w[\w ]*) \(({PD}|untestable)\)", line)
+      g = re.fullmatch(rf"- (.+) at C=(\d+): λ=1 ({CELL}) vs λ=0\.1 ({CELL}): (.+?) \(((?:paired|welch) .+|untestable)\)",
+                       line)
       assert g, (folder, line)
-      a, b = values[(g.group(1), f"C={g.group(2)}, λ=1")], values[(g.group(1), f"C={g.group(2)}, λ=0.1")]
-      o, p = outcome(a, b)
-      assert (g.group(3), g.group(4), g.group(5), g.group(6)) == (
-          point_text(a), point_text(b), {"higher": "degrades", "lower": "improves"}.get(o, o), p), (folder, line)
-      outcomes.append(o)
+      a, b = (f"C={g.group(2)}, λ=1", f"C={g.group(2)}, λ=0.1")
+      assert (g.group(3), g.group(4)) == (point_text(values[(g.group(1), a)]), point_text(values[(g.group(1), b)]))
+      fam[0].append((g.group(5), g.group(6)))
+      fam[1].append((scores[(g.group(1), a)], scores[(g.group(1), b)]))
       checked += 1
-    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+    outcomes = check_family(*fam)
+    assert verdict.split(" (", 1)[0] == verdict_most_powered(outcomes), (folder, verdict)
 
   for key, what in (("clients_grid", "at a fixed number of local epochs"), ("clients_steps_grid", "at a fixed number of local steps")):
     grid = sweep["figures"].get(key, "")

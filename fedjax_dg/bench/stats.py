@@ -22,8 +22,11 @@ The differences of such runs, seed by seed, have the variance of the method effe
 what the shared randomness does not cancel, so they are tested by the paired t-test
 (`paired`), with Wilcoxon's signed-rank test as a check that does not assume normal
 differences. Cells of different columns (C = 1 against C = 20, lambda = 1 against 0.1) do
-not share a partition or a cohort: they are compared by Welch's unequal-variance t-test
-(`welch`); so is any pair of cells with fewer than two seeds in common (`pair_test`). Two cells
+not share a partition or a cohort, but runs with the same seed still share the split and
+the initial model, so remark 4.2 pairs them by seed too (a paired test stays valid whatever
+the pairs share; what they share only adds power); comparisons along a figure's axis
+(remarks 4.7 and 4.8) use Welch's unequal-variance t-test (`welch`), as does any pair of
+cells with fewer than two seeds in common (`pair_test`). Two cells
 of one column that share most of their seeds (a run that diverged or failed) are paired on the
 seeds they share, and the record counts the seeds left out.
 
@@ -56,7 +59,7 @@ p-values too; the detectable difference is computed at alpha / m, Holm's first a
 strictest step, so it is the difference each comparison of the family could surely see.
 
 The older three words ("higher", "lower", "no difference", "cannot tell": `compare`,
-`verdict`) remain for the Welch comparisons of figures and between columns.
+`verdict`) remain for the Welch comparisons along a figure's axis (remarks 4.7 and 4.8).
 """
 from __future__ import annotations
 
@@ -464,6 +467,38 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
     word = "not supported"
   else:
     word = "does not hold"
+  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
+                      "inconclusive": "inconclusive"}
+  n = {w: sum(o == w for o in testable) for w in labels}
+  counts = ", ".join(f"{n[w]} {label if isinstance(label, str) else label[n[w] != 1]}" for w, label in labels.items()
+                     if n[w])
+  return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
+
+
+def verdict_most_powered(outcomes, supports: str = "better", margin: float = MARGIN,
+                         labels: dict | None = None) -> str:
+  """Verdict on a claim about most comparisons (remark 4.2) from `against_baseline` outcomes:
+  "holds" when more than half of the testable comparisons support it (`supports`), "does not
+  hold" when more than half decide against it (the other direction, or equivalent within
+  the margin), "inconclusive" otherwise, "cannot tell" when none is testable; the counts of
+  each outcome follow as in `verdict_powered`.
+
+  Args:
+    outcomes: the comparisons' outcomes.
+    supports: the outcome the claim predicts ("better" or "worse").
+    margin: the equivalence margin (for the default labels).
+    labels: outcome -> words, or (singular, plural) words.
+
+  Returns:
+    The verdict with its counts.
+  """
+  testable = [o for o in outcomes if o != "cannot tell"]
+  untestable = len(outcomes) - len(testable)
+  if not testable:
+    return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
+  k = sum(o == supports for o in testable)
+  against = sum(o not in (supports, "inconclusive") for o in testable)
+  word = "holds" if 2 * k > len(testable) else "does not hold" if 2 * against > len(testable) else "inconclusive"
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
                       "inconclusive": "inconclusive"}
   n = {w: sum(o == w for o in testable) for w in labels}
