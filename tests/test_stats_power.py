@@ -257,3 +257,17 @@ def test_non_superiority_is_the_one_sided_shifted_t_test_and_its_bound_inverts_i
   assert stats.non_superiority({"diff": 0.03, "se": 0.0, "df": 3}, 0.02) == 1.0
   assert stats.fmt_p({"p": 0.04954}) == "p = 0.0495" and stats.fmt_p({"p": 0.0504}) == "p = 0.0504" and stats.fmt_p({"p": 0.0512}) == "p = 0.051"
   assert stats.fmt_p({"p": 0.0449}) == "p = 0.045" and stats.fmt_p({"p": 0.2}, 0.04954) == "p = 0.200, Holm p = 0.0495"
+
+
+def test_verdict_most_powered_by_hand():
+  """More than half of the testable comparisons: "holds" when they support it, "does not
+  hold" when they decide against it (the other way or equivalent), else "inconclusive"."""
+  labels = {"better": "degrades", "worse": "improves", "equivalent": "equivalent within ±0.02",
+            "inconclusive": "inconclusive"}
+  v = stats.verdict_most_powered
+  assert v(["better", "better", "inconclusive", "cannot tell"], "better", 0.02, labels) == \
+      "holds (2 degrades, 1 inconclusive of 3 testable; 1 cannot tell)"
+  assert v(["better", "worse", "equivalent"], "better", 0.02, labels).startswith("does not hold (1 degrades, 1 improves")
+  assert v(["better", "worse", "inconclusive", "inconclusive"], "better", 0.02, labels).startswith("inconclusive (")
+  assert v(["better", "inconclusive"], "better").startswith("inconclusive (1 better, 1 inconclusive of 2")
+  assert v(["cannot tell"] * 2, "better") == "cannot tell (2 comparisons, none testable)"
