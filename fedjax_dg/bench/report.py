@@ -820,20 +820,33 @@ def local_steps_per_round(data, grid: str) -> dict:
   return out
 
 
-def noise_scale(table, col, runs: int) -> tuple[float, float] | None:
-  """`(sigma, d)`: the median over the column's usable cells of `table` of their standard
-  deviation over seeds, and `d = sigma sqrt(2 / runs) sqrt(2 / pi)`, the expected absolute
-  difference of two means of `runs` independent runs each at that spread when the two
-  trials do not differ. None without such cells."""
-  sds = [c.std for (m, c_col), c in table.cells.items() if c_col == col and c is not None and c.usable
-         and c.std is not None]
+def noise_scale(table, col, runs: int, baseline: str = "fedavg") -> tuple[float, float] | None:
+  """`(sigma_d, d)`: the paired spread of the column, the root mean square over its usable
+  cells of the standard deviation of their per-seed differences from the baseline's cell
+  (the spread of a difference of two configurations run on the same seeds), and `d =
+  sigma_d / sqrt(runs) * sqrt(2 / pi)`, the expected absolute difference of two trials'
+  means over the same `runs` search seeds when the trials do not differ (the two winners'
+  means come from the same seeds, so their difference is a paired one). An estimate: the
+  table's methods stand in for the search's trials. None without a usable baseline cell
+  and another usable cell sharing two or more of its seeds."""
+  base = table.cells.get((baseline, col))
+  if base is None or not base.usable:
+    return None
+  sds = []
+  for (m, c_col), c in table.cells.items():
+    if c_col != col or m == baseline or c is None or not c.usable:
+      continue
+    common = sorted(set(c.by_seed) & set(base.by_seed))
+    if len(common) >= 2:
+      sds.append(float(np.std([c.by_seed[k] - base.by_seed[k] for k in common], ddof=1)))
   if not sds:
     return None
-  sigma = float(np.median(sds))
-  return sigma, sigma * math.sqrt(2.0 / runs) * math.sqrt(2.0 / math.pi)
+  sigma = math.sqrt(float(np.mean(np.square(sds))))
+  return sigma, sigma / math.sqrt(runs) * math.sqrt(2.0 / math.pi)
 
 
-def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None) -> list[str]:
+def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None,
+                       baseline: str = "fedavg") -> list[str]:
   """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
   it alone would select in each cell (among the trials it finished: a trial whose run did
   not finish at that seed, e.g. diverged, cannot win there, as in `sweep.select_winners`);
@@ -841,8 +854,8 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   own test score differs between the winners (each winner's mean over the seeds that hold
   it), and the cells where it changed: method, each seed's trial and its test score. With
   `table` (the held-out table), each column also gives the difference run noise alone
-  would make (`noise_scale`): the winners' test means are over a few search runs, so part
-  of their difference is those runs' own spread. [] when it ran one seed (or `src` is not a
+  would make (`noise_scale`, paired, from `baseline`'s differences): the winners' test
+  means are over a few search runs, so part of their difference is those runs' own spread. [] when it ran one seed (or `src` is not a
   grid)."""
   names = names or {}
   if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
@@ -876,13 +889,15 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   lines = []
   for col in sorted(per_col, key=_column_key):
     k, n, gaps, which = per_col[col]
-    noise = noise_scale(table, col, runs) if table is not None and col in table.columns and gaps else None
+    noise = (noise_scale(table, col, runs, baseline) if table is not None and col in table.columns and gaps
+             else None)
     lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
                  + (f"; the search runs' test {metric} at the two winners differs by {float(np.median(gaps)):.3f} "
                     f"(median; largest {max(gaps):.3f})" if gaps else "")
-                 + (f"; by run noise alone, two means of {runs} runs each at the column's median spread "
-                    f"({noise[0]:.3f}, the standard deviation of the held-out table's cells over their seeds) differ "
-                    f"by about {noise[1]:.3f}" if noise else "")
+                 + (f"; by run noise alone, two trials' means over the same {runs} seeds would differ by about "
+                    f"{noise[1]:.3f} (an estimate: the column's paired spread in the held-out table, {noise[0]:.3f}, "
+                    "the root mean square of the standard deviations of its methods' per-seed differences from the "
+                    "baseline)" if noise else "")
                  + (": " + "; ".join(which) if gaps else ""))
   return lines
 
@@ -938,7 +953,8 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   if "difficulty" in texts:
     md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
   sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
-  sv = selection_variance(data, sel_grid, "heldout_domain", st["metric"], names, table) if table is not None else []
+  sv = (selection_variance(data, sel_grid, "heldout_domain", st["metric"], names, table, baseline)
+        if table is not None else [])
   if sv:
     md += ["## Selection variance", "", f"Grid `{sel_grid}` runs the search's trials at "
            f"{len(tuple(sweep.grids[sel_grid].seeds))} seeds in {_columns_text(sweep.grids[sel_grid])} (the other "
