@@ -820,7 +820,7 @@ def local_steps_per_round(data, grid: str) -> dict:
   return out
 
 
-def noise_scale(table, col, runs: int, baseline: str = "fedavg") -> tuple[float, float] | None:
+def noise_scale(table, col, runs: int, baseline: str | None = None) -> tuple[float, float] | None:
   """`(sigma_d, d)`: the paired spread of the column, the root mean square over its usable
   cells of the standard deviation of their per-seed differences from the baseline's cell
   (the spread of a difference of two configurations run on the same seeds), and `d =
@@ -829,6 +829,7 @@ def noise_scale(table, col, runs: int, baseline: str = "fedavg") -> tuple[float,
   means come from the same seeds, so their difference is a paired one). An estimate: the
   table's methods stand in for the search's trials. None without a usable baseline cell
   and another usable cell sharing two or more of its seeds."""
+  baseline = baseline or _baseline()
   base = table.cells.get((baseline, col))
   if base is None or not base.usable:
     return None
@@ -846,7 +847,7 @@ def noise_scale(table, col, runs: int, baseline: str = "fedavg") -> tuple[float,
 
 
 def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None,
-                       baseline: str = "fedavg") -> list[str]:
+                       baseline: str | None = None) -> list[str]:
   """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
   it alone would select in each cell (among the trials it finished: a trial whose run did
   not finish at that seed, e.g. diverged, cannot win there, as in `sweep.select_winners`);
