@@ -437,6 +437,17 @@ def verdict(outcomes, supports: str, need: str = "all") -> str:
   return word + counts
 
 
+def _counts(testable, untestable: int, labels: dict | None, margin: float) -> str:
+  """" (1 better, 5 inconclusive of 6 testable; 2 cannot tell)": each outcome's count named by
+  `labels` (outcome -> words, or (singular, plural) words)."""
+  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
+                      "inconclusive": "inconclusive"}
+  n = {w: sum(o == w for o in testable) for w in labels}
+  counts = ", ".join(f"{n[w]} {label if isinstance(label, str) else label[n[w] != 1]}" for w, label in labels.items()
+                     if n[w])
+  return f" ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
+
+
 def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None,
                     refuted_by: str | None = None) -> str:
   """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
@@ -467,12 +478,7 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
     word = "not supported"
   else:
     word = "does not hold"
-  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
-                      "inconclusive": "inconclusive"}
-  n = {w: sum(o == w for o in testable) for w in labels}
-  counts = ", ".join(f"{n[w]} {label if isinstance(label, str) else label[n[w] != 1]}" for w, label in labels.items()
-                     if n[w])
-  return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
+  return word + _counts(testable, untestable, labels, margin)
 
 
 def verdict_most_powered(outcomes, supports: str = "better", margin: float = MARGIN,
@@ -499,12 +505,7 @@ def verdict_most_powered(outcomes, supports: str = "better", margin: float = MAR
   k = sum(o == supports for o in testable)
   against = sum(o not in (supports, "inconclusive") for o in testable)
   word = "holds" if 2 * k > len(testable) else "does not hold" if 2 * against > len(testable) else "inconclusive"
-  labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{margin:g}",
-                      "inconclusive": "inconclusive"}
-  n = {w: sum(o == w for o in testable) for w in labels}
-  counts = ", ".join(f"{n[w]} {label if isinstance(label, str) else label[n[w] != 1]}" for w, label in labels.items()
-                     if n[w])
-  return f"{word} ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
+  return word + _counts(testable, untestable, labels, margin)
 
 
 # ---------------------------------------------------------------------------- text
