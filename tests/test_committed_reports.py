@@ -293,11 +293,11 @@ def baseline_test(a: dict, b: dict, margin=MARGIN):
   return "welch", diff, se, df, p, None, float(tost), None
 
 
-def family_by_hand(pairs, margin=MARGIN):
+def family_by_hand(pairs, margin=MARGIN, alpha=0.05):
   """[(outcome, text, detectable, zero-difference equivalence bound)] for a family of
   comparisons against the baseline: Holm by hand over the p-values and over the TOST
-  p-values, the detectable difference at 0.05 / m, and the smallest margin at which both
-  one-sided tests reject at 0.05 / m (found by bisection on SciPy's one-sided t-tests)."""
+  p-values, the detectable difference at alpha / m, and the smallest margin at which both
+  one-sided tests reject at alpha / m (found by bisection on SciPy's one-sided t-tests)."""
   tests = {i: baseline_test(a, b, margin) for i, (a, b) in enumerate(pairs) if len(a) > 1 and len(b) > 1}
   adj = holm_by_hand({i: t[4] for i, t in tests.items()})
   adj_eq = holm_by_hand({i: t[6] for i, t in tests.items()})
@@ -309,15 +309,15 @@ def family_by_hand(pairs, margin=MARGIN):
       out.append(("cannot tell", "untestable", None, None))
       continue
     kind, diff, se, df, p, wp, _, nonzero = tests[i]
-    o = ("better" if diff > 0 else "worse") if adj[i] < 0.05 else "equivalent" if adj_eq[i] < 0.05 else "inconclusive"
-    mdd = mdd_by_hand(se, df, 0.05 / len(tests))
+    o = ("better" if diff > 0 else "worse") if adj[i] < alpha else "equivalent" if adj_eq[i] < alpha else "inconclusive"
+    mdd = mdd_by_hand(se, df, alpha / len(tests))
     text = f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, Holm {p_text(adj[i])}"
     if kind.startswith("paired"):
-      unreachable = 2.0 / 2 ** nonzero >= 0.05 / len(tests)  # its smallest exact p above the first level
+      unreachable = 2.0 / 2 ** nonzero >= alpha / len(tests)  # its smallest exact p above the first level
       text += (f", Wilcoxon {p_text(wp)} (Holm {p_text(adj_w[i])}"
                + (f", cannot reach the level with {df + 1} seeds)" if unreachable
-                  else ", disagrees)" if (adj[i] < 0.05) != (adj_w[i] < 0.05) else ")"))
-    bound = equivalence_bound_by_hand(diff, se, df, 0.05 / len(tests))
+                  else ", disagrees)" if (adj[i] < alpha) != (adj_w[i] < alpha) else ")"))
+    bound = equivalence_bound_by_hand(diff, se, df, alpha / len(tests))
     text += f", TOST Holm {p_text(adj_eq[i])}, detectable {mdd:.3f}, equivalence bound {bound:.3f}"
     out.append((o, text, mdd, bound - abs(diff)))
   return out
@@ -537,7 +537,7 @@ def verdict_most_powered(outcomes):
   return "does not hold" if 2 * sum(o in ("worse", "equivalent") for o in testable) > len(testable) else "inconclusive"
 
 
-def grid_points(sweep, docs, grid, fields):
+def grid_points(sweep, docs, grid, fields, by_seed=False):
   """{tuple of the entry's `fields`: [score by seed]} of one grid's finished runs at the
   held-out selection; a centralised entry (lam None) stands in every lambda of its grid."""
   lams = sweep["grids"][grid].get("lams", [None])
@@ -549,7 +549,7 @@ def grid_points(sweep, docs, grid, fields):
       for lam in (lams if e["axes"]["lam"] is None else [e["axes"]["lam"]]):
         ax = {**e["axes"], "lam": lam}
         pts.setdefault(tuple(ax[f] for f in fields), {})[ax["seed"]] = score_at(d, "heldout_domain")
-  return {k: [s for _, s in sorted(v.items())] for k, v in pts.items()}
+  return pts if by_seed else {k: [s for _, s in sorted(v.items())] for k, v in pts.items()}
 
 
 def point_text(v):
@@ -654,28 +654,36 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
   grid = sweep["figures"].get("rounds_grid", "")
   verdict, body = section_of(folder, "Remark 4.8")
   if grid and grid in sweep["grids"]:
-    pts = grid_points(sweep, docs, grid, ("num_clients", "lam", "method", "num_rounds"))
+    pts = grid_points(sweep, docs, grid, ("num_clients", "lam", "method", "num_rounds"), by_seed=True)
+    words48 = {"better": "above", "worse": "below", "inconclusive": "inconclusive", "cannot tell": "cannot tell",
+               "equivalent": f"equivalent within ±{MARGIN:g}"}
     outcomes = []
     for line in body.splitlines():
-      g = re.fullmatch(rf"- C=(\d+) λ=([\d.]+) (.+?): (.+); best interior R=(\d+) \(of (\d+), Bonferroni p < ([\d.]+)\) "
-                       rf"vs R=(\d+): ([\w ]+?), Welch ({PD}|untestable), vs R=(\d+): ([\w ]+?), Welch ({PD}|untestable)", line)
+      g = re.fullmatch(rf"- C=(\d+) λ=([\d.]+) (.+?): (.+); best interior R=(\d+) \(of (\d+), its two tests at "
+                       rf"([\d.]+), Holm\) vs R=(\d+): (.+?) \(((?:paired|welch) .+?|untestable)\), vs R=(\d+): (.+?) "
+                       rf"\(((?:paired|welch) .+|untestable)\)", line)
       assert g, (folder, line)
       C, lam = int(g.group(1)), float(g.group(2))
       m = next(m for c, l2, m, _ in pts if (c, l2) == (C, lam) and name(m) == g.group(3))
       rs = sorted(r for c, l2, m2, r in pts if (c, l2, m2) == (C, lam, m))
       run = lambda r: pts[(C, lam, m, r)]  # noqa: E731
-      assert g.group(4) == ", ".join(f"R={r} {point_text(run(r))}" for r in rs), (folder, line)
-      mid = max(rs[1:-1], key=lambda r: statistics.mean(run(r)))
+      assert g.group(4) == ", ".join(f"R={r} {point_text([v for _, v in sorted(run(r).items())])}" for r in rs), \
+          (folder, line)
+      mid = max(rs[1:-1], key=lambda r: statistics.mean(run(r).values()))
       alpha = 0.05 / (len(rs) - 2)
       assert (int(g.group(5)), int(g.group(6)), g.group(7)) == (mid, len(rs) - 2, f"{alpha:.3g}"), (folder, line)
-      ends = [outcome(run(mid), run(end), alpha) for end in (rs[0], rs[-1])]
+      res = family_by_hand([(run(mid), run(end)) for end in (rs[0], rs[-1])], alpha=alpha)
       assert (int(g.group(8)), g.group(9), g.group(10), int(g.group(11)), g.group(12), g.group(13)) == (
-          rs[0], ends[0][0], ends[0][1], rs[-1], ends[1][0], ends[1][1]), (folder, line)
-      os_ = [o for o, _ in ends]
-      outcomes.append("cannot tell" if "cannot tell" in os_ else "higher" if os_ == ["higher", "higher"]
-                      else "lower" if "lower" in os_ else "no difference")
+          rs[0], words48[res[0][0]], res[0][1], rs[-1], words48[res[1][0]], res[1][1]), (folder, line)
+      os_ = [o for o, _, _, _ in res]
+      outcomes.append("cannot tell" if "cannot tell" in os_ else "supports" if os_ == ["better", "better"]
+                      else "against" if any(o in ("worse", "equivalent") for o in os_) else "inconclusive")
       checked += 1
-    assert verdict.split(" (", 1)[0] == verdict_words(outcomes), (folder, verdict)
+    series = {"supports": ("series with its best interior schedule above both ends",
+                           "series with the best interior schedule above both ends"),
+              "against": ("series with an end at or above it", "series with an end at or above it"),
+              "inconclusive": ("undecided series", "undecided series")}
+    assert verdict == verdict_powered(outcomes, "supports", series), (folder, verdict)
   assert checked
 
 

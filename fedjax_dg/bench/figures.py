@@ -95,7 +95,8 @@ def _lam(v):
 
 def point_rows(entries, results, keys: tuple, rule: str, metric: str, ddof: int, stale=frozenset()) -> list[dict]:
   """One row per distinct value of the axes `keys`: mean, std, standard error, n over seeds
-  (and, not written to the CSV, the per-seed values and the cell's mark, `collect.cell_mark`)."""
+  (and, not written to the CSV, the per-seed values, {seed: value}, and the cell's mark,
+  `collect.cell_mark`)."""
   groups = {}
   for e in entries:
     groups.setdefault(tuple(_lam(e.axes[k]) if k == "lam" else e.axes[k] for k in keys), []).append(e)
@@ -104,7 +105,7 @@ def point_rows(entries, results, keys: tuple, rule: str, metric: str, ddof: int,
     c = collect.cell(es, results, rule, metric, ddof, stale)
     if c.mean is not None:
       rows.append({**dict(zip(keys, k)), "mean": c.mean, "std": c.std, "se": c.se, "n": len(c.values),
-                   "stale": c.stale, "_values": c.values, "_mark": c.mark})
+                   "stale": c.stale, "_values": c.values, "_by_seed": c.by_seed, "_mark": c.mark})
   return rows
 
 

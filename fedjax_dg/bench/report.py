@@ -68,10 +68,6 @@ def cite_cell(names: dict, m: str, where: str, c) -> str:
   return f"{names.get(m, m)} ({where}) {collect.format_cell(c, 3)}"
 
 
-def _cmp_text(outcome: str, w, alpha: float = stats.ALPHA) -> str:
-  return f"{outcome}, Welch {stats.fmt_p(w)}{stats.fmt_mdd(w, alpha)}"
-
-
 def _welch_text(w, alpha: float = stats.ALPHA) -> str:
   """"p = 0.012, detectable 0.045" (the Welch test's difference detectable with 80% power
   at its level), "untestable"."""
@@ -281,12 +277,21 @@ def remark_4_7(rows: list[dict], names: dict) -> tuple[str, list[str]]:
   return stats.verdict(outcomes, "higher", "most"), lines
 
 
-def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
+SERIES_LABELS = {"supports": ("series with its best interior schedule above both ends",
+                              "series with the best interior schedule above both ends"),
+                 "against": ("series with an end at or above it", "series with an end at or above it"),
+                 "inconclusive": ("undecided series", "undecided series")}
+REMARK_4_8_WORDS = {"better": "above", "worse": "below", "inconclusive": "inconclusive", "cannot tell": "cannot tell"}
+
+
+def remark_4_8(rows: list[dict], names: dict, margin: float = stats.MARGIN) -> tuple[str, list[str]]:
   """Accuracy is not monotone in communication rounds at fixed computation: per (C, lambda,
-  method), the best interior schedule against both ends. Supports where it is significantly
-  above both; against where an end is significantly above it. The interior schedule is
-  picked by its mean first, so its two tests use a Bonferroni level, alpha divided by the
-  number of interior schedules it was picked from."""
+  method), the best interior schedule against both ends, paired by seed (the runs of a seed
+  share the split, the partition and the initial model), the two comparisons one family
+  (`stats.against_baseline`: Holm, equivalence at +-margin) at alpha divided by the number of
+  interior schedules the best was picked from (Bonferroni for the pick). A series supports
+  the remark where its interior schedule is above both ends; it is against it where an end
+  is above it or within the margin of it; undecided otherwise."""
   lines, outcomes = [], []
   rows = [r for r in rows if not r.get("_mark")]
   for C, lam, m in dict.fromkeys((r["num_clients"], r["lam"], r["method"]) for r in rows):
@@ -296,17 +301,18 @@ def remark_4_8(rows: list[dict], names: dict) -> tuple[str, list[str]]:
       continue
     mid = max(pts[1:-1], key=lambda r: r["mean"])
     alpha = stats.ALPHA / (len(pts) - 2)
-    res = [stats.compare(mid["_values"], end["_values"], alpha) for end in (pts[0], pts[-1])]
-    os_ = [o for o, _ in res]
-    o = ("cannot tell" if "cannot tell" in os_ else "higher" if all(x == "higher" for x in os_)
-         else "lower" if "lower" in os_ else "no difference")
-    outcomes.append(o)
+    res = stats.against_baseline([(mid["_by_seed"], end["_by_seed"]) for end in (pts[0], pts[-1])], alpha=alpha,
+                                 margin=margin)
+    os_ = [r["outcome"] for r in res]
+    outcomes.append("cannot tell" if "cannot tell" in os_ else "supports" if os_ == ["better", "better"]
+                    else "against" if any(o in ("worse", "equivalent") for o in os_) else "inconclusive")
+    word = lambda r: REMARK_4_8_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")  # noqa: E731
     where = f"C={C}" + ("" if lam is None else f" λ={lam:g}")
     lines.append(f"{where} {names.get(m, m)}: " + ", ".join(f"R={r['num_rounds']} {_point(r)}" for r in pts)
-                 + f"; best interior R={mid['num_rounds']} (of {len(pts) - 2}, Bonferroni p < {alpha:.3g}) vs "
-                 f"R={pts[0]['num_rounds']}: {_cmp_text(*res[0], alpha)}, vs R={pts[-1]['num_rounds']}: "
-                 f"{_cmp_text(*res[1], alpha)}")
-  return stats.verdict(outcomes, "higher", "all"), lines
+                 + f"; best interior R={mid['num_rounds']} (of {len(pts) - 2}, its two tests at {alpha:.3g}, Holm) vs "
+                 f"R={pts[0]['num_rounds']}: {word(res[0])} ({stats.fmt_powered(res[0])}), vs "
+                 f"R={pts[-1]['num_rounds']}: {word(res[1])} ({stats.fmt_powered(res[1])})")
+  return stats.verdict_powered(outcomes, "supports", margin, SERIES_LABELS), lines
 
 
 CLAIM_WORDS = {"better": "holds", "worse": "does not hold (below the baseline)", "inconclusive": "inconclusive",
@@ -1061,11 +1067,14 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "cohorts, and are paired by seed the same way, the remark's comparisons one Holm family with the same four "
         "outcomes ('degrades' where the first cell is higher); it holds where more than half of its testable "
         "comparisons degrade, does not hold where more than half decide against it, and is inconclusive otherwise. "
-        + (f"Comparisons along a figure's axis (remark{'s' * (len(across) > 2)} {', '.join(across[1:])}) are "
-           f"Welch's t-test, two-sided, p < {stats.ALPHA:g} unless a line says otherwise ('no difference' where "
-           f"p >= {stats.ALPHA:g}), each at its own level, not corrected for the remark's many comparisons (the "
-           "remark's verdict counts how many support it; a single comparison among them may be significant by "
-           "chance), each with its detectable difference. " if len(across) > 1 else "")
+        + ("Remark 4.8 pairs each series' best interior schedule with both ends by seed, the two comparisons one "
+           "Holm family at 0.05 divided by the interior schedules the best was picked from, with the same four "
+           "outcomes; a series supports it where the interior schedule is above both ends and is against it where "
+           "an end is above it or within the margin. " if "4.8" in across else "")
+        + (f"Remark 4.7's comparisons along Fig. 2's axis are Welch's t-test, two-sided, p < {stats.ALPHA:g} "
+           f"('no difference' where p >= {stats.ALPHA:g}), each at its own level, not corrected for the remark's "
+           "many comparisons (the remark's verdict counts how many support it; a single comparison among them may "
+           "be significant by chance), each with its detectable difference. " if "4.7" in across else "")
         + "'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ in the tables are left out of every "
         "test.", "", reference.intro(bai), ""]
 
@@ -1098,8 +1107,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   if f.get("rounds_grid", "") in sweep.grids and sweep_lib.grid_entries(exp, f.rounds_grid):
     rows = figures.rounds_rows(exp, results, f.rounds_grid, rule, metric, ddof, data.stale)
     md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; the best interior "
-                  "schedule significantly above both ends, Bonferroni over the interior schedules)",
-                  remark_4_8(rows, names), reference.figure_only("Fig. 3"))
+                  "schedule significantly above both ends, paired by seed, Bonferroni over the interior schedules)",
+                  remark_4_8(rows, names, margin), reference.figure_only("Fig. 3"))
   if table is not None:
     for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):
       md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
