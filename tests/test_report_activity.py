@@ -206,6 +206,12 @@ def test_fig4_draws_a_staged_method_at_its_final_stage_by_local_steps(tmp_path, 
   assert staged[-1]["round"] == pytest.approx(10.0) and all(r["staged"] for r in staged)
   # stage 2's rounds 4-7: test 0.4 .. 0.55, mean over seeds 0 and 1 (+0.005)
   assert [r["mean"] for r in staged] == pytest.approx([0.405, 0.455, 0.505, 0.555])
+  # The spread over the two seeds (0.01 apart) with the report's std_ddof: 0.00707 at
+  # ddof 1 (the default, Bai et al.'s), 0.005 at ddof 0.
+  assert [r["std"] for r in staged] == pytest.approx([0.01 / math.sqrt(2)] * 4)
+  pop = [r for r in figures.curve_rows(exp, results, "table", 4, "heldout_domain", "accuracy", ddof=0)
+         if r["split"] == "test" and r["method"] == "fediir"]
+  assert [r["std"] for r in pop] == pytest.approx([0.005] * 4)
   plain = [r for r in rows if r["method"] == "fedavg"]
   assert [r["round"] for r in plain] == list(range(1, 11)) and not any(r["staged"] for r in plain)
   drawn = []  # what each line is drawn with: its label, x values and marker

@@ -162,7 +162,7 @@ def final_stage_positions(run, config) -> dict | None:
   return {t: (before + (t - int(lo) + 1) * per) / K for t in range(int(lo), int(hi) + 1)}
 
 
-def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str) -> list[dict]:
+def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str, ddof: int = 1) -> list[dict]:
   """Fig. 4's lines for clients `num_clients`: per (lam, method, split, round) the mean and
   std over (seed, fold) of each seed's selected trial. A cell the tables mark (`collect.cell_mark`:
   equal to the baseline by construction, or its method's term did not act) draws no line: it
@@ -199,7 +199,7 @@ def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str
             xs.setdefault(t, []).append(place[r["round"]] if place is not None else r["round"])
       rows += [{"lam": lam, "method": method, "split": split,
                 "round": float(np.mean(xs[t])) if staged else t, "mean": float(np.mean(v)),
-                "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "n": len(v), "staged": staged}
+                "std": float(np.std(v, ddof=ddof)) if len(v) > 1 else 0.0, "n": len(v), "staged": staged}
                for t, v in sorted(per_round.items())]
   return rows
 
@@ -448,7 +448,7 @@ def make_figures(sweep, out_dir: str, exp=None, results=None, data=None, allow_s
                    for gr, ms in grid_groups if ms]
     grid_groups = small_multiples(grid_groups, baseline)
     for C in [int(c) for c in g.client_counts if int(c) > 1]:
-      rows = curve_rows(exp, results, f.curves_grid, C, rule, metric)
+      rows = curve_rows(exp, results, f.curves_grid, C, rule, metric, ddof)
       if rows:
         write_rows(rows, os.path.join(out_dir, f"fig4_curves_C{C}.csv"))
         for split in ("test", "heldout_val"):  # fig4_curves_C<c>.png: the test domain
