@@ -632,24 +632,31 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
     if not grid or grid not in sweep["grids"]:
       assert verdict is None, (folder, key)
       continue
-    pts = grid_points(sweep, docs, grid, ("lam", "method", "num_clients"))
+    pts = grid_points(sweep, docs, grid, ("lam", "method", "num_clients"), by_seed=True)
     panels = {(lam, m) for lam, m, _ in pts}
     lines = body.splitlines()
     assert len(lines) == sum(len({c for l2, m2, c in pts if (l2, m2) == pm}) > 1 for pm in panels), (folder, key)
-    outcomes = []
+    words47 = {"better": "falls", "worse": "rises", "inconclusive": "inconclusive", "cannot tell": "cannot tell",
+               "equivalent": f"equivalent within ±{MARGIN:g}"}
+    cited, family = [], []
     for line in lines:
-      g = re.fullmatch(rf"- λ=([\d.]+) (.+?): (.+); C=(\d+) vs C=(\d+): (\w[\w ]*) \(({PD}|untestable)\)", line)
+      g = re.fullmatch(rf"- λ=([\d.]+) (.+?): (.+); C=(\d+) vs C=(\d+): (.+?) \(((?:paired|welch) .+|untestable)\)",
+                       line)
       assert g, (folder, line)
       m = next(m for lam, m in panels if name(m) == g.group(2) and lam == float(g.group(1)))
       cs = sorted(c for lam, m2, c in pts if lam == float(g.group(1)) and m2 == m)
       run = lambda c: pts[(float(g.group(1)), m, c)]  # noqa: E731
-      assert g.group(3) == ", ".join(f"C={c} {point_text(run(c))}" for c in cs), (folder, line)
+      assert g.group(3) == ", ".join(f"C={c} {point_text([v for _, v in sorted(run(c).items())])}" for c in cs), \
+          (folder, line)
       assert (int(g.group(4)), int(g.group(5))) == (cs[0], cs[-1])
-      o, p = outcome(run(cs[0]), run(cs[-1]))
-      assert (g.group(6), g.group(7)) == ({"higher": "falls", "lower": "rises"}.get(o, o), p), (folder, line)
-      outcomes.append(o)
+      cited.append((g.group(6), g.group(7)))
+      family.append((run(cs[0]), run(cs[-1])))
       checked += 1
-    assert verdict.split(" (", 1)[0] == verdict_most(outcomes), (folder, verdict)
+    res = family_by_hand(family)
+    for (word, text), (o, want, _, _) in zip(cited, res):
+      assert (word, text) == (words47[o], want), (folder, word, text)
+    outcomes = [o for o, _, _, _ in res]
+    assert verdict.split(" (", 1)[0] == verdict_most_powered(outcomes), (folder, verdict)
 
   grid = sweep["figures"].get("rounds_grid", "")
   verdict, body = section_of(folder, "Remark 4.8")

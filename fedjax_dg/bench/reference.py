@@ -177,8 +177,9 @@ def _drops(cells: dict, pairs) -> tuple[list, dict]:
 
 def remark_4_2_federated(cells: dict) -> str:
   """Remark 4.2 (DG methods degrade in FL) on Bai et al.'s cells: each DG method's C = 1 cell
-  against its federated cells, supporting where C = 1 is significantly higher; "holds" when
-  most testable comparisons support it (the report's rule).
+  against its federated cells, supporting where C = 1 is significantly higher (Welch's test
+  on their printed means and standard deviations: their runs cannot be paired); "holds" when
+  most testable comparisons support it.
 
   Args:
     cells: `bai_cells()`.
@@ -187,8 +188,8 @@ def remark_4_2_federated(cells: dict) -> str:
     The sentence for the report's reading.
   """
   outcomes, per = _drops(cells, [("C=1", col) for col in FEDERATED])
-  return (f"On Bai et al.'s cells the same rule gives: {stats.verdict(outcomes, 'higher', 'most')}; per dataset, "
-          "comparisons where C=1 is significantly higher: "
+  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, uncorrected): "
+          f"{stats.verdict(outcomes, 'higher', 'most')}; per dataset, comparisons where C=1 is significantly higher: "
           + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items()) + ".")
 
 
@@ -202,8 +203,8 @@ def remark_4_2_lambda(cells: dict) -> str:
     The sentence for the report's reading.
   """
   outcomes, per = _drops(cells, [("lam=1", "lam=0.1")])
-  return (f"On Bai et al.'s cells the same rule gives: {stats.verdict(outcomes, 'higher', 'most')}; per dataset, "
-          "comparisons where λ=1 is significantly higher: "
+  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, uncorrected): "
+          f"{stats.verdict(outcomes, 'higher', 'most')}; per dataset, comparisons where λ=1 is significantly higher: "
           + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items())
           + " (their federated columns are at C = 100; Bai et al. name PACS and CelebA for this half of the "
           "remark).")

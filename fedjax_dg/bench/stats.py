@@ -25,8 +25,9 @@ differences. Cells of different columns (C = 1 against C = 20, lambda = 1 agains
 not share a partition or a cohort, but runs with the same seed still share the split and
 the initial model, so remark 4.2 pairs them by seed too (a paired test stays valid whatever
 the pairs share; what they share only adds power), and so does remark 4.8 along Fig. 3's
-schedules; remark 4.7's comparisons along Fig. 2's axis use Welch's unequal-variance t-test
-(`welch`), as does any pair of cells with fewer than two seeds in common (`pair_test`). Two cells
+schedules and remark 4.7 along Fig. 2's numbers of clients; Welch's unequal-variance
+t-test (`welch`) is used for a pair of cells with fewer than two seeds in common
+(`pair_test`). Two cells
 of one column that share most of their seeds (a run that diverged or failed) are paired on the
 seeds they share, and the record counts the seeds left out.
 
@@ -59,7 +60,7 @@ p-values too; the detectable difference is computed at alpha / m, Holm's first a
 strictest step, so it is the difference each comparison of the family could surely see.
 
 The older three words ("higher", "lower", "no difference", "cannot tell": `compare`,
-`verdict`) remain for remark 4.7's Welch comparisons along Fig. 2's axis.
+`verdict`) remain for callers of Welch's test; the report's remarks use the four outcomes.
 """
 from __future__ import annotations
 
