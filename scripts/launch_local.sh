@@ -6,7 +6,10 @@
 # Process 0 writes the run directory and the progress bar. Exits 0 when every process
 # does; when one fails (an error, a kill), the others are stopped at once (SIGKILL), a
 # process killed by a signal gets one line saying so (one that failed with an error has
-# printed its own), and the exit status is the failed one's. SIGTERM and SIGUSR1 to this
+# printed its own), and the exit status is the failed one's. A refusal of bad input (exit
+# status 2: every process refuses it the same way, process 0 alone prints the line) leaves
+# the others LAUNCH_LOCAL_GRACE_S seconds (default 30) to exit by themselves first, so the
+# line is never lost to a process that refused sooner. SIGTERM and SIGUSR1 to this
 # script are passed on: every process finishes its round, saves it and exits with 128 + the
 # signal (fedjax_dg.stopping), and so does this script; SIGINT stops every process at once.
 #
@@ -55,6 +58,7 @@ done
 
 status=0
 left=$n
+killer=
 while [ $left -gt 0 ]; do
   done_pid=
   wait -n -p done_pid 2> /dev/null  # bash's own "Killed" notices: the line below says it once
@@ -63,6 +67,7 @@ while [ $left -gt 0 ]; do
     [ $rc -eq 127 ] && break  # no process left
     continue                  # a trapped signal interrupted the wait
   fi
+  [ "$done_pid" = "$killer" ] && continue  # the grace period below ran out
   left=$((left - 1))
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
     status=$rc
@@ -70,11 +75,18 @@ while [ $left -gt 0 ]; do
     if [ $rc -eq 143 ] || [ $rc -eq 138 ]; then  # stopped on SIGTERM / SIGUSR1 after a saved round: the
       continue                                   # others stop at the same round (they agree on it)
     fi
+    if [ $rc -eq 2 ]; then  # bad input: every process refuses it and exits by itself, and process 0 alone
+      ( sleep "${LAUNCH_LOCAL_GRACE_S:-30}"; stop_all ) > /dev/null 2>&1 &  # says why: killing it now could
+      # lose its line (the timer holds none of the pipes of this script's caller)
+      killer=$!
+      continue
+    fi
     if [ $rc -gt 128 ]; then  # killed by a signal: the process could not say so itself
       echo "launch_local.sh: process $who was killed (signal $((rc - 128))); stopping the others" >&2
     fi
     stop_all
   fi
 done
+[ -n "$killer" ] && kill "$killer" 2> /dev/null
 wait 2> /dev/null
 exit $status
