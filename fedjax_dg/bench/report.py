@@ -128,6 +128,96 @@ def detectable_by_column(table: collect.Table, baseline: str, margin: float = st
   return out
 
 
+def _column_family(table: collect.Table, baseline: str, col, margin: float):
+  """Remark 4.1's family in one column: (baseline cell, [(method, cell)] of the other usable
+  cells, `stats.against_baseline`'s results), or None where the baseline's cell is unusable."""
+  base = table.cells.get((baseline, col))
+  if not _usable(base):
+    return None
+  others = [(m, c) for _, m, _ in table.rows for c in [table.cells.get((m, col))] if m != baseline and _usable(c)]
+  return base, others, stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
+
+
+def _column_verdict(base, others, res, margin: float) -> str:
+  """Remark 4.1 in one column: "against" (a method significantly above the baseline, Holm),
+  "supports" (every method's one-sided test of `margin` or more above it rejects: the
+  intersection-union test), "cannot tell" (an untestable cell has a higher mean, or nothing
+  is testable), else "inconclusive"."""
+  if any(r["outcome"] == "better" for r in res):
+    return "against"
+  tested = [r for r in res if r["test"] is not None]
+  if not tested or any(r["test"] is None and c.mean > base.mean for (_, c), r in zip(others, res)):
+    return "cannot tell"
+  return "supports" if all(stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested) else "inconclusive"
+
+
+GLANCE_SYMBOLS = {"better": "▲", "worse": "▼", "equivalent": "≈", "inconclusive": "?", "cannot tell": "·"}
+GLANCE_VERDICTS = {"supports": "none above", "against": "some above", "inconclusive": "inconclusive",
+                   "cannot tell": "cannot tell"}
+
+
+def against_baseline_table(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN) -> str:
+  """Remark 4.1's comparisons at a glance: per method and column, the paired difference from
+  the baseline's cell (mean over the seeds both ran) and its outcome in the column's family
+  (Holm over the column's methods; `stats.against_baseline`), then each column's detectable
+  differences and its verdict (`remark_4_1`).
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    names: display names.
+    margin: the equivalence margin.
+
+  Returns:
+    A markdown table with its legend, or "" where no column has a usable baseline cell.
+  """
+  fams = {col: _column_family(table, baseline, col, margin) for col in table.columns}
+  if not any(fams.values()):
+    return ""
+  out = {}
+  for col, fam in fams.items():
+    if fam is not None:
+      out.update({(m, col): r for (m, _), r in zip(fam[1], fam[2])})
+  rows = ["| group | method | " + " | ".join(collect.column_label(c) for c in table.columns) + " |",
+          "|---|---|" + "---:|" * len(table.columns)]
+  last = None
+  for group, m, name in table.rows:
+    cells = []
+    for col in table.columns:
+      c, r = table.cells.get((m, col)), out.get((m, col))
+      if m == baseline:
+        cells.append(f"{c.mean:.3f}" if _usable(c) else collect.format_cell(c, 3))
+      elif r is None:
+        cells.append(collect.format_cell(c, 3) if c is None or c.mark or not _usable(c) else "")
+      elif r["test"] is None:
+        cells.append(GLANCE_SYMBOLS["cannot tell"])
+      else:
+        cells.append(f"{r['test']['diff']:+.3f} {GLANCE_SYMBOLS[r['outcome']]}")
+    rows.append(f"| {group if group != last else ''} | {name} | " + " | ".join(cells) + " |")
+    last = group
+  mdd, verdict = [], []
+  for col in table.columns:
+    fam = fams[col]
+    d = sorted(r["mdd"] for r in (fam[2] if fam else ()) if r["mdd"] is not None)
+    mdd.append(f"{float(np.median(d)):.3f}" if d else "-")
+    verdict.append(GLANCE_VERDICTS[_column_verdict(*fam, margin)] if fam else "-")
+  rows.append("|  | detectable (median) | " + " | ".join(mdd) + " |")
+  rows.append("|  | remark 4.1 | " + " | ".join(verdict) + " |")
+  b = names.get(baseline, baseline)
+  legend = (f"{b}'s row: its mean. Other rows: the method's mean minus {b}'s over the seeds both cells ran "
+            f"(paired by seed), and the outcome in the column's family (Holm over the column's methods at "
+            f"{stats.ALPHA:g}): ▲ better, ▼ worse, ≈ equivalent within ±{margin:g} (two one-sided tests), ? "
+            "inconclusive (the data allow a difference larger than the margin), · untestable (fewer than two "
+            "seeds); -ᵃ / -ᵇ cells are marked in the table and left out. 'detectable (median)': the median over "
+            f"the column's comparisons of the true difference found with {stats.POWER:.0%} power at Holm's first "
+            "level. 'remark 4.1': the column's verdict in the Reading: 'none above' (every method shown less than "
+            "the margin above the baseline, the intersection-union test), 'some above' (a method significantly "
+            "above it) or 'inconclusive' (neither shown). A method paper's claim tests "
+            "the same differences in a smaller family (the method's own columns), so a '?' here can be decided "
+            "there.")
+  return "\n".join(rows) + "\n\n" + legend
+
+
 def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
                ) -> tuple[str, list[str]]:
   """FedAvg-ERM is a strong baseline: in each column, does any method beat it? A column's
@@ -143,19 +233,16 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
   smallest margin the design could have shown non-superiority within."""
   lines, outcomes = [], []
   for col in table.columns:
-    base = table.cells.get((baseline, col))
-    if not _usable(base):
+    family = _column_family(table, baseline, col, margin)
+    if family is None:
       continue
-    others = [(m, c) for _, m, _ in table.rows for c in [table.cells.get((m, col))] if m != baseline and _usable(c)]
-    res = stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
+    base, others, res = family
     by = {k: [] for k in ("better", "worse", "equivalent", "inconclusive", "cannot tell")}
     for (m, c), r in zip(others, res):
       by[r["outcome"]].append((m, c, r))
-    untested_above = any(c.mean > base.mean for _, c, _ in by["cannot tell"])
     tested = [r for r in res if r["test"] is not None]
     below = [stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested]
-    outcomes.append("against" if by["better"] else "cannot tell" if untested_above or not tested
-                    else "supports" if all(below) else "inconclusive")
+    outcomes.append(_column_verdict(base, others, res, margin))
     cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
@@ -958,6 +1045,10 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
   for rule in collect.RULES:
     if f"table_{rule}" in texts:
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
+    glance = against_baseline_table(table, baseline, names, st["margin"]) if rule == "heldout_domain" and table is not None else ""
+    if glance:
+      md += [f"## Against {names.get(baseline, baseline)}, at a glance (held-out-domain selection, paired by seed)",
+             "", glance, ""]
   if "difficulty" in texts:
     md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
   sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
