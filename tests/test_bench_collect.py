@@ -237,8 +237,9 @@ def test_report_generates_the_reading_from_the_numbers(tmp_path):
   assert {c: all(non_superior_by_hand(TEST[(m, *c)], TEST[("fedavg", *c)]) for m in ms) for c, ms in cols.items()} \
       == {(1, None): True, (4, 1.0): False, (4, 0.0): False}
   assert "strong baseline (in each column, no method above it by the margin or more: one-sided paired tests, the " \
-         "intersection-union test): holds in part (1 column with no method the margin or more above it, 2 columns " \
-         "with none significantly above it but some possibly the margin above of 3 testable)" in reading
+         "intersection-union test; refuted by a method shown more than the margin above it): holds in part (1 column " \
+         "with no method the margin or more above it, 2 columns with none shown more than the margin above it but " \
+         "some possibly that far above of 3 testable)" in reading
   assert "C=4, λ=1: FedAvg-ERM 0.650 ± 0.050 (n=3); no method significantly above it; inconclusive: IRM, " \
          "FedProx; detectable" in reading
   from scipy import stats as sp

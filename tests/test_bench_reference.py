@@ -43,9 +43,12 @@ def test_welch_from_summary_statistics_is_its_closed_form():
   t = (a[0] - b[0]) / math.sqrt(va + vb)
   df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1))
   assert reference.welch_p(a, b) == pytest.approx(2 * sps.t.sf(abs(t), df), rel=1e-10)
-  assert reference.compare(a, b) == ("higher" if 2 * sps.t.sf(abs(t), df) < 0.05 else "no difference")
-  assert reference.compare([0.5, 0.0], [0.5, 0.0]) == "no difference"
-  assert reference.compare([0.4, 0.0], [0.5, 0.0]) == "lower"
+  rec = reference.welch_record(a, b)
+  assert rec["diff"] == pytest.approx(0.1) and rec["se"] == pytest.approx(math.sqrt(va + vb))
+  assert rec["df"] == pytest.approx(df, rel=1e-12)
+  assert reference.compare(a, b) == ("better" if 2 * sps.t.sf(abs(t), df) < 0.05 else "inconclusive")
+  assert reference.compare([0.5, 0.0], [0.5, 0.0]) == "inconclusive"  # never "equivalent" on three runs
+  assert reference.compare([0.4, 0.0], [0.5, 0.0]) == "worse"
 
 
 def _table(rows):
@@ -53,32 +56,63 @@ def _table(rows):
           "datasets": {"D": {"table": 0, "methods": rows}}}
 
 
-def test_remark_4_1_finds_the_one_method_above_the_baseline():
+def _welch(a, b, n=3):
+  va, vb = a[1] ** 2 / n, b[1] ** 2 / n
+  se = math.sqrt(va + vb)
+  return a[0] - b[0], se, (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1))
+
+
+def test_remark_4_1_reads_their_columns_by_the_reports_rule():
+  """Per column: against where a method is shown more than 0.02 above FedAvg-ERM (one-sided
+  Welch, Holm within the column), supporting where every method is shown less than 0.02
+  above it (one-sided at 0.05 each), else inconclusive; by hand with SciPy's t distribution."""
   base = [[0.5, 0.01]] * 4
-  t = _table({"FedAvg-ERM": base, "IRM": [[0.5, 0.01], [0.7, 0.01], [0.5, 0.01], None],
-              "Fish": [[0.49, 0.01]] * 3 + [None]})
-  text = reference.remark_4_1(t)
+  irm, fish = [[0.5, 0.01], [0.7, 0.01], [0.5, 0.01], None], [[0.49, 0.01]] * 3 + [None]
+  t = _table({"FedAvg-ERM": base, "IRM": irm, "Fish": fish})
+  for col in (0, 2):  # C=1 and lambda = 0.1: both methods shown below +0.02
+    for m in (irm, fish):
+      diff, se, df = _welch(m[col], base[col])
+      assert sps.t.cdf((diff - 0.02) / se, df) < 0.05
+  diff, se, df = _welch(irm[1], base[1])
+  assert 2 * sps.t.sf((diff - 0.02) / se, df) < 0.05  # lambda = 1: IRM shown more than 0.02 above (Holm, m = 2)
+  labels = {"supports": "supporting", "against": "against", "inconclusive": "inconclusive"}
+  text = reference.remark_4_1(t, labels)
+  assert text.startswith("On Bai et al.'s cells, by the same rule: does not hold (2 supporting, 1 against of 3 "
+                         "testable); ")
   assert "significantly above it (Holm within the column) in 1 of 3: D [λ=1: IRM]." in text
   assert "highest mean in 2 of 3 columns" in text  # lambda = 1 has IRM above; lambda = 0 has no other method
-  flipped = _table({"FedAvg-ERM": base, "IRM": [[0.5, 0.01], [0.3, 0.01], [0.5, 0.01], None]})
-  assert "in 0 of 3." in reference.remark_4_1(flipped)
+  # IRM 0.03 above with a spread of 0.05: neither shown below nor above the margin.
+  wide = _table({"FedAvg-ERM": base, "IRM": [[0.53, 0.05], [0.3, 0.01], [0.5, 0.01], None]})
+  diff, se, df = _welch([0.53, 0.05], base[0])
+  assert sps.t.cdf((diff - 0.02) / se, df) > 0.05 and sps.t.sf((diff - 0.02) / se, df) > 0.05
+  text = reference.remark_4_1(wide, labels)
+  assert "holds in part (2 supporting, 1 inconclusive of 3 testable)" in text and "in 0 of 3." in text
 
 
-def test_remark_4_2_counts_the_drops_from_the_centralised_cell():
+def test_remark_4_2_counts_the_drops_with_holm_over_the_remark():
   t = _table({"FedAvg-ERM": [[0.5, 0.01]] * 4,
               "IRM": [[0.9, 0.01], [0.5, 0.01], [0.5, 0.01], None],     # drops twice
               "Fish": [[0.5, 0.01], [0.5, 0.01], [0.9, 0.01], None]})   # equal, then rises
+  # Holm over the four comparisons: the drops and the rise have p far below 0.05 / 4.
+  assert 4 * reference.welch_p([0.9, 0.01], [0.5, 0.01]) < 0.05
   text = reference.remark_4_2_federated(t)
-  assert "does not hold (2 of 4 testable comparisons support it)" in text and "D 2/4" in text
+  assert "Holm over the remark): inconclusive (2 degrades, 1 improves, 1 inconclusive of 4 testable)" in text
+  assert "D 2/4" in text
   t["datasets"]["D"]["methods"]["Fish"] = [[0.9, 0.01], [0.5, 0.01], [0.5, 0.01], None]
-  assert "holds (4 of 4" in reference.remark_4_2_federated(t)
+  assert "holds (4 degrades of 4 testable)" in reference.remark_4_2_federated(t)
+  t["datasets"]["D"]["methods"]["Fish"] = [[0.5, 0.01], [0.9, 0.01], [0.9, 0.01], None]
+  t["datasets"]["D"]["methods"]["IRM"] = [[0.5, 0.01], [0.9, 0.01], [0.9, 0.01], None]
+  assert "does not hold (4 improves of 4 testable)" in reference.remark_4_2_federated(t)
   lam = reference.remark_4_2_lambda(_table({"IRM": [[0.9, 0.01], [0.8, 0.01], [0.5, 0.01], None]}))
-  assert "holds (1 of 1" in lam
+  assert "holds (1 degrades of 1 testable)" in lam
 
 
 def test_a_claim_on_cells_bai_et_al_did_not_run(cells):
   assert reference.claim(cells, "FedIIR") == "Bai et al. did not run FedIIR: their tables have no cell to compare with."
-  assert reference.claim(cells, "FedProx").startswith("On Bai et al.'s cells: ")
+  assert reference.claim(cells, "FedProx").startswith("On Bai et al.'s cells (Holm over them): ")
+  t = _table({"FedAvg-ERM": [[0.5, 0.01]] * 4, "X": [None, [0.6, 0.01], [0.6, 0.01], [0.5, 0.01]]})
+  assert reference.claim(t, "X") == ("On Bai et al.'s cells (Holm over them): holds in part (2 better, 1 "
+                                     "inconclusive of 3 testable).")
 
 
 def test_every_claim_the_report_reads_names_its_paper_by_authors_and_title():

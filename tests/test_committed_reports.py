@@ -332,6 +332,15 @@ def non_superiority_by_hand(a, b, margin=MARGIN):
   return float(stats.t.cdf((diff - margin) / se, df)), float(stats.t.ppf(0.95, df) * se)
 
 
+def beyond_margin_by_hand(a, b, margin=MARGIN):
+  """p of the one-sided test of H0: diff <= margin of cell a against baseline b (SciPy's t
+  distribution), on `baseline_test`'s difference, SE and degrees of freedom."""
+  _, diff, se, df, *_ = baseline_test(a, b, margin)
+  if se == 0:
+    return 0.0 if diff > margin else 1.0
+  return float(stats.t.sf((diff - margin) / se, df))
+
+
 def equivalence_bound_by_hand(diff, se, df, alpha):
   """The margin m at which max(P(T > (diff + m) / se), P(T < (diff - m) / se)) = alpha, by
   bisection (|diff| where se is 0)."""
@@ -415,9 +424,11 @@ def verdict_words(outcomes):
 
 COLUMN_LABELS = {"supports": ("column with no method the margin or more above it",
                               "columns with no method the margin or more above it"),
-                 "against": ("column with a method above it", "columns with a method above it"),
-                 "inconclusive": ("column with none significantly above it but some possibly the margin above",
-                                  "columns with none significantly above it but some possibly the margin above")}
+                 "against": ("column with a method more than the margin above it",
+                             "columns with a method more than the margin above it"),
+                 "inconclusive": ("column with none shown more than the margin above it but some possibly that far above",
+                                  "columns with none shown more than the margin above it but some possibly that far "
+                                  "above")}
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -471,7 +482,14 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
                                "0.05, the bound at a zero difference)"), (folder, line)
         untested_above = any(res[lab][0] == "cannot tell" and statistics.mean(others[lab].values()) >
                              statistics.mean(base.values()) for lab in labs)
-        columns.append("against" if by["better"] else "cannot tell" if untested_above or not ns
+        # Against the remark: a method shown more than the margin above (one-sided, Holm over the column).
+        beyond_adj = holm_by_hand({lab: beyond_margin_by_hand(others[lab], base) for lab in ns})
+        beyond = [lab for lab in labs if lab in beyond_adj and beyond_adj[lab] < 0.05]
+        if beyond:
+          assert f"shown more than {MARGIN:g} above it (one-sided, Holm): {', '.join(beyond)}" in parts, (folder, line)
+        elif by["better"]:
+          assert f"none shown more than {MARGIN:g} above it" in parts, (folder, line)
+        columns.append("against" if beyond else "cannot tell" if untested_above or not ns
                        else "supports" if all(p < 0.05 for p, _ in ns.values()) else "inconclusive")
         checked += 1
       assert verdict == verdict_powered(columns, "supports", COLUMN_LABELS, refuted_by="against"), (folder, verdict)

@@ -118,6 +118,25 @@ def test_an_untestable_cell_above_the_baseline_leaves_the_column_undecided(score
   assert rows["One"] == ["-", "·"] and rows["remark 4.1"] == ["some above", "cannot tell"]
 
 
+def test_a_method_significantly_above_by_less_than_the_margin_refutes_nothing(scores):
+  """Up at +0.01 with a small spread: significantly above the baseline (Holm), shown less than
+  +0.02 above it, not shown more: the column's verdict is 'none above', not 'some above'."""
+  small = {k: v for k, v in scores.items() if k[0] != "noisy"}
+  col = COLS[0]
+  rng = np.random.default_rng(3)
+  small[("up", col)] = scores[("fedavg", col)] + 0.01 + 0.002 * rng.standard_normal(len(SEEDS))
+  d = small[("up", col)] - small[("fedavg", col)]
+  assert sps.ttest_1samp(d, 0.0).pvalue * 3 < 0.05  # significant at Holm's first level (3 tested)
+  assert sps.ttest_1samp(d - 0.02, 0.0, alternative="less").pvalue < 0.05  # shown below +0.02
+  assert sps.ttest_1samp(d - 0.02, 0.0, alternative="greater").pvalue > 0.05  # not shown above
+  rows = _parse(report.against_baseline_table(_table(small), "fedavg", NAMES, margin=0.02))
+  assert rows["Up"][0] == f"{np.mean(d):+.3f} ▲" and rows["remark 4.1"][0] == "none above"
+  # At +0.05 it is shown more than the margin above: the column is against the remark.
+  small[("up", col)] = scores[("fedavg", col)] + 0.05 + 0.002 * rng.standard_normal(len(SEEDS))
+  rows = _parse(report.against_baseline_table(_table(small), "fedavg", NAMES, margin=0.02))
+  assert rows["remark 4.1"][0] == "some above"
+
+
 def test_no_usable_baseline_gives_no_table(scores):
   t = _table({k: v for k, v in scores.items() if k[0] != "fedavg"})
   assert report.against_baseline_table(t, "fedavg", NAMES) == ""

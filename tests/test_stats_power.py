@@ -259,6 +259,21 @@ def test_non_superiority_is_the_one_sided_shifted_t_test_and_its_bound_inverts_i
   assert stats.fmt_p({"p": 0.0449}) == "p = 0.045" and stats.fmt_p({"p": 0.2}, 0.04954) == "p = 0.200, Holm p = 0.0495"
 
 
+def test_superiority_by_margin_is_the_one_sided_shifted_t_test():
+  """`superiority_by_margin`: SciPy's one-sided one-sample t-test of the paired differences
+  shifted by the margin (H1: mean > margin); the mirror of `non_superiority`; a known
+  difference (SE 0) is decided outright."""
+  from scipy import stats as sp
+  a, b = [0.55, 0.58, 0.54, 0.57], [0.49, 0.50, 0.50, 0.49]
+  t = stats.paired(a, b)
+  d = [x - y for x, y in zip(a, b)]
+  want = sp.ttest_1samp([x - 0.02 for x in d], 0.0, alternative="greater").pvalue
+  assert abs(stats.superiority_by_margin(t, 0.02) - want) < 1e-12 and want < 0.01
+  assert abs(stats.superiority_by_margin(t, 0.02) + stats.non_superiority(t, 0.02) - 1.0) < 1e-12
+  assert stats.superiority_by_margin({"diff": 0.03, "se": 0.0, "df": 3}, 0.02) == 0.0
+  assert stats.superiority_by_margin({"diff": 0.02, "se": 0.0, "df": 3}, 0.02) == 1.0
+
+
 def test_verdict_most_powered_by_hand():
   """More than half of the testable comparisons: "holds" when they support it, "does not
   hold" when they decide against it (the other way or equivalent), else "inconclusive"."""

@@ -13,7 +13,7 @@
                     held-out validation domain's), small multiples: one row per method group
                     split into panels of at most `PER_PANEL` methods (the baseline, grey and
                     dashed, in each; no row of the baseline alone), one column per lambda
-                    (mean over seeds of each seed's selected trial); at C = 100 a group's 5-7
+                    (mean over seeds at each cell's selected trial); at C = 100 a group's 5-7
                     overlapping bands in one panel could not be read. A method selected
                     within its final stage (FedLOE) is drawn at that stage's evaluations,
                     placed by the local steps taken (`final_stage_positions`)
@@ -164,7 +164,7 @@ def final_stage_positions(run, config) -> dict | None:
 
 def curve_rows(exp, results, grid: str, num_clients: int, rule: str, metric: str, ddof: int = 1) -> list[dict]:
   """Fig. 4's lines for clients `num_clients`: per (lam, method, split, round) the mean and
-  std over (seed, fold) of each seed's selected trial. A cell the tables mark (`collect.cell_mark`:
+  std over (seed, fold) of the runs at the cell's selected trial. A cell the tables mark (`collect.cell_mark`:
   equal to the baseline by construction, or its method's term did not act) draws no line: it
   would repeat the baseline's training under the method's name. A method that trains in
   stages and is selected within its final stage (FedLOE) draws that stage's evaluations
@@ -319,7 +319,7 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
         ax.set_xlabel("round")
     axes[i][0].set_ylabel(f"{metric}")
     axes[i][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # one per group
-  fig.suptitle(f"{SPLIT_LABELS[split]} {metric} vs round (mean ± std over seeds of each seed's selected trial)",
+  fig.suptitle(f"{SPLIT_LABELS[split]} {metric} vs round (mean ± std over seeds at each cell's selected trial)",
                fontsize=9)
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # the title above the first row's titles
   save(fig, path, dpi=110)

@@ -8,7 +8,9 @@ standard deviation among 3 runs, rounded to three decimals. `bai_2024_cells.json
 them as printed ("-" where a method does not apply is null).
 
 The report reads each of its remarks on these cells with the rule it applies to its own
-(`fedjax_dg.bench.report`), so a reader sees where the two agree. Bai et al. give only
+(`fedjax_dg.bench.report`: the same families, Holm adjustments, one-sided tests against the
+margin and verdicts), so a reader sees where the two agree; only equivalence is never shown
+on their cells. Bai et al. give only
 summary statistics and no tests, so each comparison here is Welch's t-test from the printed
 mean and standard deviation with n = 3 per cell (`scipy.stats.ttest_ind_from_stats`);
 whether their standard deviation divides by n or n - 1 is not said, and the rounding to three
@@ -97,10 +99,40 @@ def welch_p(a, b, n: int = RUNS) -> float:
   return float(sps.ttest_ind_from_stats(a[0], a[1], n, b[0], b[1], n, equal_var=False).pvalue)
 
 
+def welch_record(a, b, n: int = RUNS) -> dict:
+  """Welch's test of cell `a` minus cell `b` from their printed summaries, as a test record
+  the one-sided tests of `fedjax_dg.bench.stats` read.
+
+  Args:
+    a: `[mean, std]` of the first cell.
+    b: `[mean, std]` of the second cell.
+    n: runs per cell.
+
+  Returns:
+    {"diff", "se" (sqrt(s_a^2 / n + s_b^2 / n)), "df" (Welch-Satterthwaite; 2 (n - 1) where
+    both standard deviations print 0, where se is 0 and the tests decide outright), "p"
+    (`welch_p`)}.
+  """
+  va, vb = a[1] ** 2 / n, b[1] ** 2 / n
+  se = math.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1)) if se > 0 else 2.0 * (n - 1)
+  return {"diff": a[0] - b[0], "se": se, "df": df, "p": welch_p(a, b, n)}
+
+
 def compare(a, b, alpha: float = stats.ALPHA) -> str:
-  """"higher" / "lower" / "no difference" for cell `a` against cell `b` (`welch_p`)."""
+  """"better" / "worse" (significantly higher / lower at `alpha`, `welch_p`) or
+  "inconclusive" for cell `a` against cell `b`. Three runs a cell cannot show equivalence
+  at a useful margin, so no comparison here is "equivalent"."""
   p = welch_p(a, b)
-  return "no difference" if p >= alpha or math.isnan(p) else "higher" if a[0] > b[0] else "lower"
+  return "inconclusive" if p >= alpha or math.isnan(p) else "better" if a[0] > b[0] else "worse"
+
+
+def _family(pairs, alpha: float = stats.ALPHA) -> list[str]:
+  """`compare` over a family of (a, b) pairs, Holm-adjusted (the report's rule for a claim's
+  or a remark's comparisons)."""
+  adjusted = stats.holm([welch_p(a, b) for a, b in pairs])
+  return ["inconclusive" if p >= alpha or math.isnan(p) else "better" if a[0] > b[0] else "worse"
+          for (a, b), p in zip(pairs, adjusted)]
 
 
 def _fmt(c) -> str:
@@ -122,23 +154,32 @@ def intro(cells: dict) -> str:
   """
   return (f"Bai et al.'s own cells: {cells['source']}; each comparison is Welch's t-test from the printed mean "
           f"and standard deviation with n = {RUNS} per cell (unpaired: which of their runs shared a seed is not "
-          "printed), significant at p < 0.05 (remark 4.1: Holm within each column, as the report's rule; a method "
-          "paper's claim and remark 4.2: each comparison at its own level, the verdict by the 'most' rule); no "
-          "equivalence is tested on their cells (three runs a cell cannot show one at a useful margin).")
+          "printed), read by the report's own rules: remark 4.1's column verdict with the same one-sided tests "
+          "against the margin (Holm within the column for a method shown more than the margin above), remark 4.2 "
+          "and a method paper's claim with Holm over the same family and the same 'most' and 'every' verdicts. No "
+          "comparison on their cells is 'equivalent' (three runs a cell cannot show equivalence at a useful margin): "
+          "where ours could be, theirs is 'inconclusive'.")
 
 
-def remark_4_1(cells: dict, alpha: float = stats.ALPHA) -> str:
-  """Remark 4.1 on Bai et al.'s cells: in each column (dataset x C=1, lambda = 1, 0.1, 0), the
-  methods significantly above FedAvg-ERM (Holm within the column), and the columns where
-  FedAvg-ERM's mean is the highest.
+def remark_4_1(cells: dict, labels: dict | None = None, margin: float = stats.MARGIN,
+               alpha: float = stats.ALPHA) -> str:
+  """Remark 4.1 on Bai et al.'s cells, by the report's column rule: in each column (dataset x
+  C=1, lambda = 1, 0.1, 0), "against" where a method is shown more than `margin` above
+  FedAvg-ERM (`stats.superiority_by_margin`, Holm within the column), "supports" where every
+  method is shown less than `margin` above it (`stats.non_superiority` at `alpha` each, the
+  intersection-union test), "inconclusive" otherwise; then the methods significantly above
+  FedAvg-ERM (Holm within the column) and the columns where its mean is the highest.
 
   Args:
     cells: `bai_cells()`.
+    labels: the column outcomes' words (`stats.verdict_powered`'s `labels`).
+    margin: the margin of remark 4.1.
+    alpha: the level.
 
   Returns:
     The sentence for the report's reading.
   """
-  above, top, n = {}, 0, 0
+  above, outcomes, top, n = {}, [], 0, 0
   for ds, d in cells["datasets"].items():
     for col in cells["columns"]:
       base = _cell(cells, ds, BASELINE, col)
@@ -147,39 +188,51 @@ def remark_4_1(cells: dict, alpha: float = stats.ALPHA) -> str:
         continue
       n += 1
       top += all(c[0] <= base[0] for _, c in others)
-      adjusted = stats.holm([welch_p(c, base) for _, c in others])
-      won = [m for (m, c), p in zip(others, adjusted) if p < alpha and c[0] > base[0]]
+      recs = [welch_record(c, base) for _, c in others]
+      won = [m for (m, c), p in zip(others, stats.holm([r["p"] for r in recs])) if p < alpha and c[0] > base[0]]
       if won:
         above.setdefault(ds, []).append(f"{_label(col)}: {', '.join(won)}")
+      beyond = any(p < alpha for p in stats.holm([stats.superiority_by_margin(r, margin) for r in recs]))
+      outcomes.append("against" if beyond else "supports"
+                      if all(stats.non_superiority(r, margin) < alpha for r in recs) else "inconclusive")
   k = sum(len(v) for v in above.values())
-  return (f"On Bai et al.'s cells: FedAvg-ERM has the highest mean in {top} of {n} columns, and a method is "
-          f"significantly above it (Holm within the column) in {k} of {n}"
+  labels = labels or {"supports": "supporting", "against": "against", "inconclusive": "inconclusive"}
+  return (f"On Bai et al.'s cells, by the same rule: "
+          f"{stats.verdict_powered(outcomes, 'supports', margin, labels, refuted_by='against')}; FedAvg-ERM has "
+          f"the highest mean in {top} of {n} columns, and a method is significantly above it (Holm within the "
+          f"column) in {k} of {n}"
           + (": " + "; ".join(f"{ds} [{'; '.join(v)}]" for ds, v in above.items()) + "." if above else "."))
 
 
 def _drops(cells: dict, pairs) -> tuple[list, dict]:
   """Each DG method's cell at `first` against its cell at `second`, for each (first, second)
-  column pair on every dataset: (the outcomes, {dataset: (supporting, testable)}), an
-  outcome supporting where `first` is significantly higher."""
-  outcomes, per = [], {}
+  column pair on every dataset, one Holm family (the report's rule for remark 4.2): (the
+  outcomes, {dataset: (supporting, testable)}), an outcome supporting ("better") where
+  `first` is significantly higher."""
+  where, family = [], []
   for ds in cells["datasets"]:
     for m in DG_METHODS:
       for first, second in pairs:
         a, b = _cell(cells, ds, m, first), _cell(cells, ds, m, second)
-        if a is None or b is None:
-          continue
-        o = compare(a, b)
-        outcomes.append(o)
-        k, t = per.get(ds, (0, 0))
-        per[ds] = (k + (o == "higher"), t + 1)
+        if a is not None and b is not None:
+          where.append(ds)
+          family.append((a, b))
+  outcomes, per = _family(family), {}
+  for ds, o in zip(where, outcomes):
+    k, t = per.get(ds, (0, 0))
+    per[ds] = (k + (o == "better"), t + 1)
   return outcomes, per
+
+
+DROP_LABELS = {"better": "degrades", "worse": "improves", "inconclusive": "inconclusive"}
 
 
 def remark_4_2_federated(cells: dict) -> str:
   """Remark 4.2 (DG methods degrade in FL) on Bai et al.'s cells: each DG method's C = 1 cell
-  against its federated cells, supporting where C = 1 is significantly higher (Welch's test
-  on their printed means and standard deviations: their runs cannot be paired); "holds" when
-  most testable comparisons support it.
+  against its federated cells (Welch's test on their printed means and standard deviations:
+  their runs cannot be paired), Holm over the remark; "holds" when more than half of the
+  testable comparisons degrade, "does not hold" when more than half improve, "inconclusive"
+  otherwise (`stats.verdict_most_powered`, the report's rule).
 
   Args:
     cells: `bai_cells()`.
@@ -188,13 +241,14 @@ def remark_4_2_federated(cells: dict) -> str:
     The sentence for the report's reading.
   """
   outcomes, per = _drops(cells, [("C=1", col) for col in FEDERATED])
-  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, uncorrected): "
-          f"{stats.verdict(outcomes, 'higher', 'most')}; per dataset, comparisons where C=1 is significantly higher: "
-          + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items()) + ".")
+  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, Holm over the "
+          f"remark): {stats.verdict_most_powered(outcomes, 'better', labels=DROP_LABELS)}; per dataset, comparisons "
+          "where C=1 is significantly higher: " + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items()) + ".")
 
 
 def remark_4_2_lambda(cells: dict) -> str:
-  """Remark 4.2's second half (DG methods degrade from lambda = 1 to 0.1) on Bai et al.'s cells.
+  """Remark 4.2's second half (DG methods degrade from lambda = 1 to 0.1) on Bai et al.'s
+  cells, by the rule of `remark_4_2_federated`.
 
   Args:
     cells: `bai_cells()`.
@@ -203,16 +257,17 @@ def remark_4_2_lambda(cells: dict) -> str:
     The sentence for the report's reading.
   """
   outcomes, per = _drops(cells, [("lam=1", "lam=0.1")])
-  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, uncorrected): "
-          f"{stats.verdict(outcomes, 'higher', 'most')}; per dataset, comparisons where λ=1 is significantly higher: "
-          + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items())
+  return (f"On Bai et al.'s cells (printed means and standard deviations, so unpaired Welch tests, Holm over the "
+          f"remark): {stats.verdict_most_powered(outcomes, 'better', labels=DROP_LABELS)}; per dataset, comparisons "
+          "where λ=1 is significantly higher: " + ", ".join(f"{ds} {k}/{t}" for ds, (k, t) in per.items())
           + " (their federated columns are at C = 100; Bai et al. name PACS and CelebA for this half of the "
           "remark).")
 
 
 def fish_in_federated_columns(cells: dict) -> str:
   """Bai et al.'s Fish in the federated columns against its centralised cell and FedAvg-ERM's
-  federated cell, per dataset: where their Fish falls at C = 100 too.
+  federated cell, per dataset: where their Fish falls at C = 100 too. Each comparison with
+  FedAvg-ERM is Welch's test at 0.05 on its own (a description, not a claim's family).
 
   Args:
     cells: `bai_cells()`.
@@ -220,6 +275,7 @@ def fish_in_federated_columns(cells: dict) -> str:
   Returns:
     The sentence for the report's reading.
   """
+  words = {"better": "above", "worse": "below", "inconclusive": "inconclusive"}
   parts = []
   for ds in cells["datasets"]:
     cen = _cell(cells, ds, "Fish", "C=1")
@@ -228,14 +284,14 @@ def fish_in_federated_columns(cells: dict) -> str:
     if cen is None or not fl:
       continue
     parts.append(f"{ds} C=1 {_fmt(cen)}, " + ", ".join(
-        f"{_label(col)} {_fmt(c)} (FedAvg-ERM {_fmt(b)}: {compare(c, b).replace('higher', 'above').replace('lower', 'below')})"
-        for col, c, b in fl))
-  return "Bai et al.'s Fish: " + "; ".join(parts) + "."
+        f"{_label(col)} {_fmt(c)} (FedAvg-ERM {_fmt(b)}: {words[compare(c, b)]})" for col, c, b in fl))
+  return "Bai et al.'s Fish (against FedAvg-ERM, Welch at 0.05 each): " + "; ".join(parts) + "."
 
 
 def claim(cells: dict, method_name: str) -> str:
-  """A method paper's claim "beats FedAvg-ERM" on Bai et al.'s federated cells, or the line
-  saying they did not run the method.
+  """A method paper's claim "beats FedAvg-ERM" on Bai et al.'s federated cells, by the
+  report's rule (Holm over the method's cells, every testable comparison better:
+  `stats.verdict_powered`), or the line saying they did not run the method.
 
   Args:
     cells: `bai_cells()`.
@@ -243,12 +299,12 @@ def claim(cells: dict, method_name: str) -> str:
   Returns:
     The sentence for the report's reading.
   """
-  outcomes = [compare(c, b) for ds in cells["datasets"] for col in FEDERATED
-              for c, b in [(_cell(cells, ds, method_name, col), _cell(cells, ds, BASELINE, col))]
-              if c is not None and b is not None]
-  if not outcomes:
+  pairs = [(c, b) for ds in cells["datasets"] for col in FEDERATED
+           for c, b in [(_cell(cells, ds, method_name, col), _cell(cells, ds, BASELINE, col))]
+           if c is not None and b is not None]
+  if not pairs:
     return f"Bai et al. did not run {method_name}: their tables have no cell to compare with."
-  return f"On Bai et al.'s cells: {stats.verdict(outcomes, 'higher', 'most')}."
+  return f"On Bai et al.'s cells (Holm over them): {stats.verdict_powered(_family(pairs), 'better')}."
 
 
 def figure_only(figure: str) -> str:

@@ -97,9 +97,11 @@ def _bullets(lines):
 
 COLUMN_LABELS = {"supports": ("column with no method the margin or more above it",
                               "columns with no method the margin or more above it"),
-                 "against": ("column with a method above it", "columns with a method above it"),
-                 "inconclusive": ("column with none significantly above it but some possibly the margin above",
-                                  "columns with none significantly above it but some possibly the margin above")}
+                 "against": ("column with a method more than the margin above it",
+                             "columns with a method more than the margin above it"),
+                 "inconclusive": ("column with none shown more than the margin above it but some possibly that far above",
+                                  "columns with none shown more than the margin above it but some possibly that far "
+                                  "above")}
 
 
 def detectable_by_column(table: collect.Table, baseline: str, margin: float = stats.MARGIN) -> dict:
@@ -138,12 +140,23 @@ def _column_family(table: collect.Table, baseline: str, col, margin: float):
   return base, others, stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
 
 
+def _beyond_margin(res, margin: float) -> list[bool]:
+  """For each of a column's comparisons (`stats.against_baseline`'s results): is the method
+  shown more than `margin` above the baseline? One-sided tests of H0: diff <= margin
+  (`stats.superiority_by_margin`), Holm-adjusted over the column's testable comparisons."""
+  idx = [i for i, r in enumerate(res) if r["test"] is not None]
+  adj = dict(zip(idx, stats.holm([stats.superiority_by_margin(res[i]["test"], margin) for i in idx])))
+  return [i in adj and adj[i] < stats.ALPHA for i in range(len(res))]
+
+
 def _column_verdict(base, others, res, margin: float) -> str:
-  """Remark 4.1 in one column: "against" (a method significantly above the baseline, Holm),
-  "supports" (every method's one-sided test of `margin` or more above it rejects: the
+  """Remark 4.1 in one column ("no method is `margin` or more above the baseline"):
+  "against" (a method shown more than the margin above it: `_beyond_margin`), "supports"
+  (every method's one-sided test of `margin` or more above it rejects: the
   intersection-union test), "cannot tell" (an untestable cell has a higher mean, or nothing
-  is testable), else "inconclusive"."""
-  if any(r["outcome"] == "better" for r in res):
+  is testable), else "inconclusive". A method significantly above the baseline by less than
+  the margin shown refutes nothing the remark says at this margin."""
+  if any(_beyond_margin(res, margin)):
     return "against"
   tested = [r for r in res if r["test"] is not None]
   if not tested or any(r["test"] is None and c.mean > base.mean for (_, c), r in zip(others, res)):
@@ -211,8 +224,8 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
             "seeds); -ᵃ / -ᵇ cells are marked in the table and left out. 'detectable (median)': the median over "
             f"the column's comparisons of the true difference found with {stats.POWER:.0%} power at Holm's first "
             "level. 'remark 4.1': the column's verdict in the Reading: 'none above' (every method shown less than "
-            "the margin above the baseline, the intersection-union test), 'some above' (a method significantly "
-            "above it) or 'inconclusive' (neither shown). A method paper's claim tests "
+            "the margin above the baseline, the intersection-union test), 'some above' (a method shown more than "
+            "the margin above it: one-sided tests, Holm) or 'inconclusive' (neither shown). A method paper's claim tests "
             "the same differences in a smaller family (the method's own columns), so a '?' here can be decided "
             "there.")
   return "\n".join(rows) + "\n\n" + legend
@@ -226,8 +239,9 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
   worse, equivalent or inconclusive. The column's verdict is the intersection-union test of
   "no method is `margin` or more above the baseline" (`stats.non_superiority` rejected at
   alpha for every method, Berger 1982: no multiplicity correction): it supports the remark
-  when that holds; it is against it when a method is significantly better (Holm);
-  "inconclusive" otherwise (the data allow a method above the baseline by the margin or
+  when that holds; it is against it when a method is shown more than the margin above it
+  (`stats.superiority_by_margin`, Holm over the column; a method significantly above by
+  less is named, and refutes nothing at this margin); "inconclusive" otherwise (the data allow a method above the baseline by the margin or
   more); "cannot tell" when a method it cannot test (fewer than two seeds) has a higher
   mean, or nothing is testable. Each line gives the column's detectable differences and the
   smallest margin the design could have shown non-superiority within."""
@@ -242,12 +256,15 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
       by[r["outcome"]].append((m, c, r))
     tested = [r for r in res if r["test"] is not None]
     below = [stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested]
+    beyond = [names.get(m, m) for (m, _), b in zip(others, _beyond_margin(res, margin)) if b]
     outcomes.append(_column_verdict(base, others, res, margin))
     cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
              else "no method significantly above it")
+    text += (f"; shown more than {margin:g} above it (one-sided, Holm): {', '.join(beyond)}" if beyond
+             else f"; none shown more than {margin:g} above it" if by["better"] else "")
     text += f"; significantly below it: {', '.join(cite(*x) for x in by['worse'])}" if by["worse"] else ""
     text += (f"; equivalent within ±{margin:g}: {', '.join(names.get(m, m) for m, _, _ in by['equivalent'])}"
              if by["equivalent"] else "")
@@ -477,7 +494,8 @@ def late_selection_line(per_column: dict) -> str:
   k, n = sum(v[0] for v in per_column.values()), sum(v[1] for v in per_column.values())
   cols = sorted(per_column, key=_column_key)
   return (f"selected rounds: {k} of {n} runs behind the table's cells ({(k / n if n else 0):.0%}) selected a round "
-          "in the last 10% of training (still improving when it stopped); per column: "
+          "in the last 10% of training (training may have stopped before the runs converged; a flat, noisy end "
+          "also selects there at times); per column: "
           + ", ".join(f"{collect.column_label(c)} {per_column[c][0]}/{per_column[c][1]}" for c in cols)
           + (f"; {staged} runs that select within their final stage only (FedLOE's stage 2) are not counted"
              if staged else ""))
@@ -761,8 +779,9 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
   if g:
     n = len(tuple(g.get("seeds", ())))
     out.append(f"{n} seeds per cell of the held-out-domain table (Bai et al.: 3); cells print mean ± standard "
-               "deviation as theirs do, the tests use the standard error of a paired difference (or Welch's across "
-               "columns), named SE")
+               "deviation as theirs do, the tests use the standard error of the per-seed differences (paired by "
+               "seed, within a column and across columns; Welch's where two cells share fewer than two seeds), "
+               "named SE")
     src = sweep.grids.get(g.get("select_from", ""), {})
     if src:
       k = len(tuple(src.get("seeds", ())))
@@ -1153,7 +1172,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         "supported where none supports it, some decide against it and the rest are inconclusive, and is "
         "inconclusive where all are. Remark 4.1's column verdict is the intersection-union test of 'no method is "
         f"{margin:g} or more above the baseline': every method's one-sided paired test of that rejected at "
-        f"{stats.ALPHA:g}, which needs no correction for the column's many methods (Berger 1982). "
+        f"{stats.ALPHA:g}, which needs no correction for the column's many methods (Berger 1982); a column is "
+        f"against it where a method is shown more than {margin:g} above the baseline (one-sided paired tests, "
+        "Holm over the column), and a method significantly above it by less refutes nothing at this margin. "
         "Remark 4.2 compares a method's cells across columns (C = 1 against a federated column, λ = 1 against "
         "0.1): runs with the same seed share the split and the initial model there, not the partition or the "
         "cohorts, and are paired by seed the same way, the remark's comparisons one Holm family with the same four "
@@ -1175,8 +1196,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
 
   if table is not None:
     md += section("Remark 4.1, FedAvg-ERM is a strong baseline (in each column, no method above it by the "
-                  "margin or more: one-sided paired tests, the intersection-union test)",
-                  remark_4_1(table, baseline, names, margin), reference.remark_4_1(bai))
+                  "margin or more: one-sided paired tests, the intersection-union test; refuted by a method shown "
+                  "more than the margin above it)",
+                  remark_4_1(table, baseline, names, margin), reference.remark_4_1(bai, COLUMN_LABELS, margin))
     if any(c[0] == 1 for c in table.columns):
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons; paired by seed, Holm over "
                     "the remark)",
