@@ -123,3 +123,19 @@ def test_every_claim_the_report_reads_names_its_paper_by_authors_and_title():
     assert reference.CLAIM_PAPERS[short].count('"') == 2  # a quoted title
   assert reference.claim_paper("Guo et al. 2023").startswith('Guo, Guo, Cao, Wu and Chang, "Out-of-Distr')
   assert reference.claim_paper("Someone et al. 2020") == "Someone et al. 2020"
+
+
+def test_every_work_the_report_names_is_in_its_reference_list():
+  """Each test or code base the generated text names (by its author, or DomainBed) has a line
+  in the report's References, as do Bai et al. and every claim paper."""
+  import os
+  src = open(os.path.join(os.path.dirname(reference.__file__), "report.py"), encoding="utf-8").read()
+  src += open(reference.__file__, encoding="utf-8").read().split("OTHER_WORKS = (")[0]
+  refs = reference.references()
+  assert refs[0].startswith('Bai, Bagchi and Inouye, "Benchmarking Algorithms for Federated Domain Generalization"')
+  for paper in reference.CLAIM_PAPERS.values():
+    assert paper in refs
+  for name, entry in (("Berger 1982", "Berger, "), ("Holm", "Holm, "), ("Welch", "Welch, "),
+                      ("Wilcoxon", "Wilcoxon, "), ("Shi et al.", "Shi, Seely"), ("DomainBed", "Gulrajani and Lopez-Paz")):
+    assert name in src, name  # the generated text names it
+    assert sum(r.startswith(entry) for r in refs) == 1, name

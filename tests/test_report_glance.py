@@ -140,3 +140,36 @@ def test_a_method_significantly_above_by_less_than_the_margin_refutes_nothing(sc
 def test_no_usable_baseline_gives_no_table(scores):
   t = _table({k: v for k, v in scores.items() if k[0] != "fedavg"})
   assert report.against_baseline_table(t, "fedavg", NAMES) == ""
+
+
+def test_the_margins_words_carry_the_reports_own_spreads_and_detectable_differences(scores):
+  """The reading's margin clause: per column, the largest minus the smallest usable mean (the
+  marked Off cell and the one-seed cell's mean still count where usable), and the range of
+  the columns' median detectable differences, by hand."""
+  t = _table(scores)
+  n = len(SEEDS)
+  spreads, medians = [], []
+  for col, members in ((COLS[0], ["up", "down", "same", "noisy"]), (COLS[1], ["down", "same"])):
+    means = [np.mean(scores[(m, col)]) for m in ["fedavg"] + members]
+    if col == COLS[1]:
+      means.append(np.mean(scores[("one", col)]))  # one seed: a usable mean, not a testable comparison
+    spreads.append(max(means) - min(means))
+    medians.append(np.median([_mdd(np.std(scores[(m, col)] - scores[("fedavg", col)], ddof=1) / np.sqrt(n), n - 1,
+                                   0.05 / len(members)) for m in members]))
+  words = report.margin_words(t, 0.02, "fedavg")
+  assert (f"the method means of a column here span {min(spreads):.3f} to {max(spreads):.3f} (largest minus "
+          f"smallest); the columns' median detectable differences are {min(medians):.3f} to {max(medians):.3f}") in words
+  assert report.margin_words(None, 0.02, "fedavg").endswith("small against what separates methods in a column")
+
+
+def test_our_ordered_methods_line_reads_each_federated_column_against_the_baseline(scores):
+  """The sentence beside Bai et al.'s Fish: per federated column the paired difference and
+  its outcome in the column's family (the glance table's), a marked cell as marked."""
+  t = _table(scores)
+  line = report.ordered_methods_line(t, "fedavg", NAMES, {"down": "random", "off": "ascending"}, 0.02)
+  d = np.mean(scores[("down", COLS[0])] - scores[("fedavg", COLS[0])])
+  d2 = np.mean(scores[("down", COLS[1])] - scores[("fedavg", COLS[1])])
+  assert line == ("Ours: Down (random domain order); against FedAvg-ERM (paired, Holm within each column): "
+                  f"C=20, λ=1 {d:+.3f} (below), C=20, λ=0 {d2:+.3f} (below); Off (ascending domain order); against "
+                  "FedAvg-ERM (paired, Holm within each column): C=20, λ=1 -ᵇ.")
+  assert report.ordered_methods_line(t, "fedavg", NAMES, {}, 0.02) == ""

@@ -288,10 +288,13 @@ def column_label(col) -> str:
 
 def table_notes(table: Table) -> list[str]:
   """The lines under a table: what a cell is, what bold means, the stale mark."""
-  notes = ["Cells: mean ± standard deviation over seeds, as Bai et al. print them (n seeds; n=k/m: k of m finished); "
-           "the reading's tests use the standard error of a difference (SE). Bold: the column's best mean, only where "
-           "the test over seeds (paired on the seeds both cells ran, Welch's where they share fewer than two) puts "
-           f"it above the runner-up at p < {stats.ALPHA} (two-sided)."]
+  read = table.rule == "heldout_domain"
+  notes = ["Cells: mean ± standard deviation over seeds, as Bai et al. print them (n seeds; n=k/m: k of m finished)"
+           + ("; the reading's tests use the standard error of a difference (SE)" if read else
+              "; no verdict of the reading rests on this table") + ". Bold, a description and not a test of a claim: "
+           "the column's best mean, only where the test over seeds (paired on the seeds both cells ran, Welch's "
+           f"where they share fewer than two) puts it above the runner-up at p < {stats.ALPHA} (two-sided, with no "
+           "correction for choosing the best and the runner-up after seeing the means)."]
   for kind in (EQUALS_BASELINE, INACTIVE):
     hit = [(m, col, c) for (m, col), c in table.cells.items() if c is not None and c.mark == kind]
     if hit:

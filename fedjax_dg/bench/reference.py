@@ -45,9 +45,39 @@ CLAIM_PAPERS = {
                         'Insight Matrix", IJCAI 2025',
     "Zhang et al. 2023": 'Zhang, Xu, Yao, Zhang, Tian and Wang, "Federated Domain Generalization with Generalization '
                          'Adjustment", CVPR 2023',
-    "the FedLOE paper": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble" (anonymous submission '
-                        'under review)',
+    "the FedLOE paper": '"FedLOE: Federated Domain Generalization via Locally Overfit Ensemble", anonymous submission '
+                        'under review',
 }
+
+
+# The other works the generated report names: its tests, and where its Fish and DomainBed come from.
+OTHER_WORKS = (
+    'Berger, "Multiparameter hypothesis testing and acceptance sampling", Technometrics 24(4), 1982 (the '
+    'intersection-union test of remark 4.1)',
+    'Gulrajani and Lopez-Paz, "In Search of Lost Domain Generalization", ICLR 2021 (DomainBed)',
+    'Holm, "A simple sequentially rejective multiple test procedure", Scandinavian Journal of Statistics 6(2), '
+    '1979 (the Holm adjustment)',
+    'Schuirmann, "A comparison of the two one-sided tests procedure and the power approach for assessing the '
+    'equivalence of average bioavailability", Journal of Pharmacokinetics and Biopharmaceutics 15(6), 1987 (two '
+    'one-sided tests, TOST)',
+    'Shi, Seely, Torr, Siddharth, Hannun, Usunier and Synnaeve, "Gradient Matching for Domain Generalization", '
+    'ICLR 2022 (Fish)',
+    'Welch, "The generalization of \'Student\'s\' problem when several different population variances are '
+    'involved", Biometrika 34, 1947 (Welch\'s t-test)',
+    'Wilcoxon, "Individual comparisons by ranking methods", Biometrics Bulletin 1(6), 1945 (the signed-rank test)',
+)
+
+
+def references() -> list[str]:
+  """The report's reference list: Bai et al., the method papers whose claims it reads, and the
+  other works it names.
+
+  Returns:
+    One line per work, Bai et al. first.
+  """
+  bai = ('Bai, Bagchi and Inouye, "Benchmarking Algorithms for Federated Domain Generalization", ICLR 2024 (the '
+         'protocol, the remarks and the comparison cells)')
+  return [bai] + sorted(CLAIM_PAPERS.values()) + list(OTHER_WORKS)
 
 
 def claim_paper(short: str) -> str:

@@ -788,9 +788,8 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
       sel = sweep.get("report", {}).get("selection_grid", "")
       out.append(f"the search ran {k} seed{'s' * (k > 1)} per trial" + (
           f"; grid `{sel}` repeats its trials at a second seed in {_columns_text(sweep.grids[sel])} to measure the "
-          "variance of choosing the winner ('Selection variance')" + (
-              "; elsewhere that variance is not in the cells' spread"
-              if set(collect.table_columns(sweep.grids[sel])) != set(collect.table_columns(g)) else "")
+          "variance of choosing the winner ('Selection variance'); no cell's spread includes that variance (each "
+          "cell's seeds run at the winner of the search's own seeds)"
           if sel in sweep.grids else
           ": the variance of choosing the winner is not in the cells' spread" if k == 1 else ""))
   if "data.seed" not in tuple(sweep.get("seed_fields", ("seed",))):
@@ -821,15 +820,11 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
     out.append("the in-domain table reuses the trial the held-out domain chose; only its round is chosen by in-domain "
                "validation (Bai et al. choose the trial in-domain too)")
   if g and st["table_grid"] in sweep.grids:
-    det = detectable_by_column(table if table is not None else collect.tables(data, "heldout_domain"),
-                               sweep.get("report", {}).get("baseline", "") or _baseline(), st["margin"])
-    short = [(c, d) for c, d in det.items() if d[-1] > stats.TARGET_MDD]
-    if short:
-      out.append(f"the benchmark's target for the tests against the baseline is a detectable difference of "
-                 f"{stats.TARGET_MDD:g} (80% power at Holm's first level); comparisons above it in {len(short)} of "
-                 f"{len(det)} columns: "
-                 + ", ".join(f"{collect.column_label(c)} {sum(x > stats.TARGET_MDD for x in d)} of {len(d)} "
-                             f"(median {float(np.median(d)):.3f}, largest {d[-1]:.3f})" for c, d in short))
+    held = table if table is not None else collect.tables(data, "heldout_domain")
+    base_m = sweep.get("report", {}).get("baseline", "") or _baseline()
+    det = detectable_by_column(held, base_m, st["margin"])
+    if det:
+      out.append(target_line(held, base_m, det))
   out += staged_lines(data, st["table_grid"])
   names = collect.display_names(sweep)
   for m, order in sorted(_domain_orders(data, st["table_grid"]).items()):
@@ -844,6 +839,46 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
                + " (the sweep's docstring gives why)")
   out += [str(x) for x in sweep.get("report", {}).get("deviations", ())]
   return out
+
+
+def seeds_for_target(sd: float, m: int, most: int = 1000) -> str:
+  """The seeds a column's comparisons would need for a detectable difference of
+  `stats.TARGET_MDD` at Holm's first level 0.05 / m and paired spread `sd`, in words."""
+  try:
+    return str(stats.seeds_needed(sd, stats.TARGET_MDD, stats.ALPHA / m, most=most))
+  except ValueError:
+    return f"over {most}"
+
+
+def target_line(table: collect.Table, baseline: str, det: dict) -> str:
+  """The Deviations line on the seeds: the benchmark's target (a detectable difference of
+  `stats.TARGET_MDD` against the baseline, 80% power at Holm's first level), the columns
+  whose comparisons miss it, and per column the seeds that would reach it at the column's
+  measured paired spread (`noise_scale`'s sigma_d) for its number of comparisons.
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    det: `detectable_by_column`.
+
+  Returns:
+    The line.
+  """
+  short = [(c, d) for c, d in det.items() if d[-1] > stats.TARGET_MDD]
+  text = (f"the benchmark's target for the tests against the baseline is a detectable difference of "
+          f"{stats.TARGET_MDD:g} (80% power at Holm's first level); "
+          + (f"comparisons above it in {len(short)} of {len(det)} columns: "
+             + ", ".join(f"{collect.column_label(c)} {sum(x > stats.TARGET_MDD for x in d)} of {len(d)} "
+                         f"(median {float(np.median(d)):.3f}, largest {d[-1]:.3f})" for c, d in short)
+             if short else f"every comparison reaches it in all {len(det)} columns"))
+  need = []
+  for c, d in det.items():
+    ns = noise_scale(table, c, 2, baseline)
+    if ns is not None:
+      need.append(f"{collect.column_label(c)} {seeds_for_target(ns[0], len(d))} (sd {ns[0]:.3f}, {len(d)} comparison{'s' * (len(d) != 1)})")
+  return text + ("; seeds a cell would need for it at this report's measured paired spread (the root mean square "
+                 "over the column's methods of the standard deviation of their per-seed differences from the "
+                 "baseline): " + ", ".join(need) if need else "")
 
 
 def _job_counts(data, grid: str) -> str:
@@ -916,6 +951,47 @@ def _domain_orders(data, grid: str) -> dict:
   return {m: (o.pop() if len(o) == 1 else "mixed") for m, o in orders.items() if "" not in o}
 
 
+OWN_WORDS = {"better": "above", "worse": "below", "inconclusive": "inconclusive", "cannot tell": "untestable"}
+
+
+def ordered_methods_line(table: collect.Table, baseline: str, names: dict, orders: dict,
+                         margin: float = stats.MARGIN) -> str:
+  """Our runs of the methods that take inner domain steps in an order (`_domain_orders`: Fish),
+  beside Bai et al.'s Fish: per federated column, the paired difference from the baseline and
+  its outcome in the column's family (remark 4.1's, Holm within the column), and the method's
+  centralised cell.
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    names: display names.
+    orders: {method: its domain order}.
+    margin: the equivalence margin.
+
+  Returns:
+    The sentence, "" where no such method has a cell.
+  """
+  fams = {col: _column_family(table, baseline, col, margin) for col in table.columns if col[0] != 1}
+  parts = []
+  for m, order in sorted(orders.items()):
+    cells = []
+    for col, fam in fams.items():
+      c = table.cells.get((m, col))
+      if c is not None and c.mark:
+        cells.append(f"{collect.column_label(col)} -{collect.MARKS.get(c.mark, '')}")
+        continue
+      r = next((r for (mm, _), r in zip(fam[1], fam[2]) if mm == m), None) if fam else None
+      if r is not None:
+        word = OWN_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")
+        cells.append(f"{collect.column_label(col)} " + (f"{r['test']['diff']:+.3f} ({word})" if r["test"] else word))
+    if cells:
+      cen = next((c for (mm, col), c in table.cells.items() if mm == m and col[0] == 1 and _usable(c)), None)
+      parts.append(f"{names.get(m, m)} ({order} domain order)" + (f", C=1 {collect.format_cell(cen, 3)}" if cen else "")
+                   + "; against " + names.get(baseline, baseline) + " (paired, Holm within each column): "
+                   + ", ".join(cells))
+  return ("Ours: " + "; ".join(parts) + ".") if parts else ""
+
+
 def local_steps_per_round(data, grid: str) -> dict:
   """{C: (mean training rows a client, local steps a round, rounds)} from the grid's finished
   runs (their recorded client sizes), for runs at one local epoch a round and no fixed
@@ -969,9 +1045,12 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   it), and the cells where it changed: method, each seed's trial and its test score. With
   `table` (the held-out table), each column also gives the difference run noise alone
   would make (`noise_scale`, paired, from `baseline`'s differences): the winners' test
-  means are over a few search runs, so part of their difference is those runs' own spread. [] when it ran one seed (or `src` is not a
-  grid)."""
+  means are over a few search runs, so part of their difference is those runs' own spread;
+  how many of the differences exceed that; and whether the baseline's own winner changed
+  (every comparison with it in that column then rests on the search seed's choice). [] when
+  it ran one seed (or `src` is not a grid)."""
   names = names or {}
+  baseline = baseline or _baseline()
   if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
     return []
   cells = collections.defaultdict(lambda: collections.defaultdict(dict))  # cell -> trial -> seed -> (val, test)
@@ -983,7 +1062,7 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
     a = e.axes
     cells[(a["method"], a["num_clients"], None if a["lam"] is None else float(a["lam"]))][a["trial"]][a["seed"]] = (
         sc["val"], sc["test"])
-  per_col = collections.defaultdict(lambda: [0, 0, [], []])
+  per_col = collections.defaultdict(lambda: [0, 0, [], [], False])
   for (m, C, lam), trials in sorted(cells.items(), key=lambda kv: str(kv[0])):
     seeds = sorted({s for t in trials.values() for s in t})
     if len(seeds) < 2:
@@ -993,6 +1072,7 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
     col[1] += 1
     if len(set(winners.values())) > 1:
       col[0] += 1
+      col[4] = col[4] or m == baseline
       test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
       col[2].append(max(test.values()) - min(test.values()))
       n_of = {w: len(trials[w]) for w in test}
@@ -1002,7 +1082,7 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   runs = len(tuple(data.sweep.grids[src].seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
-    k, n, gaps, which = per_col[col]
+    k, n, gaps, which, base_changed = per_col[col]
     noise = (noise_scale(table, col, runs, baseline) if table is not None and col in table.columns and gaps
              else None)
     lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
@@ -1011,7 +1091,10 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
                  + (f"; by run noise alone, two trials' means over the same {runs} seeds would differ by about "
                     f"{noise[1]:.3f} (an estimate: the column's paired spread in the held-out table, {noise[0]:.3f}, "
                     "the root mean square of the standard deviations of its methods' per-seed differences from the "
-                    "baseline)" if noise else "")
+                    f"baseline); {sum(g > noise[1] for g in gaps)} of {len(gaps)} differences exceed it" if noise
+                    else "")
+                 + (f"; {names.get(baseline, baseline)}'s own winner changes, so every comparison with it in this "
+                    "column rests on which search seed chose" if base_changed else "")
                  + (": " + "; ".join(which) if gaps else ""))
   return lines
 
@@ -1125,10 +1208,45 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
     md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds).", ""]
     md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in failed] + [""]
   md += reading(data, table, st, names, baseline, with_figures=bool(pngs))
+  md += ["## References", ""] + [f"- {w}" for w in reference.references()] + [""]
   path = os.path.join(out_dir, "REPORT.md")
   with open(path, "w") as fh:
     fh.write("\n".join(md))
   return path
+
+
+def margin_words(table: collect.Table | None, margin: float, baseline: str) -> str:
+  """Why the equivalence margin, from the report's own numbers: the spread of the method means
+  in each column (largest minus smallest usable mean) and the columns' median detectable
+  differences (`detectable_by_column`), against which the margin is small.
+
+  Args:
+    table: the held-out-domain table (None: the words without numbers).
+    margin: the margin.
+    baseline: the baseline method.
+
+  Returns:
+    The clause for the reading's introduction.
+  """
+  text = (f"the margin is a judgement, not a measurement: a difference of {margin:g} in accuracy is small against "
+          "what separates methods in a column")
+  if table is None:
+    return text
+  spreads = []
+  for col in table.columns:
+    means = [c.mean for (_, c_col), c in table.cells.items() if c_col == col and _usable(c)]
+    if len(means) > 1:
+      spreads.append(max(means) - min(means))
+  det = detectable_by_column(table, baseline, margin)
+  if spreads:
+    text += (f": the method means of a column here span {min(spreads):.3f} to {max(spreads):.3f} (largest minus "
+             "smallest)")
+  if det:
+    med = [float(np.median(d)) for d in det.values()]
+    text += (f"; the columns' median detectable differences are {min(med):.3f} to {max(med):.3f}: where they "
+             "exceed the margin, a comparison can rarely be shown equivalent within it and reads 'inconclusive' "
+             "instead")
+  return text
 
 
 def reading(data, table, st, names: dict, baseline: str, with_figures: bool = True) -> list[str]:
@@ -1159,8 +1277,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
         f"family, Holm-adjusted at {stats.ALPHA:g}: for remark 4.1 a column's methods, for a method paper's claim "
         "that method's columns, so one comparison can be decided in a claim (few comparisons) and not in its "
         f"column (many). Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
-        f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted; the margin is a judgement, small "
-        "against the spread of a column's method means, `fedjax_dg.bench.stats`), or 'inconclusive' (the data allow a difference larger than "
+        f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted; {margin_words(table, margin, baseline)}), "
+        "or 'inconclusive' (the data allow a difference larger than "
         f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
         "family's strictest Holm level and the measured variance (a true difference that large is found with that "
         "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. The "
@@ -1200,10 +1318,16 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                   "more than the margin above it)",
                   remark_4_1(table, baseline, names, margin), reference.remark_4_1(bai, COLUMN_LABELS, margin))
     if any(c[0] == 1 for c in table.columns):
+      steps = local_steps_per_round(data, st["table_grid"])
+      fewer = sorted(C for C in steps if C > 1 and 1 in steps and steps[C][1] < steps[1][1])
       md += section("Remark 4.2, DG methods degrade in FL (C = 1 above C > 1 in most comparisons; paired by seed, Holm over "
-                    "the remark)",
+                    "the remark" + (f"; a client at C = {', '.join(map(str, fewer))} takes fewer local steps a round "
+                                    "than the centralised run (Deviations: local work per round), so a drop is "
+                                    "federation and the smaller step budget together" if fewer else "") + ")",
                     remark_4_2_federated(table, dg_in, baseline, names, margin),
-                    reference.remark_4_2_federated(bai) + " " + reference.fish_in_federated_columns(bai))
+                    " ".join(filter(None, (reference.remark_4_2_federated(bai), reference.fish_in_federated_columns(bai),
+                                           ordered_methods_line(table, baseline, names,
+                                                                _domain_orders(data, st["table_grid"]), margin)))))
     both = sorted({c[0] for c in table.columns if c[1] == 1.0} & {c[0] for c in table.columns if c[1] == 0.1})
     where = f"at C = {', '.join(map(str, both))}, where both columns were run" if both else "no C has both columns"
     md += section(f"Remark 4.2, DG methods degrade from λ = 1 to λ = 0.1 (in most comparisons, paired by seed, Holm "
@@ -1221,7 +1345,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   if f.get("rounds_grid", "") in sweep.grids and sweep_lib.grid_entries(exp, f.rounds_grid):
     rows = figures.rounds_rows(exp, results, f.rounds_grid, rule, metric, ddof, data.stale)
     md += section("Remark 4.8, accuracy is not monotone in rounds at fixed computation (Fig. 3; the best interior "
-                  "schedule significantly above both ends, paired by seed, Bonferroni over the interior schedules)",
+                  "schedule significantly above both ends, paired by seed: its two tests one Holm family at 0.05 "
+                  "divided by the interior schedules it was picked from)",
                   remark_4_8(rows, names, margin), reference.figure_only("Fig. 3"))
   if table is not None:
     for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):

@@ -552,7 +552,8 @@ def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
 def fmt_powered(c: dict) -> str:
   """A comparison against the baseline in words: "paired diff +0.012 (SE 0.004), p = 0.020,
   Holm p = 0.210, Wilcoxon p = 0.031 (Holm p = 0.250), TOST Holm p = 0.400, detectable
-  0.025, equivalence bound 0.024", or "untestable"; "(Holm p = ..., disagrees)" where the
+  0.025, equivalence bound 0.024" (no TOST and no bound where the comparison is decided better
+  or worse: equivalence is then beside the point), or "untestable"; "(Holm p = ..., disagrees)" where the
   signed-rank test decides otherwise than the t-test at the family's level, "(Holm p = ...,
   cannot reach the level with n seeds)" where its smallest p is above that level."""
   t = c["test"]
@@ -566,9 +567,10 @@ def fmt_powered(c: dict) -> str:
       text += f" (Holm {_p(c['wilcoxon_holm_p'])}" + (
           f", cannot reach the level with {t['n']} seeds)" if c.get("check_unreachable")
           else ", disagrees)" if c.get("check_disagrees") else ")")
-  text += f", TOST Holm {_p(c['tost_p'])}"
+  decided = c.get("outcome") in ("better", "worse")
+  text += "" if decided else f", TOST Holm {_p(c['tost_p'])}"
   text += f", detectable {c['mdd']:.3f}" if c["mdd"] is not None else ", detectable -"
-  if "eq_bound" in c:
+  if "eq_bound" in c and not decided:
     text += f", equivalence bound {c['eq_bound']:.3f}" if c["eq_bound"] is not None else ", equivalence bound -"
   return text
 
