@@ -975,7 +975,11 @@ def test_round_times_table_is_the_mean_per_run_median_round_over_the_tables_jobs
   assert lines[2] == f"| B | FedAvg-ERM | 0.300 (2) | {fedavg_4:.3f} (4) |"
   assert lines[3] == "| DG adapted | IRM | - | 1.500 (2) |"  # IRM at C = 1 recorded no round times
   assert f"{(0.9 * 3 + 0.5) / 4:.3f}" != f"{fedavg_4:.3f}"  # what the cell would read without the split
-  assert len(lines) == 4
+  # The batch widths behind the cells: 1, 1 (FedAvg at C=1), 3, 3, 3, 1 (C=4), 1, 1 (IRM): median 1.
+  assert lines[4:] == ["", "Runs per compiled program in these jobs: 1 to 3 (median 1). A batched program's time "
+                       "grows less than in proportion to its runs, so a method whose jobs ran in wider batches looks "
+                       "cheaper per run; the other jobs sharing the machine at the same time (the launcher's workers) "
+                       "are not recorded."]
   # A method selected within the final stage of its own schedule (FedLOE's kind): 6 timed
   # rounds took 3 s of training (0.5 s each); its stages hold 2 + 6 = 8 rounds of its own, the
   # schedule 2 rounds: 0.5 x 8 / 2 = 2.0 s per round of the schedule, named below the table.

@@ -656,7 +656,7 @@ def round_times(data, grid: str) -> str:
   g = sweep.grids.get(grid, {})
   grids = {grid, g.get("select_from", "")} - {""}
   runs = collect.program_runs(results)
-  per, seen, staged = collections.defaultdict(list), set(), set()
+  per, seen, staged, widths = collections.defaultdict(list), set(), set(), []
   for e in exp.entries:
     if e.grid not in grids or e.key not in results or e.key in seen:
       continue
@@ -672,6 +672,7 @@ def round_times(data, grid: str) -> str:
       staged.add(e.axes["method"])
     if t is not None:
       per[(e.axes["method"], int(e.axes["num_clients"]))].append(t / runs[e.key])
+      widths.append(runs[e.key])
   if not per:
     return ""
   counts = sorted({int(C) for C in g.client_counts})
@@ -689,6 +690,11 @@ def round_times(data, grid: str) -> str:
     rows.append(f"{names.get(m, m)}: its training time (its mean timed round times its own rounds) over the rounds "
                 "of the other methods' schedule: it trains in stages that synchronise on their own schedule, so its "
                 "own rounds are not theirs.")
+  if widths and max(widths) > 1:
+    rows += ["", f"Runs per compiled program in these jobs: {min(widths)} to {max(widths)} (median "
+             f"{float(np.median(widths)):g}). A batched program's time grows less than in proportion to its runs, "
+             "so a method whose jobs ran in wider batches looks cheaper per run; the other jobs sharing the machine "
+             "at the same time (the launcher's workers) are not recorded."]
   return "\n".join(rows)
 
 
