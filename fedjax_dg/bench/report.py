@@ -1268,51 +1268,56 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   has = lambda key: f.get(key, "") in sweep.grids and bool(sweep_lib.grid_entries(exp, f[key]))  # noqa: E731
   across = ["4.2"] + (["4.7"] if has("clients_grid") or has("clients_steps_grid") else []) + (
       ["4.8"] if has("rounds_grid") else [])
+  method = [
+      "Cells: mean ± standard deviation over seeds (n).",
+      "Pairing. A method against the baseline in one column (remark 4.1, the method papers' claims) is compared "
+      "seed by seed: runs with the same seed share the split, the partition over clients and the cohorts, and those "
+      "of every method on the plain classifier also the initial model (FedSR and FedADG initialise another "
+      "parameter tree from the same key; FedLOE's first stage synchronises on its own schedule), so the paired "
+      "t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's signed-rank p "
+      "as a check, Holm-adjusted in the same family ('disagrees' where it decides otherwise than the t-test; "
+      "'cannot reach the level' where its smallest possible p, 2 / 2^n for n seeds, is above the family's first "
+      "Holm level); a cell missing seeds (a run that failed) is paired on the seeds it shares, and with fewer than "
+      "two in common Welch's test is used.",
+      f"Families. The comparisons a claim rests on are one family, Holm-adjusted at {stats.ALPHA:g}: for remark 4.1 "
+      "a column's methods, for a method paper's claim that method's columns, so one comparison can be decided in a "
+      "claim (few comparisons) and not in its column (many).",
+      f"Outcomes. Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), 'equivalent' within "
+      f"±{margin:g} (two one-sided tests, Holm-adjusted; {margin_words(table, margin, baseline)}), or "
+      "'inconclusive' (the data allow a difference larger than the margin); an inconclusive comparison excludes "
+      "neither a larger difference nor equivalence. 'cannot tell' (or 'untestable'): a cell has fewer than two "
+      "seeds. Cells marked -ᵃ or -ᵇ in the tables are left out of every test.",
+      f"Power. 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the family's "
+      "strictest Holm level and the measured variance (a true difference that large is found with that "
+      "probability). The 'equivalence bound' is the smallest margin the two one-sided tests accept at that level, "
+      "|diff| + t SE (Holm's later steps accept a little more); where t SE alone is above the margin, no "
+      "difference the data could show would have made the comparison 'equivalent': more seeds, not the data, "
+      "decide it. A comparison decided better or worse prints neither.",
+      "Verdicts. A claim holds where every testable comparison supports it, holds in part where some do, does not "
+      "hold where every one decides against it (for remark 4.1, where any column has a method shown more than the "
+      "margin above the baseline), is not supported where none supports it, some decide against it and the rest "
+      "are inconclusive, and is inconclusive where all are.",
+      f"Remark 4.1's column verdict is the intersection-union test of 'no method is {margin:g} or more above the "
+      f"baseline': every method's one-sided paired test of that rejected at {stats.ALPHA:g}, which needs no "
+      "correction for the column's many methods (Berger 1982); a column is against it where a method is shown "
+      f"more than {margin:g} above the baseline (one-sided paired tests, Holm over the column), and a method "
+      "significantly above it by less refutes nothing at this margin.",
+      "Remark 4.2 compares a method's cells across columns (C = 1 against a federated column, λ = 1 against 0.1): "
+      "runs with the same seed share the split and the initial model there, not the partition or the cohorts, and "
+      "are paired by seed the same way, the remark's comparisons one Holm family with the same four outcomes "
+      "('degrades' where the first cell is higher); it holds where more than half of its testable comparisons "
+      "degrade, does not hold where more than half decide against it, and is inconclusive otherwise."]
+  if "4.8" in across:
+    method.append("Remark 4.8 pairs each series' best interior schedule with both ends by seed, the two "
+                  "comparisons one Holm family at 0.05 divided by the interior schedules the best was picked from, "
+                  "with the same four outcomes; a series supports it where the interior schedule is above both ends "
+                  "and is against it where an end is above it or within the margin.")
+  if "4.7" in across:
+    method.append("Remark 4.7 compares each series' smallest C with its largest, paired by seed, one Holm family "
+                  "over the remark with the same four outcomes and remark 4.2's 'most comparisons' verdict.")
   md = ["## Reading", "",
-        f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above. "
-        "Cells: mean ± standard deviation "
-        "over seeds (n). A method against the baseline in one column (remark 4.1, the method papers' claims) is "
-        "compared seed by seed: runs with the same seed share the split, the partition over clients and the cohorts, "
-        "and those of every method on the plain classifier also the initial model (FedSR and FedADG initialise "
-        "another parameter tree from the same key; FedLOE's first stage synchronises on its own schedule), so "
-        "the paired t-test on the per-seed differences is used (diff, its standard error SE, p), with Wilcoxon's "
-        "signed-rank p as a check, Holm-adjusted in the same family ('disagrees' where it decides otherwise than "
-        "the t-test; 'cannot reach the level' where its smallest possible p, 2 / 2^n for n seeds, is above the "
-        "family's first Holm level); a cell missing seeds (a run that failed) is paired on the seeds it shares, "
-        "and with fewer than two in common Welch's test is used. The comparisons a claim rests on are one "
-        f"family, Holm-adjusted at {stats.ALPHA:g}: for remark 4.1 a column's methods, for a method paper's claim "
-        "that method's columns, so one comparison can be decided in a claim (few comparisons) and not in its "
-        f"column (many). Each comparison is 'better' or 'worse' (Holm p < {stats.ALPHA:g}), "
-        f"'equivalent' within ±{margin:g} (two one-sided tests, Holm-adjusted; {margin_words(table, margin, baseline)}), "
-        "or 'inconclusive' (the data allow a difference larger than "
-        f"the margin); 'detectable' is the true difference the test finds with {stats.POWER:.0%} power at the "
-        "family's strictest Holm level and the measured variance (a true difference that large is found with that "
-        "probability); an inconclusive comparison excludes neither a larger difference nor equivalence. The "
-        "'equivalence bound' is the smallest margin the two one-sided tests accept at that level, |diff| + t SE "
-        "(Holm's later steps accept a little more); where t SE alone is above the margin, no difference the data "
-        "could show would have made the comparison 'equivalent': more seeds, not the data, decide it. A claim "
-        "holds where every testable comparison supports it, holds in part where some do, does not hold where every "
-        "one decides against it (for remark 4.1, where any column has a method above the baseline), is not "
-        "supported where none supports it, some decide against it and the rest are inconclusive, and is "
-        "inconclusive where all are. Remark 4.1's column verdict is the intersection-union test of 'no method is "
-        f"{margin:g} or more above the baseline': every method's one-sided paired test of that rejected at "
-        f"{stats.ALPHA:g}, which needs no correction for the column's many methods (Berger 1982); a column is "
-        f"against it where a method is shown more than {margin:g} above the baseline (one-sided paired tests, "
-        "Holm over the column), and a method significantly above it by less refutes nothing at this margin. "
-        "Remark 4.2 compares a method's cells across columns (C = 1 against a federated column, λ = 1 against "
-        "0.1): runs with the same seed share the split and the initial model there, not the partition or the "
-        "cohorts, and are paired by seed the same way, the remark's comparisons one Holm family with the same four "
-        "outcomes ('degrades' where the first cell is higher); it holds where more than half of its testable "
-        "comparisons degrade, does not hold where more than half decide against it, and is inconclusive otherwise. "
-        + ("Remark 4.8 pairs each series' best interior schedule with both ends by seed, the two comparisons one "
-           "Holm family at 0.05 divided by the interior schedules the best was picked from, with the same four "
-           "outcomes; a series supports it where the interior schedule is above both ends and is against it where "
-           "an end is above it or within the margin. " if "4.8" in across else "")
-        + ("Remark 4.7 compares each series' smallest C with its largest, paired by seed, one Holm family over "
-           "the remark with the same four outcomes and remark 4.2's 'most comparisons' verdict. "
-           if "4.7" in across else "")
-        + "'cannot tell': a cell has fewer than two seeds. Cells marked -ᵃ or -ᵇ in the tables are left out of every "
-        "test.", "", reference.intro(bai), ""]
+        f"Each verdict is generated from the held-out-domain table{' and figures' if with_figures else ''} above, "
+        "by these rules:", "", _bullets(method), "", reference.intro(bai), ""]
 
   def section(title, res, theirs: str = ""):
     v, lines = res
