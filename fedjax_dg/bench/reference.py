@@ -9,12 +9,12 @@ them as printed ("-" where a method does not apply is null).
 
 The report reads each of its remarks on these cells with the rule it applies to its own
 (`fedjax_dg.bench.report`: the same families, Holm adjustments, one-sided tests against the
-margin and verdicts), so a reader sees where the two agree; only equivalence is never shown
-on their cells. Bai et al. give only
+margin, four outcomes and verdicts), so a reader sees where the two agree. Bai et al. give only
 summary statistics and no tests, so each comparison here is Welch's t-test from the printed
 mean and standard deviation with n = 3 per cell (`scipy.stats.ttest_ind_from_stats`);
 whether their standard deviation divides by n or n - 1 is not said, and the rounding to three
-decimals makes a cell printed with standard deviation 0.000 look exact. These are therefore
+decimals prints a spread below 0.0005 as 0.000, which is taken as 0.0005 (`PRINTED_SD_FLOOR`)
+rather than as an exact value. These are therefore
 a reading of their tables, not a re-analysis of their runs.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from fedjax_dg.bench import stats
 
 CELLS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bai_2024_cells.json")
 RUNS = 3  # Bai et al.: "the standard deviation among 3 runs"
+PRINTED_SD_FLOOR = 0.0005  # a standard deviation printed as 0.000 is below half its last digit, not 0
 DG_METHODS = ("IRM", "Fish", "Mixup", "MMD", "DeepCoral", "GroupDRO")
 BASELINE = "FedAvg-ERM"
 FEDERATED = ("lam=1", "lam=0.1", "lam=0")
@@ -111,8 +112,15 @@ def _cell(cells: dict, dataset: str, method: str, column: str):
   return None if row is None else row[cells["columns"].index(column)]
 
 
+def _sd(c) -> float:
+  """A cell's printed standard deviation, at least `PRINTED_SD_FLOOR`: the three printed
+  decimals round a smaller spread to 0.000, which is not a known difference."""
+  return max(float(c[1]), PRINTED_SD_FLOOR)
+
+
 def welch_p(a, b, n: int = RUNS) -> float:
-  """Two-sided Welch p-value of cell `a` against cell `b`, each `[mean, std]` of n runs.
+  """Two-sided Welch p-value of cell `a` against cell `b`, each `[mean, std]` of n runs, each
+  standard deviation at least `PRINTED_SD_FLOOR`.
 
   Args:
     a: `[mean, std]` of the first cell.
@@ -120,13 +128,9 @@ def welch_p(a, b, n: int = RUNS) -> float:
     n: runs per cell.
 
   Returns:
-    The p-value; 1.0 where both cells print the same mean with standard deviation 0, 0.0
-    where they print different means with standard deviation 0 (the rounding hides the
-    spread).
+    The p-value.
   """
-  if a[1] == 0 and b[1] == 0:
-    return 1.0 if a[0] == b[0] else 0.0
-  return float(sps.ttest_ind_from_stats(a[0], a[1], n, b[0], b[1], n, equal_var=False).pvalue)
+  return float(sps.ttest_ind_from_stats(a[0], _sd(a), n, b[0], _sd(b), n, equal_var=False).pvalue)
 
 
 def welch_record(a, b, n: int = RUNS) -> dict:
@@ -139,30 +143,35 @@ def welch_record(a, b, n: int = RUNS) -> dict:
     n: runs per cell.
 
   Returns:
-    {"diff", "se" (sqrt(s_a^2 / n + s_b^2 / n)), "df" (Welch-Satterthwaite; 2 (n - 1) where
-    both standard deviations print 0, where se is 0 and the tests decide outright), "p"
-    (`welch_p`)}.
+    {"diff", "se" (sqrt(s_a^2 / n + s_b^2 / n), each s at least `PRINTED_SD_FLOOR`), "df"
+    (Welch-Satterthwaite), "p" (`welch_p`)}.
   """
-  va, vb = a[1] ** 2 / n, b[1] ** 2 / n
+  va, vb = _sd(a) ** 2 / n, _sd(b) ** 2 / n
   se = math.sqrt(va + vb)
-  df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1)) if se > 0 else 2.0 * (n - 1)
+  df = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / (n - 1))
   return {"diff": a[0] - b[0], "se": se, "df": df, "p": welch_p(a, b, n)}
 
 
-def compare(a, b, alpha: float = stats.ALPHA) -> str:
-  """"better" / "worse" (significantly higher / lower at `alpha`, `welch_p`) or
-  "inconclusive" for cell `a` against cell `b`. Three runs a cell cannot show equivalence
-  at a useful margin, so no comparison here is "equivalent"."""
-  p = welch_p(a, b)
-  return "inconclusive" if p >= alpha or math.isnan(p) else "better" if a[0] > b[0] else "worse"
+def _outcome(a, b, p: float, p_eq: float, alpha: float) -> str:
+  if p < alpha:
+    return "better" if a[0] > b[0] else "worse"
+  return "equivalent" if p_eq < alpha else "inconclusive"
 
 
-def _family(pairs, alpha: float = stats.ALPHA) -> list[str]:
-  """`compare` over a family of (a, b) pairs, Holm-adjusted (the report's rule for a claim's
-  or a remark's comparisons)."""
-  adjusted = stats.holm([welch_p(a, b) for a, b in pairs])
-  return ["inconclusive" if p >= alpha or math.isnan(p) else "better" if a[0] > b[0] else "worse"
-          for (a, b), p in zip(pairs, adjusted)]
+def compare(a, b, alpha: float = stats.ALPHA, margin: float = stats.MARGIN) -> str:
+  """Cell `a` against cell `b` at `alpha` on its own: "better" / "worse" (Welch's test),
+  "equivalent" (two one-sided tests within +-`margin`, `stats.tost`) or "inconclusive"."""
+  rec = welch_record(a, b)
+  return _outcome(a, b, rec["p"], stats.tost(rec, margin), alpha)
+
+
+def _family(pairs, alpha: float = stats.ALPHA, margin: float = stats.MARGIN) -> list[str]:
+  """`compare` over a family of (a, b) pairs, both tests Holm-adjusted over the family (the
+  report's rule for a claim's or a remark's comparisons)."""
+  recs = [welch_record(a, b) for a, b in pairs]
+  adj = stats.holm([r["p"] for r in recs])
+  adj_eq = stats.holm([stats.tost(r, margin) for r in recs])
+  return [_outcome(a, b, p, q, alpha) for (a, b), p, q in zip(pairs, adj, adj_eq)]
 
 
 def _fmt(c) -> str:
@@ -184,18 +193,18 @@ def intro(cells: dict) -> str:
   """
   return (f"Bai et al.'s own cells: {cells['source']}; each comparison is Welch's t-test from the printed mean "
           f"and standard deviation with n = {RUNS} per cell (unpaired: which of their runs shared a seed is not "
-          "printed), read by the report's own rules: remark 4.1's column verdict with the same one-sided tests "
-          "against the margin (Holm within the column for a method shown more than the margin above), remark 4.2 "
-          "and a method paper's claim with Holm over the same family and the same 'most' and 'every' verdicts. No "
-          "comparison on their cells is 'equivalent' (three runs a cell cannot show equivalence at a useful margin): "
-          "where ours could be, theirs is 'inconclusive'.")
+          f"printed; a standard deviation printed as 0.000 is taken as {PRINTED_SD_FLOOR:g}, the rounding's "
+          "bound), read by the report's own rules: remark 4.1's column verdict with the same one-sided tests "
+          "against the margin (Holm over the remark's columns for a method shown more than the margin above), "
+          "remark 4.2 and a method paper's claim with Holm over the same family, the same four outcomes and the "
+          "same 'most' and 'every' verdicts.")
 
 
 def remark_4_1(cells: dict, labels: dict | None = None, margin: float = stats.MARGIN,
                alpha: float = stats.ALPHA) -> str:
   """Remark 4.1 on Bai et al.'s cells, by the report's column rule: in each column (dataset x
   C=1, lambda = 1, 0.1, 0), "against" where a method is shown more than `margin` above
-  FedAvg-ERM (`stats.superiority_by_margin`, Holm within the column), "supports" where every
+  FedAvg-ERM (`stats.superiority_by_margin`, Holm over every column's comparisons), "supports" where every
   method is shown less than `margin` above it (`stats.non_superiority` at `alpha` each, the
   intersection-union test), "inconclusive" otherwise; then the methods significantly above
   FedAvg-ERM (Holm within the column) and the columns where its mean is the highest.
@@ -209,22 +218,29 @@ def remark_4_1(cells: dict, labels: dict | None = None, margin: float = stats.MA
   Returns:
     The sentence for the report's reading.
   """
-  above, outcomes, top, n = {}, [], 0, 0
+  above, columns, top = {}, [], 0
   for ds, d in cells["datasets"].items():
     for col in cells["columns"]:
       base = _cell(cells, ds, BASELINE, col)
       others = [(m, c) for m in d["methods"] if m != BASELINE for c in [_cell(cells, ds, m, col)] if c is not None]
       if base is None or not others:
         continue
-      n += 1
       top += all(c[0] <= base[0] for _, c in others)
       recs = [welch_record(c, base) for _, c in others]
       won = [m for (m, c), p in zip(others, stats.holm([r["p"] for r in recs])) if p < alpha and c[0] > base[0]]
       if won:
         above.setdefault(ds, []).append(f"{_label(col)}: {', '.join(won)}")
-      beyond = any(p < alpha for p in stats.holm([stats.superiority_by_margin(r, margin) for r in recs]))
-      outcomes.append("against" if beyond else "supports"
-                      if all(stats.non_superiority(r, margin) < alpha for r in recs) else "inconclusive")
+      columns.append(recs)
+  n = len(columns)
+  # "More than the margin above": one Holm family over every column's comparisons (one column
+  # refutes the remark); "less than the margin above": each at alpha (intersection-union).
+  flat = stats.holm([stats.superiority_by_margin(r, margin) for recs in columns for r in recs])
+  outcomes, i = [], 0
+  for recs in columns:
+    beyond = any(p < alpha for p in flat[i:i + len(recs)])
+    i += len(recs)
+    outcomes.append("against" if beyond else "supports"
+                    if all(stats.non_superiority(r, margin) < alpha for r in recs) else "inconclusive")
   k = sum(len(v) for v in above.values())
   labels = labels or {"supports": "supporting", "against": "against", "inconclusive": "inconclusive"}
   return (f"On Bai et al.'s cells, by the same rule: "
@@ -254,15 +270,16 @@ def _drops(cells: dict, pairs) -> tuple[list, dict]:
   return outcomes, per
 
 
-DROP_LABELS = {"better": "degrades", "worse": "improves", "inconclusive": "inconclusive"}
+DROP_LABELS = {"better": "degrades", "worse": "improves", "equivalent": f"equivalent within ±{stats.MARGIN:g}",
+               "inconclusive": "inconclusive"}
 
 
 def remark_4_2_federated(cells: dict) -> str:
   """Remark 4.2 (DG methods degrade in FL) on Bai et al.'s cells: each DG method's C = 1 cell
   against its federated cells (Welch's test on their printed means and standard deviations:
   their runs cannot be paired), Holm over the remark; "holds" when more than half of the
-  testable comparisons degrade, "does not hold" when more than half improve, "inconclusive"
-  otherwise (`stats.verdict_most_powered`, the report's rule).
+  testable comparisons degrade, "does not hold" when more than half improve or are
+  equivalent within the margin, "inconclusive" otherwise (`stats.verdict_most_powered`, the report's rule).
 
   Args:
     cells: `bai_cells()`.
@@ -305,7 +322,8 @@ def fish_in_federated_columns(cells: dict) -> str:
   Returns:
     The sentence for the report's reading.
   """
-  words = {"better": "above", "worse": "below", "inconclusive": "inconclusive"}
+  words = {"better": "above", "worse": "below", "equivalent": f"equivalent within ±{stats.MARGIN:g}",
+           "inconclusive": "inconclusive"}
   parts = []
   for ds in cells["datasets"]:
     cen = _cell(cells, ds, "Fish", "C=1")
@@ -315,7 +333,7 @@ def fish_in_federated_columns(cells: dict) -> str:
       continue
     parts.append(f"{ds} C=1 {_fmt(cen)}, " + ", ".join(
         f"{_label(col)} {_fmt(c)} (FedAvg-ERM {_fmt(b)}: {words[compare(c, b)]})" for col, c, b in fl))
-  return "Bai et al.'s Fish (against FedAvg-ERM, Welch at 0.05 each): " + "; ".join(parts) + "."
+  return "Bai et al.'s Fish (against FedAvg-ERM, Welch and TOST at 0.05 each): " + "; ".join(parts) + "."
 
 
 def claim(cells: dict, method_name: str) -> str:

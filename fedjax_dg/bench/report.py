@@ -140,28 +140,31 @@ def _column_family(table: collect.Table, baseline: str, col, margin: float):
   return base, others, stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
 
 
-def _beyond_margin(res, margin: float) -> list[bool]:
-  """For each of a column's comparisons (`stats.against_baseline`'s results): is the method
-  shown more than `margin` above the baseline? One-sided tests of H0: diff <= margin
-  (`stats.superiority_by_margin`), Holm-adjusted over the column's testable comparisons."""
-  idx = [i for i, r in enumerate(res) if r["test"] is not None]
-  adj = dict(zip(idx, stats.holm([stats.superiority_by_margin(res[i]["test"], margin) for i in idx])))
-  return [i in adj and adj[i] < stats.ALPHA for i in range(len(res))]
+def _beyond_margin(fams: dict, margin: float) -> dict:
+  """{column: [is the method shown more than `margin` above the baseline?, one per comparison
+  of `fams[column]`]}: one-sided tests of H0: diff <= margin (`stats.superiority_by_margin`),
+  one Holm family over every column's testable comparisons, since one column refutes remark
+  4.1 (`fams`: {column: `_column_family`})."""
+  keys = [(col, i) for col, fam in fams.items() for i, r in enumerate(fam[2]) if r["test"] is not None]
+  adj = stats.holm([stats.superiority_by_margin(fams[col][2][i]["test"], margin) for col, i in keys])
+  flags = {col: [False] * len(fam[2]) for col, fam in fams.items()}
+  for (col, i), p in zip(keys, adj):
+    flags[col][i] = p < stats.ALPHA
+  return flags
 
 
-def _column_verdict(base, others, res, margin: float) -> str:
-  """Remark 4.1 in one column ("no method is `margin` or more above the baseline"):
-  "against" (a method shown more than the margin above it: `_beyond_margin`), "supports"
-  (every method's one-sided test of `margin` or more above it rejects: the
-  intersection-union test), "cannot tell" (an untestable cell has a higher mean, or nothing
-  is testable), else "inconclusive". A method significantly above the baseline by less than
-  the margin shown refutes nothing the remark says at this margin."""
-  if any(_beyond_margin(res, margin)):
+def _column_verdict(res, beyond, margin: float) -> str:
+  """Remark 4.1 in one column ("no method is `margin` or more above the baseline"), from the
+  column's comparisons `res` and their `_beyond_margin` flags: "against" (a method shown
+  more than the margin above it), "cannot tell" (a method it cannot test, fewer than two
+  seeds, or nothing testable), "supports" (every method's one-sided test of `margin` or more
+  above it rejects: the intersection-union test), else "inconclusive". A method
+  significantly above the baseline by less than the margin refutes nothing at this margin."""
+  if any(beyond):
     return "against"
-  tested = [r for r in res if r["test"] is not None]
-  if not tested or any(r["test"] is None and c.mean > base.mean for (_, c), r in zip(others, res)):
+  if not res or any(r["test"] is None for r in res):
     return "cannot tell"
-  return "supports" if all(stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested) else "inconclusive"
+  return "supports" if all(stats.non_superiority(r["test"], margin) < stats.ALPHA for r in res) else "inconclusive"
 
 
 GLANCE_SYMBOLS = {"better": "▲", "worse": "▼", "equivalent": "≈", "inconclusive": "?", "cannot tell": "·"}
@@ -187,6 +190,7 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
   fams = {col: _column_family(table, baseline, col, margin) for col in table.columns}
   if not any(fams.values()):
     return ""
+  beyond = _beyond_margin({col: fam for col, fam in fams.items() if fam is not None}, margin)
   out = {}
   for col, fam in fams.items():
     if fam is not None:
@@ -200,8 +204,8 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
       c, r = table.cells.get((m, col)), out.get((m, col))
       if m == baseline:
         cells.append(f"{c.mean:.3f}" if _usable(c) else collect.format_cell(c, 3))
-      elif r is None:
-        cells.append(collect.format_cell(c, 3) if c is None or c.mark or not _usable(c) else "")
+      elif r is None:  # not applicable, marked, no finished run, or the column's baseline unusable
+        cells.append(collect.format_cell(c, 3) if c is None or c.mark or not _usable(c) else "-")
       elif r["test"] is None:
         cells.append(GLANCE_SYMBOLS["cannot tell"])
       else:
@@ -213,7 +217,7 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
     fam = fams[col]
     d = sorted(r["mdd"] for r in (fam[2] if fam else ()) if r["mdd"] is not None)
     mdd.append(f"{float(np.median(d)):.3f}" if d else "-")
-    verdict.append(GLANCE_VERDICTS[_column_verdict(*fam, margin)] if fam else "-")
+    verdict.append(GLANCE_VERDICTS[_column_verdict(fam[2], beyond[col], margin)] if fam else "-")
   rows.append("|  | detectable (median) | " + " | ".join(mdd) + " |")
   rows.append("|  | remark 4.1 | " + " | ".join(verdict) + " |")
   b = names.get(baseline, baseline)
@@ -221,11 +225,13 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
             f"(paired by seed), and the outcome in the column's family (Holm over the column's methods at "
             f"{stats.ALPHA:g}): ▲ better, ▼ worse, ≈ equivalent within ±{margin:g} (two one-sided tests), ? "
             "inconclusive (the data allow a difference larger than the margin), · untestable (fewer than two "
-            "seeds); -ᵃ / -ᵇ cells are marked in the table and left out. 'detectable (median)': the median over "
+            "seeds); -ᵃ / -ᵇ cells are marked in the table and left out; '-' where the method does not apply or "
+            "the column's baseline cell cannot be tested. 'detectable (median)': the median over "
             f"the column's comparisons of the true difference found with {stats.POWER:.0%} power at Holm's first "
             "level. 'remark 4.1': the column's verdict in the Reading: 'none above' (every method shown less than "
             "the margin above the baseline, the intersection-union test), 'some above' (a method shown more than "
-            "the margin above it: one-sided tests, Holm) or 'inconclusive' (neither shown). A method paper's claim tests "
+            "the margin above it: one-sided tests, one Holm family over the remark's columns), 'cannot tell' (a "
+            "method it cannot test) or 'inconclusive' (neither shown). A method paper's claim tests "
             "the same differences in a smaller family (the method's own columns), so a '?' here can be decided "
             "there.")
   return "\n".join(rows) + "\n\n" + legend
@@ -240,30 +246,30 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
   "no method is `margin` or more above the baseline" (`stats.non_superiority` rejected at
   alpha for every method, Berger 1982: no multiplicity correction): it supports the remark
   when that holds; it is against it when a method is shown more than the margin above it
-  (`stats.superiority_by_margin`, Holm over the column; a method significantly above by
-  less is named, and refutes nothing at this margin); "inconclusive" otherwise (the data allow a method above the baseline by the margin or
-  more); "cannot tell" when a method it cannot test (fewer than two seeds) has a higher
-  mean, or nothing is testable. Each line gives the column's detectable differences and the
+  (`stats.superiority_by_margin`, one Holm family over every column's comparisons, since one
+  column refutes the remark; a method significantly above by less is named, and refutes
+  nothing at this margin); "cannot tell" when a method it cannot test (fewer than two seeds)
+  is in the column, or nothing is testable; "inconclusive" otherwise (the data allow a
+  method above the baseline by the margin or more). Each line gives the column's detectable differences and the
   smallest margin the design could have shown non-superiority within."""
   lines, outcomes = [], []
-  for col in table.columns:
-    family = _column_family(table, baseline, col, margin)
-    if family is None:
-      continue
-    base, others, res = family
+  fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
+  flags = _beyond_margin(fams, margin)
+  for col, (base, others, res) in fams.items():
     by = {k: [] for k in ("better", "worse", "equivalent", "inconclusive", "cannot tell")}
     for (m, c), r in zip(others, res):
       by[r["outcome"]].append((m, c, r))
     tested = [r for r in res if r["test"] is not None]
     below = [stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested]
-    beyond = [names.get(m, m) for (m, _), b in zip(others, _beyond_margin(res, margin)) if b]
-    outcomes.append(_column_verdict(base, others, res, margin))
+    beyond = [names.get(m, m) for (m, _), b in zip(others, flags[col]) if b]
+    outcomes.append(_column_verdict(res, flags[col], margin))
     cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
              else "no method significantly above it")
-    text += (f"; shown more than {margin:g} above it (one-sided, Holm): {', '.join(beyond)}" if beyond
+    text += (f"; shown more than {margin:g} above it (one-sided, Holm over the remark's columns): "
+             f"{', '.join(beyond)}" if beyond
              else f"; none shown more than {margin:g} above it" if by["better"] else "")
     text += f"; significantly below it: {', '.join(cite(*x) for x in by['worse'])}" if by["worse"] else ""
     text += (f"; equivalent within ±{margin:g}: {', '.join(names.get(m, m) for m, _, _ in by['equivalent'])}"
@@ -882,9 +888,9 @@ def target_line(table: collect.Table, baseline: str, det: dict) -> str:
     ns = noise_scale(table, c, 2, baseline)
     if ns is not None:
       need.append(f"{collect.column_label(c)} {seeds_for_target(ns[0], len(d))} (sd {ns[0]:.3f}, {len(d)} comparison{'s' * (len(d) != 1)})")
-  return text + ("; seeds a cell would need for it at this report's measured paired spread (the root mean square "
-                 "over the column's methods of the standard deviation of their per-seed differences from the "
-                 "baseline): " + ", ".join(need) if need else "")
+  return text + ("; seeds a typical comparison would need for it at this report's measured paired spread (the root "
+                 "mean square over the column's methods of the standard deviation of their per-seed differences "
+                 "from the baseline; a comparison with a larger spread needs more): " + ", ".join(need) if need else "")
 
 
 def _job_counts(data, grid: str) -> str:
@@ -1052,7 +1058,8 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   `table` (the held-out table), each column also gives the difference run noise alone
   would make (`noise_scale`, paired, from `baseline`'s differences): the winners' test
   means are over a few search runs, so part of their difference is those runs' own spread;
-  how many of the differences exceed that; and whether the baseline's own winner changed
+  how many of the differences exceed 1.96 times the standard deviation run noise gives a
+  difference of two means over the fewer of the two winners' runs (5% would under noise); and whether the baseline's own winner changed
   (every comparison with it in that column then rests on the search seed's choice). [] when
   it ran one seed (or `src` is not a grid)."""
   names = names or {}
@@ -1080,15 +1087,16 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
       col[0] += 1
       col[4] = col[4] or m == baseline
       test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
-      col[2].append(max(test.values()) - min(test.values()))
       n_of = {w: len(trials[w]) for w in test}
+      col[2].append((max(test.values()) - min(test.values()), min(n_of.values())))
       col[3].append(f"{names.get(m, m)}: " + ", ".join(
           f"seed {s} picks trial {winners[s]} (mean test {test[winners[s]]:.3f} over its {n_of[winners[s]]} "
           f"search run{'s' * (n_of[winners[s]] != 1)})" for s in seeds))
   runs = len(tuple(data.sweep.grids[src].seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
-    k, n, gaps, which, base_changed = per_col[col]
+    k, n, pairs, which, base_changed = per_col[col]
+    gaps = [g for g, _ in pairs]
     noise = (noise_scale(table, col, runs, baseline) if table is not None and col in table.columns and gaps
              else None)
     lines.append(f"{collect.column_label(col)}: the winner changes between search seeds in {k} of {n} cells"
@@ -1097,8 +1105,9 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
                  + (f"; by run noise alone, two trials' means over the same {runs} seeds would differ by about "
                     f"{noise[1]:.3f} (an estimate: the column's paired spread in the held-out table, {noise[0]:.3f}, "
                     "the root mean square of the standard deviations of its methods' per-seed differences from the "
-                    f"baseline); {sum(g > noise[1] for g in gaps)} of {len(gaps)} differences exceed it" if noise
-                    else "")
+                    f"baseline); {sum(g > 1.96 * noise[0] / math.sqrt(r) for g, r in pairs)} of {len(pairs)} "
+                    "differences exceed 1.96 times the standard deviation run noise gives a difference of means "
+                    "over their runs (sd / sqrt(runs); about 5% would by noise alone)" if noise else "")
                  + (f"; {names.get(baseline, baseline)}'s own winner changes, so every comparison with it in this "
                     "column rests on which search seed chose" if base_changed else "")
                  + (": " + "; ".join(which) if gaps else ""))
@@ -1292,7 +1301,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "probability). The 'equivalence bound' is the smallest margin the two one-sided tests accept at that level, "
       "|diff| + t SE (Holm's later steps accept a little more); where t SE alone is above the margin, no "
       "difference the data could show would have made the comparison 'equivalent': more seeds, not the data, "
-      "decide it. A comparison decided better or worse prints neither.",
+      "decide it. A comparison decided better or worse prints no TOST p and no equivalence bound.",
       "Verdicts. A claim holds where every testable comparison supports it, holds in part where some do, does not "
       "hold where every one decides against it (for remark 4.1, where any column has a method shown more than the "
       "margin above the baseline), is not supported where none supports it, some decide against it and the rest "
@@ -1300,8 +1309,10 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       f"Remark 4.1's column verdict is the intersection-union test of 'no method is {margin:g} or more above the "
       f"baseline': every method's one-sided paired test of that rejected at {stats.ALPHA:g}, which needs no "
       "correction for the column's many methods (Berger 1982); a column is against it where a method is shown "
-      f"more than {margin:g} above the baseline (one-sided paired tests, Holm over the column), and a method "
-      "significantly above it by less refutes nothing at this margin.",
+      f"more than {margin:g} above the baseline (one-sided paired tests, one Holm family over the remark's "
+      "columns, since one column refutes it), and a method "
+      "significantly above it by less refutes nothing at this margin; a column with a method it cannot test "
+      "reads 'cannot tell'.",
       "Remark 4.2 compares a method's cells across columns (C = 1 against a federated column, λ = 1 against 0.1): "
       "runs with the same seed share the split and the initial model there, not the partition or the cohorts, and "
       "are paired by seed the same way, the remark's comparisons one Holm family with the same four outcomes "
