@@ -1442,6 +1442,17 @@ def _(tmp):
   return error_of(lambda: sweep_lib.expand(s))
 
 
+@case(5, "`select_seeds` naming a seed its search did not run", "`sweep.grids.seeds.select_seeds = (7,)` where "
+      "grid `table` runs seeds 0, 1", "sweep.grids.seeds.select_seeds: [7] not among the seeds of its search grid "
+      "'table' ([0, 1])", section="sweeps")
+def _(tmp):
+  from fedjax_dg.bench import sweep as sweep_lib
+  s, _, _ = _tiny_sweep(tmp)
+  s.grids.seeds = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (2,),
+                   "select_from": "table", "select_seeds": (7,)}
+  return error_of(lambda: sweep_lib.expand(s))
+
+
 for _flag, _value, _expect in (
     ("--batch-memory", "abc", "--batch-memory: cannot read 'abc' as a size; give bytes with an optional unit"),
     ("--batch-memory", "-1G", "--batch-memory must be > 0, got '-1G'"),

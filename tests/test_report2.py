@@ -453,6 +453,35 @@ def test_seeds_phase_waits_for_the_search_then_runs_at_the_winner(tmp_path):
   assert len(exp2.jobs) == 5
 
 
+def test_select_seeds_runs_the_seeds_at_the_winner_one_search_seed_chose(tmp_path):
+  """Two search seeds disagree: seed 0 ranks trial 1 first, seed 100 trial 2, and their mean
+  picks trial 1. A grid with `select_seeds=(100,)` runs at trial 2; where both seeds agree it
+  would share the table's jobs. A seed the search did not run is a one-line error."""
+  s = sweep_config(tmp_path / "runs", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0, 100),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  grid = {"methods": ("fedavg",), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2), "select_from": "table"}
+  s.grids.seeds = grid
+  s.grids.other = dict(grid, select_seeds=(100,))
+  exp = sweep_lib.expand(s)
+  val = {(0, 0): 0.5, (0, 1): 0.9, (0, 2): 0.6, (100, 0): 0.5, (100, 1): 0.6, (100, 2): 0.7}
+  for e in exp.entries:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": val[(e.axes["seed"], e.axes["trial"])], "in_val": 0.3,
+                                            "in_test": 0.9, "test": 0.4}})
+  assert (0.9 + 0.6) / 2 > (0.6 + 0.7) / 2  # the mean over both seeds picks trial 1
+  exp2 = sweep_lib.expand(s)
+  assert {e.axes["trial"] for e in sweep_lib.grid_entries(exp2, "seeds")} == {1}
+  assert {e.axes["trial"] for e in sweep_lib.grid_entries(exp2, "other")} == {2}
+  s.grids.other = dict(grid, select_seeds=(0,))  # seed 0 alone agrees with the mean: the same jobs
+  exp3 = sweep_lib.expand(s)
+  assert [e.key for e in sweep_lib.grid_entries(exp3, "other")] == [e.key for e in sweep_lib.grid_entries(exp3, "seeds")]
+  s.grids.other = dict(grid, select_seeds=(7,))
+  with pytest.raises(sweep_lib.SweepError) as e:
+    sweep_lib.expand(s)
+  assert str(e.value) == ("sweep.grids.other.select_seeds: [7] not among the seeds of its search grid 'table' "
+                          "([0, 100])")
+
+
 def _phased_sweep(root):
   s = sweep_config(root, methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,), num_trials=3)
   s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}

@@ -43,6 +43,10 @@ def test_the_third_edition_config():
   for name in ("search", "table", "table_in"):
     assert sweep_lib.excluded_cells(g[name], name) == {(100, 0.1)}
   assert tuple(g.search2.lams) == (1.0,) and tuple(g.search2.client_counts) == (20,)
+  # The table's first ten seeds at the winners search seed 100 alone chose, in search2's column.
+  assert g.table_alt.select_from == "search2" and tuple(g.table_alt.select_seeds) == (mod.SECOND_SEARCH_SEED,)
+  assert tuple(g.table_alt.seeds) == tuple(g.table.seeds)[:10] and s.report.selection_table_grid == "table_alt"
+  assert collect.table_columns(g.table_alt) == collect.table_columns(g.search2) == ((20, 1.0),)
   assert collect.table_columns(g.table) == ((1, None), (20, 1.0), (20, 0.1), (20, 0.0), (100, 1.0), (100, 0.0))
   assert "clients" not in g and "clients_steps" not in g and s.figures.clients_grid == ""
   assert s.report.out == "experiments/report_fmnist3"
@@ -224,3 +228,53 @@ def test_deviations_name_the_selection_grids_columns_fishs_order_and_each_tables
   for e in exp.entries:
     write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.5, "in_test": 0.5, "test": 0.4}})
   assert not any(l.startswith("Fish takes") for l in report.deviations(results_lib.from_runs(s, exp), st))
+
+
+def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
+  """Grid `other` runs the table's seeds at the trials search seed 100 alone chose: FedAvg's
+  winner is trial 1 either way (its jobs are the table's), IRM's changes from trial 1 to 2.
+  IRM at trial 2 against its table cell on the same seeds, paired (SciPy's transcription in
+  tests/test_committed_reports.py), and its outcome against FedAvg flips from better to worse."""
+  from fedjax_dg.bench import report
+  from test_committed_reports import family_by_hand
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(4,), lams=(1.0,), seeds=(0, 100),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  grid = {"methods": ("fedavg", "irm"), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2, 3),
+          "select_from": "table"}
+  s.grids.seeds = grid
+  s.grids.other = dict(grid, select_seeds=(100,))
+  s.table.grid = "seeds"
+  s.report = ml_collections.ConfigDict({**s.report.to_dict(), "selection_table_grid": "other"})
+  exp = sweep_lib.expand(s)
+  val = {("fedavg", 0): (0.5, 0.9, 0.6), ("fedavg", 100): (0.5, 0.9, 0.6),
+         ("irm", 0): (0.5, 0.9, 0.6), ("irm", 100): (0.5, 0.6, 0.7)}
+  for e in exp.entries:
+    v = val[(e.axes["method"], e.axes["seed"])][e.axes["trial"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": v, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+  test = {("fedavg", 1): (0.50, 0.52, 0.54), ("irm", 1): (0.55, 0.58, 0.60), ("irm", 2): (0.45, 0.48, 0.49)}
+  exp = sweep_lib.expand(s)
+  for g in ("seeds", "other"):
+    for e in sweep_lib.grid_entries(exp, g):
+      v = test[(e.axes["method"], e.axes["trial"])][e.axes["seed"] - 1]
+      write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.3, "in_test": 0.9, "test": v}})
+  data = results_lib.from_runs(s, exp)
+  st = collect.report_settings(s)
+  table = collect.tables(data, "heldout_domain")
+  names = collect.display_names(s)
+  lines = report.other_winner_lines(data, table, "other", st, names, "fedavg")
+  by = lambda k: dict(enumerate(test[k], start=1))  # noqa: E731
+  (o, text, _, _), = family_by_hand([(by(("irm", 2)), by(("irm", 1)))])
+  assert o == "worse"
+  t_base = family_by_hand([(by(("irm", 1)), by(("fedavg", 1)))])[0][0]
+  o_base = family_by_hand([(by(("irm", 2)), by(("fedavg", 1)))])[0][0]
+  assert (t_base, o_base) == ("better", "worse")
+  assert lines == [f"C=4, λ=1: grid `other` ran seeds 1, 2, 3 at the other search seed's winners; 1 of 2 cells ran at "
+                   "another trial than the table's (each cell at the other winner against the table's cell on the "
+                   "same seeds, paired, Holm over the changed cells): IRM trial 1 → 2: "
+                   f"{np.mean(test[('irm', 2)]):.3f} against {np.mean(test[('irm', 1)]):.3f} ({text}); against "
+                   "FedAvg-ERM on these seeds (paired, Holm over the column), 1 of 1 outcomes change under the other "
+                   "winners: IRM better → worse"]
+  md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
+  assert "Under the other search seed's winners, run at the table's seeds (grid `other`):" in md
+  assert "at search seed 100 alone)" in md  # the setup line of grid `other`

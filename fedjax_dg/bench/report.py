@@ -587,9 +587,11 @@ def setup_lines(data, st) -> list[str]:
     if g.get("select_from", ""):
       src_seeds = set(sweep.grids[g.select_from].get("seeds", ()))
       fresh = "fresh seeds" if not src_seeds & set(g.seeds) else "seeds, the search's own run among them"
+      only = tuple(g.get("select_seeds", ()) or ())
       lines.append(f"grid `{n}`: {len(g.seeds)} {fresh} ({', '.join(map(str, g.seeds))}) at the trial that grid "
-                   f"`{g.select_from}` selects per cell ({g.get('select_rule', 'heldout_domain')} validation, mean "
-                   "over the search's seeds)")
+                   f"`{g.select_from}` selects per cell ({g.get('select_rule', 'heldout_domain')} validation, "
+                   + (f"at search seed{'s' * (len(only) > 1)} {', '.join(map(str, only))} alone)" if only
+                      else "mean over the search's seeds)"))
   for m, over in sorted(sweep.get("method_overrides", {}).items()):
     if any(m in g.get("methods", ()) or m in sweep.get("centralized", {}).values() for g in sweep.grids.values()):
       flat = sweep_lib.flatten(over) if hasattr(over, "items") else {}
@@ -1114,6 +1116,78 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
   return lines
 
 
+def _trials(exp, grid: str) -> dict:
+  """{(method, (C, lam)): the trial a seeds grid ran its cell at}."""
+  out = {}
+  for e in sweep_lib.grid_entries(exp, grid):
+    lam = None if e.axes["lam"] is None else float(e.axes["lam"])
+    out[(e.axes["method"], (int(e.axes["num_clients"]), lam))] = e.axes["trial"]
+  return out
+
+
+def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str) -> list[str]:
+  """What the cells read under another search seed's winners: grid `alt` runs seeds at the
+  trials one search seed alone chose (`select_seeds`), where the table runs them at the
+  trials its search chose. Per column of `alt`: how many cells ran at another trial; each
+  such cell against the table's cell on the seeds both ran (paired by seed, Holm over the
+  column's changed cells); and each method against the baseline under either set of winners
+  on those seeds (`stats.against_baseline`, Holm over the column, as remark 4.1), naming the
+  outcomes that change.
+
+  Args:
+    data: the results bundle.
+    table: the held-out-domain table.
+    alt: the grid of seeds at the other winners.
+    st: `collect.report_settings`.
+    names: display names.
+    baseline: the baseline method.
+
+  Returns:
+    One line per column of `alt`; [] where it has no finished run.
+  """
+  sweep, exp = data.sweep, data.exp
+  if alt not in sweep.grids or not sweep_lib.grid_entries(exp, alt):
+    return []
+  margin = st["margin"]
+  other = collect.build_table(sweep, exp, data.results, alt, "heldout_domain", st["metric"], st["ddof"], data.stale)
+  t_main, t_alt = _trials(exp, st["table_grid"]), _trials(exp, alt)
+  seeds_of = lambda c: set(c.by_seed) if _usable(c) else set()  # noqa: E731
+  lines = []
+  for col in other.columns:
+    methods = [m for _, m, _ in other.rows if _usable(other.cells.get((m, col))) and _usable(table.cells.get((m, col)))]
+    if not methods:
+      continue
+    common = set.intersection(*(seeds_of(other.cells[(m, col)]) & seeds_of(table.cells[(m, col)]) for m in methods))
+    if len(common) < 2:
+      continue
+    on = lambda c: {k: v for k, v in c.by_seed.items() if k in common}  # noqa: E731
+    changed = [m for m in methods if t_alt.get((m, col)) != t_main.get((m, col))]
+    res = stats.against_baseline([(on(other.cells[(m, col)]), on(table.cells[(m, col)])) for m in changed],
+                                 margin=margin)
+    cells = [f"{names.get(m, m)} trial {t_main.get((m, col))} → {t_alt.get((m, col))}: "
+             f"{float(np.mean(list(on(other.cells[(m, col)]).values()))):.3f} against "
+             f"{float(np.mean(list(on(table.cells[(m, col)]).values()))):.3f} ({stats.fmt_powered(r)})"
+             for m, r in zip(changed, res)]
+    text = (f"{collect.column_label(col)}: grid `{alt}` ran seeds {', '.join(map(str, sorted(common)))} at "
+            f"the other search seed's winners; {len(changed)} of {len(methods)} cells ran at another trial than the "
+            "table's" + (" (each cell at the other winner against the table's cell on the same seeds, paired, Holm "
+                         "over the changed cells): " + "; ".join(cells) if cells else ""))
+    if baseline in methods:
+      flips = []
+      fams = {}
+      for key, tab in (("table", table), ("other", other)):
+        fams[key] = stats.against_baseline([(on(tab.cells[(m, col)]), on(tab.cells[(baseline, col)]))
+                                            for m in methods if m != baseline], margin=margin)
+      for m, a, b in zip([m for m in methods if m != baseline], fams["table"], fams["other"]):
+        if a["outcome"] != b["outcome"]:
+          flips.append(f"{names.get(m, m)} {a['outcome']} → {b['outcome']}")
+      text += (f"; against {names.get(baseline, baseline)} on these seeds (paired, Holm over the column), "
+               f"{len(flips)} of {len(methods) - 1} outcomes change under the other winners"
+               + (": " + ", ".join(flips) if flips else ""))
+    lines.append(text)
+  return lines
+
+
 # ---------------------------------------------------------------------------- the report
 
 def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = False, sweep_arg: str = "") -> str:
@@ -1180,6 +1254,11 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            "each winner's mean over the seeds that finished it, so part of it is those few runs' own spread: the "
            "difference that spread alone makes is given beside it), and the cells are named.", ""]
     md += [f"- {l}" for l in sv] + [""]
+    alt = r.get("selection_table_grid", "")
+    ow = other_winner_lines(data, table, alt, st, names, baseline) if alt else []
+    if ow:
+      md += [f"Under the other search seed's winners, run at the table's seeds (grid `{alt}`):", ""]
+      md += [f"- {l}" for l in ow] + [""]
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
     with open(os.path.join(out_dir, "hyperparameters.md"), "w") as fh:

@@ -376,7 +376,9 @@ def _last_failure(workdir: str) -> str:
 def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, str]:
   """Bai et al. 2024 App. D.4's second phase: for each cell (method, C, lam, fold) of the search grid
   `g.select_from`, the trial whose mean validation score over the search's seeds is best
-  (rule `g.select_rule`, default the held-out domain; lowest trial on ties). A trial whose
+  (rule `g.select_rule`, default the held-out domain; lowest trial on ties), or over the
+  search seeds `g.select_seeds` alone where given (the winner one search seed would have
+  chosen: what a cell reads under another search seed's choice). A trial whose
   run diverged (the runner's `FloatingPointError`, recorded in the job's failed event) has
   finished and never wins, as one whose scores are not finite. Returns (winners, "") when
   every search job has finished, else (None, why)."""
@@ -385,9 +387,16 @@ def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, st
   if src not in sweep.grids or sweep.grids[src].get("select_from", ""):
     raise SweepError(f"sweep.grids.{name}.select_from: {src!r} is not a search grid of this sweep")
   rule = g.get("select_rule", "heldout_domain")
+  keep = {int(s) for s in g.get("select_seeds", ()) or ()}
+  src_seeds = {int(s) for s in sweep.grids[src].get("seeds", ())}
+  if keep - src_seeds:
+    raise SweepError(f"sweep.grids.{name}.select_seeds: {sorted(keep - src_seeds)} not among the seeds of its search "
+                     f"grid {src!r} ({sorted(src_seeds)})")
   metric = sweep.get("report", {}).get("metric", "") or sweep.base.data.get("select_metric", "accuracy")
   scores, missing, failed, total = {}, 0, 0, 0
   for e in grid_entries(exp, src):
+    if keep and int(e.axes["seed"]) not in keep:
+      continue
     total += 1
     run = load_run(exp.jobs[e.key].workdir)
     s = None
