@@ -245,7 +245,8 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   s.grids.seeds = grid
   s.grids.other = dict(grid, select_seeds=(100,))
   s.table.grid = "seeds"
-  s.report = ml_collections.ConfigDict({**s.report.to_dict(), "selection_table_grid": "other"})
+  s.report = ml_collections.ConfigDict({**s.report.to_dict(), "selection_table_grid": "other",
+                                        "selection_grid": "table"})
   exp = sweep_lib.expand(s)
   val = {("fedavg", 0): (0.5, 0.9, 0.6), ("fedavg", 100): (0.5, 0.9, 0.6),
          ("irm", 0): (0.5, 0.9, 0.6), ("irm", 100): (0.5, 0.6, 0.7)}
@@ -278,3 +279,5 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
   assert "Under the other search seed's winners, run at the table's seeds (grid `other`):" in md
   assert "at search seed 100 alone)" in md  # the setup line of grid `other`
+  assert ("; grid `other` runs the table's seeds 1-3 at the other search seed's winners there, to measure what the "
+          "cells would read under them") in md  # the Deviations line

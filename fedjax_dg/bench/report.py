@@ -800,10 +800,13 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
     if src:
       k = len(tuple(src.get("seeds", ())))
       sel = sweep.get("report", {}).get("selection_grid", "")
+      alt = sweep.get("report", {}).get("selection_table_grid", "")
       out.append(f"the search ran {k} seed{'s' * (k > 1)} per trial" + (
           f"; grid `{sel}` repeats its trials at a second seed in {_columns_text(sweep.grids[sel])} to measure the "
           "variance of choosing the winner ('Selection variance'); no cell's spread includes that variance (each "
-          "cell's seeds run at the winner of the search's own seeds)"
+          "cell's seeds run at the winner of the search's own seeds)" + (
+              f"; grid `{alt}` runs the table's seeds {_seed_range(sweep.grids[alt].seeds)} at the other search "
+              "seed's winners there, to measure what the cells would read under them" if alt in sweep.grids else "")
           if sel in sweep.grids else
           ": the variance of choosing the winner is not in the cells' spread" if k == 1 else ""))
   if "data.seed" not in tuple(sweep.get("seed_fields", ("seed",))):
@@ -893,6 +896,14 @@ def target_line(table: collect.Table, baseline: str, det: dict) -> str:
   return text + ("; seeds a typical comparison would need for it at this report's measured paired spread (the root "
                  "mean square over the column's methods of the standard deviation of their per-seed differences "
                  "from the baseline; a comparison with a larger spread needs more): " + ", ".join(need) if need else "")
+
+
+def _seed_range(seeds) -> str:
+  """"1-10" for consecutive seeds, else "1, 3, 7"."""
+  seeds = sorted(int(x) for x in seeds)
+  if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+    return f"{seeds[0]}-{seeds[-1]}"
+  return ", ".join(map(str, seeds))
 
 
 def _job_counts(data, grid: str) -> str:
