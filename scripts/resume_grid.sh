@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Resumes a long sweep that runs inside this repository, in the background, as one command:
+# a worktree of the current commit (WORK/code) runs `bench run` twice, at nice 19 (first with
+# FIRST_PASS, e.g. a table's first seeds, then the whole sweep), and
+# scripts/commit_sweep_jobs.sh commits each finished job every 10 minutes. Finished jobs under
+# the sweep's root are kept: `bench run` goes on from them.
+#
+#   scripts/resume_grid.sh configs/sweeps/report_fmnist3.py experiments/report_fmnist3/runs \
+#       /work/grid "--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)"
+#
+# It refuses (exit 1, one line) when a `bench run` of the same sweep is already running, or
+# when `bench status` lists a stale job: a file in a job's scope differs from the code that job
+# ran (the grid's numbers would mix code versions; check out that code, or rerun those jobs).
+# Logs: WORK/run.log (the grid), WORK/commit.log (the commits). Stop: kill the process group
+# whose id is in WORK/grid.pgid (`kill -- -$(cat WORK/grid.pgid)`).
+set -uo pipefail
+if [[ $# -lt 3 || $# -gt 4 ]]; then
+  echo "usage: $0 SWEEP ROOT WORK [FIRST_PASS_OVERRIDE]" >&2
+  exit 2
+fi
+SWEEP=$1
+ROOT=${2%/}
+WORK=$3
+FIRST=${4:-}
+REPO=$(git rev-parse --show-toplevel) || exit 1
+cd "$REPO" || exit 1
+PY=${PYTHON:-$REPO/.venv/bin/python}
+if [[ ! -x $PY ]]; then
+  echo "error: $PY: no Python (run \`make install\`, or set PYTHON)" >&2
+  exit 1
+fi
+if pgrep -f "fedjax_dg.bench run --sweep $SWEEP" > /dev/null; then
+  echo "error: a \`bench run --sweep $SWEEP\` is already running (pgrep -af 'bench run')" >&2
+  exit 1
+fi
+stale=$(PYTHONPATH=$REPO "$PY" -m fedjax_dg.bench status --sweep "$SWEEP" "--sweep.root=$ROOT" 2>&1 \
+        | grep -c '^stale') || true
+if [[ $stale != 0 ]]; then
+  echo "error: $SWEEP: $stale stale job(s) under $ROOT (\`bench status\` lists them); not resuming" >&2
+  exit 1
+fi
+mkdir -p "$WORK"
+if [[ -e $WORK/code ]]; then
+  git -C "$WORK/code" checkout -q --detach "$(git rev-parse HEAD)" || exit 1
+else
+  git worktree add -q --detach "$WORK/code" HEAD || exit 1
+fi
+ABS_ROOT=$REPO/$ROOT
+[[ $ROOT = /* ]] && ABS_ROOT=$ROOT
+run="\"$PY\" -m fedjax_dg.bench run --sweep $SWEEP --sweep.root=$ABS_ROOT --workers=${WORKERS:-2}"
+cmd="$run"
+[[ -n $FIRST ]] && cmd="$run \"$FIRST\" && $run"
+[[ -f $WORK/run.log ]] && mv "$WORK/run.log" "$WORK/run.$(date +%s).log"
+(cd "$WORK/code" && PYTHONPATH=$WORK/code setsid nohup nice -n 19 bash -c "$cmd" > "$WORK/run.log" 2>&1 &
+ echo $! > "$WORK/grid.pgid")
+sleep 1
+# The grid's autogroup at the lowest weight, so work in this shell's session goes first.
+pid=$(cat "$WORK/grid.pgid")
+[[ -w /proc/$pid/autogroup ]] && echo 19 > "/proc/$pid/autogroup" 2> /dev/null
+if [[ $ABS_ROOT != "$REPO"/* ]]; then
+  echo "grid: process group $pid, log $WORK/run.log; $ROOT is outside the repository: nothing is committed"
+  exit 0
+fi
+if ! pgrep -f "commit_sweep_jobs.sh $ROOT" > /dev/null; then
+  (setsid nohup bash scripts/commit_sweep_jobs.sh "$ROOT" 600 > "$WORK/commit.log" 2>&1 &)
+fi
+echo "grid: process group $pid, log $WORK/run.log; commits every 10 minutes, log $WORK/commit.log"
