@@ -127,6 +127,9 @@ cell its last, run the table at seeds 1-10 first (the same jobs, keyed by their 
   python -m fedjax_dg.bench run --sweep configs/sweeps/report_fmnist3.py '--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)'
 
 then without the override; a report of the first pass takes the same override.
+`scripts/resume_grid.sh configs/sweeps/report_fmnist3.py experiments/report_fmnist3/runs WORK
+"--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)"` does both passes and the commit loop in the
+background in one command, from a worktree of the current commit.
 """
 import importlib.util
 import os
