@@ -51,12 +51,13 @@ run="\"$PY\" -m fedjax_dg.bench run --sweep $SWEEP --sweep.root=$ABS_ROOT --work
 cmd="$run"
 [[ -n $FIRST ]] && cmd="$run \"$FIRST\" && $run"
 [[ -f $WORK/run.log ]] && mv "$WORK/run.log" "$WORK/run.$(date +%s).log"
-(cd "$WORK/code" && PYTHONPATH=$WORK/code setsid nohup nice -n 19 bash -c "$cmd" > "$WORK/run.log" 2>&1 &
- echo $! > "$WORK/grid.pgid")
-sleep 1
-# The grid's autogroup at the lowest weight, so work in this shell's session goes first.
-pid=$(cat "$WORK/grid.pgid")
-[[ -w /proc/$pid/autogroup ]] && echo 19 > "/proc/$pid/autogroup" 2> /dev/null
+# In its own session (setsid), the grid puts that session's autogroup at the lowest weight,
+# so work in other sessions goes first, and records its process group (its own pid).
+rm -f "$WORK/grid.pgid"
+cmd="echo 19 > /proc/self/autogroup 2> /dev/null; echo \$\$ > '$WORK/grid.pgid'; $cmd"
+(cd "$WORK/code" && PYTHONPATH=$WORK/code setsid nohup nice -n 19 bash -c "$cmd" > "$WORK/run.log" 2>&1 &)
+for _ in $(seq 50); do [[ -s $WORK/grid.pgid ]] && break; sleep 0.1; done
+pid=$(cat "$WORK/grid.pgid" 2> /dev/null || echo "?")
 if [[ $ABS_ROOT != "$REPO"/* ]]; then
   echo "grid: process group $pid, log $WORK/run.log; $ROOT is outside the repository: nothing is committed"
   exit 0
