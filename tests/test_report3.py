@@ -281,3 +281,40 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   assert "at search seed 100 alone)" in md  # the setup line of grid `other`
   assert ("; grid `other` runs the table's seeds 1-3 at the other search seed's winners there, to measure what the "
           "cells would read under them") in md  # the Deviations line
+
+
+def test_failed_jobs_set_diverged_search_trials_apart(tmp_path):
+  """A search trial the runner stopped at a non-finite loss never wins its cell: the report
+  counts it per method apart from a failed seeds-grid job, whose cell reads X or counts fewer
+  seeds."""
+  from fedjax_dg.bench import jobs as jobs_lib, report
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(4,), lams=(1.0,), seeds=(0,),
+                   num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  s.grids.seeds = {"methods": ("fedavg", "irm"), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2),
+                   "select_from": "table"}
+  s.table.grid = "seeds"
+  exp = sweep_lib.expand(s)
+  div = FloatingPointError("train loss is nan at round 2; lower client.lr (now 0.09) or server.lr (now 1.0)")
+  for e in exp.entries:
+    wd = exp.jobs[e.key].workdir
+    if e.axes["method"] == "irm" and e.axes["trial"] == 2:
+      os.makedirs(wd, exist_ok=True)
+      jobs_lib.record_failure(wd, div)
+      continue
+    write_run(wd, {1: {"heldout_val": 0.5 + 0.1 * e.axes["trial"], "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+  exp = sweep_lib.expand(s)  # the diverged trial counts as finished: the seeds phase is expanded
+  for e in sweep_lib.grid_entries(exp, "seeds"):
+    wd = exp.jobs[e.key].workdir
+    if e.axes["method"] == "irm" and e.axes["seed"] == 2:
+      os.makedirs(wd, exist_ok=True)
+      jobs_lib.record_failure(wd, RuntimeError("out of memory"))
+      continue
+    write_run(wd, {1: {"heldout_val": 0.6, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+  md = report.failed_jobs_section(results_lib.from_runs(s, exp))
+  assert md[:4] == ["## Failed jobs", "", "1 search trial diverged (a non-finite training loss: the runner stopped "
+                    "the run; a diverged trial never wins its cell, so no cell lacks a run): IRM 1.", ""]
+  assert md[4].startswith("- ") and "trial=2" in md[4] and md[4].endswith(
+      "FloatingPointError: train loss is nan at round 2; lower client.lr (now 0.09) or server.lr (now 1.0)")
+  assert md[6:8] == ["Their cells read X (or count fewer seeds):", ""]
+  assert "seed=2" in md[8] and md[8].endswith("RuntimeError: out of memory") and len(md) == 10

@@ -1201,6 +1201,39 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
 
 # ---------------------------------------------------------------------------- the report
 
+def failed_jobs_section(data) -> list[str]:
+  """REPORT.md's "Failed jobs": the search trials that diverged (the runner stopped them at a
+  non-finite loss, `sweep.DIVERGED`; such a trial never wins its cell, as
+  `sweep.select_winners` has it, so no cell is missing a run), counted per method, then every
+  other failed job, whose cell reads X or counts fewer seeds. [] when none failed."""
+  exp = data.exp
+  failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
+  if not failed:
+    return []
+  searches = {n for n, g in data.sweep.grids.items() if int(g.get("num_trials", 0)) > 1}
+  grids = collections.defaultdict(set)
+  for e in exp.entries:
+    grids[e.key].add(e.grid)
+  label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
+  method = {e.key: e.axes["method"] for e in exp.entries}
+  diverged = [k for k in failed if grids[k] <= searches and sweep_lib.DIVERGED.match(data.errors.get(k, ""))]
+  others = [k for k in failed if k not in diverged]
+  md = ["## Failed jobs", ""]
+  if diverged:
+    per = collections.Counter(method[k] for k in diverged)
+    names = collect.display_names(data.sweep)
+    md += [f"{len(diverged)} search trial{'s' * (len(diverged) != 1)} diverged (a non-finite training loss: the "
+           "runner stopped the run; a diverged trial never wins its cell, so no cell lacks a run): "
+           + ", ".join(f"{names.get(m, m)} {n}" for m, n in sorted(per.items(), key=lambda kv: (-kv[1], kv[0])))
+           + ".", ""]
+    md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in diverged] + [""]
+  if others:
+    md += ["Their cells read X (or count fewer seeds):" if diverged else "Their cells read X (or count fewer seeds).",
+           ""]
+    md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in others] + [""]
+  return md
+
+
 def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = False, sweep_arg: str = "") -> str:
   """Writes REPORT.md (with tables, figures and the generated reading) into `out_dir`; from
   `data` (a results file's bundle) when given, else from the sweep's runs, whose results file
@@ -1307,11 +1340,7 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
         staged = tuple(names.get(m, m) for m in staged_methods(data, curves, int(c.group(1)))) if c and curves else ()
         md += [f"![{os.path.basename(p)}](figures/{os.path.relpath(p, fig_dir)})", "",
                f"*{figure_caption(os.path.basename(p), sweep, st['metric'], staged)}*", ""]
-  failed = [k for k in exp.jobs if data.states.get(k) == "failed"]
-  if failed:
-    label = {e.key: sweep_lib.describe(e.axes) for e in reversed(exp.entries)}
-    md += ["## Failed jobs", "", "Their cells read X (or count fewer seeds).", ""]
-    md += [f"- {label[k]}: {data.errors.get(k, '')}" for k in failed] + [""]
+  md += failed_jobs_section(data)
   md += reading(data, table, st, names, baseline, with_figures=bool(pngs))
   md += ["## References", ""] + [f"- {w}" for w in reference.references()] + [""]
   path = os.path.join(out_dir, "REPORT.md")
