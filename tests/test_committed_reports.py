@@ -705,8 +705,10 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
     pts = grid_points(sweep, docs, grid, ("num_clients", "lam", "method", "num_rounds"), by_seed=True)
     words48 = {"better": "above", "worse": "below", "inconclusive": "inconclusive", "cannot tell": "cannot tell",
                "equivalent": f"equivalent within ±{MARGIN:g}"}
-    outcomes = []
-    for line in body.splitlines():
+    outcomes, mdds, seeds = [], [], []
+    lines = body.splitlines()
+    design = lines.pop() if lines and lines[-1].startswith("- what this design can see: ") else None
+    for line in lines:
       g = re.fullmatch(rf"- C=(\d+) λ=([\d.]+) (.+?): (.+); best interior R=(\d+) \(of (\d+), its two tests at "
                        rf"([\d.]+), Holm\) vs R=(\d+): (.+?) \(((?:paired|welch) .+?|untestable)\), vs R=(\d+): (.+?) "
                        rf"\(((?:paired|welch) .+|untestable)\)", line)
@@ -726,7 +728,17 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
       os_ = [o for o, _, _, _ in res]
       outcomes.append("cannot tell" if "cannot tell" in os_ else "supports" if os_ == ["better", "better"]
                       else "against" if any(o in ("worse", "equivalent") for o in os_) else "inconclusive")
+      mdds += [d for _, _, d, _ in res if d is not None]
+      seeds += [len(run(r)) for r in rs]
       checked += 1
+    # The design line: seeds a point and the range of the detectable differences, by hand.
+    if mdds:
+      assert design == (f"- what this design can see: {min(seeds)}" + (f"-{max(seeds)}" if max(seeds) != min(seeds)
+                                                                       else "")
+                        + f" seeds a point; the comparisons' detectable differences are {min(mdds):.3f} to "
+                        f"{max(mdds):.3f} (median {float(np.median(mdds)):.3f}): a smaller difference between "
+                        "schedules goes unseen, and more seeds, not these data, would decide the undecided series"), \
+          (folder, design)
     series = {"supports": ("series with its best interior schedule above both ends",
                            "series with the best interior schedule above both ends"),
               "against": ("series with an end at or above it", "series with an end at or above it"),

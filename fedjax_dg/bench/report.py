@@ -403,7 +403,7 @@ def remark_4_8(rows: list[dict], names: dict, margin: float = stats.MARGIN) -> t
   interior schedules the best was picked from (Bonferroni for the pick). A series supports
   the remark where its interior schedule is above both ends; it is against it where an end
   is above it or within the margin of it; undecided otherwise."""
-  lines, outcomes = [], []
+  lines, outcomes, mdds, seeds = [], [], [], []
   rows = [r for r in rows if not r.get("_mark")]
   for C, lam, m in dict.fromkeys((r["num_clients"], r["lam"], r["method"]) for r in rows):
     pts = sorted((r for r in rows if (r["num_clients"], r["lam"], r["method"]) == (C, lam, m)),
@@ -423,6 +423,13 @@ def remark_4_8(rows: list[dict], names: dict, margin: float = stats.MARGIN) -> t
                  + f"; best interior R={mid['num_rounds']} (of {len(pts) - 2}, its two tests at {alpha:.3g}, Holm) vs "
                  f"R={pts[0]['num_rounds']}: {word(res[0])} ({stats.fmt_powered(res[0])}), vs "
                  f"R={pts[-1]['num_rounds']}: {word(res[1])} ({stats.fmt_powered(res[1])})")
+    mdds += [r["mdd"] for r in res if r["mdd"] is not None]
+    seeds += [len(r["_by_seed"]) for r in pts]
+  if mdds:
+    lines.append(f"what this design can see: {min(seeds)}" + (f"-{max(seeds)}" if max(seeds) != min(seeds) else "")
+                 + f" seeds a point; the comparisons' detectable differences are {min(mdds):.3f} to {max(mdds):.3f} "
+                 f"(median {float(np.median(mdds)):.3f}): a smaller difference between schedules goes unseen, and "
+                 "more seeds, not these data, would decide the undecided series")
   return stats.verdict_powered(outcomes, "supports", margin, SERIES_LABELS), lines
 
 
