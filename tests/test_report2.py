@@ -480,6 +480,13 @@ def test_select_seeds_runs_the_seeds_at_the_winner_one_search_seed_chose(tmp_pat
     sweep_lib.expand(s)
   assert str(e.value) == ("sweep.grids.other.select_seeds: [7] not among the seeds of its search grid 'table' "
                           "([0, 100])")
+  s.grids.other = dict(grid, select_seeds=100)
+  with pytest.raises(sweep_lib.SweepError, match=r"^sweep.grids.other.select_seeds: a tuple of search seeds, got 100$"):
+    sweep_lib.expand(s)
+  s.grids.other = {k: v for k, v in dict(grid, select_seeds=(100,)).items() if k != "select_from"}
+  with pytest.raises(sweep_lib.SweepError, match=r"select_seeds chooses among a search's seeds, but the grid has no "
+                     "select_from"):
+    sweep_lib.expand(s)
 
 
 def _phased_sweep(root):

@@ -270,12 +270,31 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   t_base = family_by_hand([(by(("irm", 1)), by(("fedavg", 1)))])[0][0]
   o_base = family_by_hand([(by(("irm", 2)), by(("fedavg", 1)))])[0][0]
   assert (t_base, o_base) == ("better", "worse")
-  assert lines == [f"C=4, λ=1: grid `other` ran seeds 1, 2, 3 at the other search seed's winners; 1 of 2 cells ran at "
-                   "another trial than the table's (each cell at the other winner against the table's cell on the "
-                   "same seeds, paired, Holm over the changed cells): IRM trial 1 → 2: "
-                   f"{np.mean(test[('irm', 2)]):.3f} against {np.mean(test[('irm', 1)]):.3f} ({text}); against "
-                   "FedAvg-ERM on these seeds (paired, Holm over the column), 1 of 1 outcomes change under the other "
-                   "winners: IRM better → worse"]
+  head = ("C=4, λ=1: grid `other` runs seeds 1-3 at the other search seed's winners; 1 of 2 cells ran at another "
+          "trial than the table's (each cell at the other winner against the table's cell on the seeds both hold, "
+          "paired, Holm over the changed cells): IRM trial 1 → 2: ")
+  assert lines == [head + f"{np.mean(test[('irm', 2)]):.3f} against {np.mean(test[('irm', 1)]):.3f} on 3 seeds "
+                   f"({text}); against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 1 of 1 outcomes "
+                   "change under the other winners: IRM better → worse"]
+  # A run at the other winner that failed (seed 3): that cell is paired on the two seeds both
+  # hold, the grid still names the seeds it runs; with one seed left, the cell is untestable
+  # and IRM leaves the comparison with the baseline, named.
+  irm2 = [e for e in sweep_lib.grid_entries(exp, "other") if e.axes["method"] == "irm"]
+  os.remove(os.path.join(exp.jobs[irm2[2].key].workdir, "summary.json"))
+  data = results_lib.from_runs(s, exp)
+  short = report.other_winner_lines(data, collect.tables(data, "heldout_domain"), "other", st, names, "fedavg")
+  (o, text, _, _), = family_by_hand([({1: 0.45, 2: 0.48}, by(("irm", 1)))])
+  assert short[0].startswith(head + f"{np.mean([0.45, 0.48]):.3f} against {np.mean([0.55, 0.58]):.3f} on 2 seeds "
+                             f"({text}); ")
+  os.remove(os.path.join(exp.jobs[irm2[1].key].workdir, "summary.json"))
+  data = results_lib.from_runs(s, exp)
+  one = report.other_winner_lines(data, collect.tables(data, "heldout_domain"), "other", st, names, "fedavg")
+  assert one == [head + "0.450 (n=1/3) against 0.577 ± 0.025 (n=3) (untestable); against FedAvg-ERM (paired, Holm over "
+                 "the column, as remark 4.1), 0 of 0 outcomes change under the other winners (IRM left out: fewer "
+                 "than two usable seeds under either set of winners)"]
+  for e in irm2[1:]:
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.3, "in_test": 0.9,
+                                            "test": test[("irm", 2)][e.axes["seed"] - 1]}})
   md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
   assert "Under the other search seed's winners, run at the table's seeds (grid `other`):" in md
   assert "at search seed 100 alone)" in md  # the setup line of grid `other`

@@ -1,5 +1,7 @@
 """scripts/resume_grid.sh refuses to resume a sweep whose finished jobs ran under other code
-(one line naming the sweep and the count, exit 1, nothing started), and says its usage."""
+(checked with the code the grid would run; one line naming the sweep and the count, exit 1,
+nothing started) or into a WORK/code that is not a worktree of the repository, and says its
+usage."""
 import os
 import shutil
 import subprocess
@@ -14,13 +16,13 @@ SCRIPT = os.path.join(ROOT, "scripts", "resume_grid.sh")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_report2 import write_run  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("pgrep") is None,
-                                reason="needs git and pgrep")
+pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("pgrep") is None
+                                or shutil.which("realpath") is None, reason="needs git, pgrep and realpath")
 
 
-def _run(*args):
+def _run(*args, cwd=ROOT):
   env = dict(os.environ, PYTHON=sys.executable)
-  return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+  return subprocess.run(["bash", SCRIPT, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_a_stale_job_stops_the_resume_before_anything_starts(tmp_path):
@@ -30,11 +32,26 @@ def test_a_stale_job_stops_the_resume_before_anything_starts(tmp_path):
   key = next(iter(exp.jobs))
   write_run(exp.jobs[key].workdir, {1: {"heldout_val": 0.5, "in_val": 0.5, "in_test": 0.5, "test": 0.4}},
             fingerprint="0" * 64)  # ran under other code
+  work = tmp_path / "work"
+  try:
+    # WORK relative to the caller's directory (any folder of the repository).
+    here = os.path.join(ROOT, "tests")
+    p = _run("configs/sweeps/tiny.py", str(tmp_path / "runs"), os.path.relpath(work, here), cwd=here)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert p.stderr.strip() == (f"error: configs/sweeps/tiny.py: 1 stale job(s) under {tmp_path / 'runs'} (`bench "
+                                "status` lists them); not resuming")
+    assert not (work / "run.log").exists() and not (work / "grid.pgid").exists()  # no grid, no commit loop
+    assert (work / "code" / "fedjax_dg").is_dir()  # the code the check ran: a worktree of HEAD
+  finally:
+    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", str(work / "code")], capture_output=True)
+
+
+def test_a_work_folder_that_is_not_a_worktree_is_refused(tmp_path):
+  (tmp_path / "work" / "code").mkdir(parents=True)
   p = _run("configs/sweeps/tiny.py", str(tmp_path / "runs"), str(tmp_path / "work"))
-  assert p.returncode == 1, p.stdout + p.stderr
-  assert p.stderr.strip() == (f"error: configs/sweeps/tiny.py: 1 stale job(s) under {tmp_path / 'runs'} (`bench "
-                              "status` lists them); not resuming")
-  assert not (tmp_path / "work").exists()  # no worktree, no grid, no commit loop
+  assert p.returncode == 1
+  assert p.stderr.strip() == (f"error: {tmp_path / 'work' / 'code'} exists and is not a worktree of {ROOT}; move it "
+                              "away")
 
 
 def test_usage():

@@ -51,7 +51,7 @@ seed-0 winner, as the search grid selects it. What a cell would read under the o
 measured, not guessed from two search runs: grid `table_alt` runs the table's first ten seeds
 (`OTHER_WINNER_SEEDS`) at the trial search seed 100 alone chose (`select_seeds`) in the same
 column; where both seeds choose the same trial its jobs are the table's own, so it costs only the
-cells whose winner changes (at most 19 x 10 runs, about 36 s a run at C = 20: at most 1.9
+cells whose winner changes (at most 20 x 10 runs, about 36 s a run at C = 20: at most 2.0
 CPU-hours). The report sets each changed cell against the table's on the same seeds (paired) and
 names the outcomes against FedAvg-ERM that change under the other winners
 (`report.selection_table_grid`). The other columns search at one seed: a second

@@ -428,8 +428,9 @@ def remark_4_8(rows: list[dict], names: dict, margin: float = stats.MARGIN) -> t
   if mdds:
     lines.append(f"what this design can see: {min(seeds)}" + (f"-{max(seeds)}" if max(seeds) != min(seeds) else "")
                  + f" seeds a point; the comparisons' detectable differences are {min(mdds):.3f} to {max(mdds):.3f} "
-                 f"(median {float(np.median(mdds)):.3f}): a smaller difference between schedules goes unseen, and "
-                 "more seeds, not these data, would decide the undecided series")
+                 f"(median {float(np.median(mdds)):.3f}): a smaller true difference between schedules is found with "
+                 "less than 80% power" + ("; more seeds, not these data, would decide the undecided series"
+                                          if "inconclusive" in outcomes else ""))
   return stats.verdict_powered(outcomes, "supports", margin, SERIES_LABELS), lines
 
 
@@ -1147,10 +1148,11 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
   """What the cells read under another search seed's winners: grid `alt` runs seeds at the
   trials one search seed alone chose (`select_seeds`), where the table runs them at the
   trials its search chose. Per column of `alt`: how many cells ran at another trial; each
-  such cell against the table's cell on the seeds both ran (paired by seed, Holm over the
-  column's changed cells); and each method against the baseline under either set of winners
-  on those seeds (`stats.against_baseline`, Holm over the column, as remark 4.1), naming the
-  outcomes that change.
+  such cell against the table's cell on the seeds both hold (paired by seed, Holm over the
+  column's changed cells; "untestable" where either has fewer than two usable seeds); and
+  each method against the baseline under either set of winners (`stats.against_baseline`,
+  each comparison paired on the seeds its cells share, Holm over the column, as remark 4.1),
+  naming the outcomes that change and the methods left out for want of a usable cell.
 
   Args:
     data: the results bundle.
@@ -1169,39 +1171,53 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
   margin = st["margin"]
   other = collect.build_table(sweep, exp, data.results, alt, "heldout_domain", st["metric"], st["ddof"], data.stale)
   t_main, t_alt = _trials(exp, st["table_grid"]), _trials(exp, alt)
-  seeds_of = lambda c: set(c.by_seed) if _usable(c) else set()  # noqa: E731
   lines = []
   for col in other.columns:
-    methods = [m for _, m, _ in other.rows if _usable(other.cells.get((m, col))) and _usable(table.cells.get((m, col)))]
+    methods = [m for _, m, _ in other.rows if (m, col) in t_alt]
     if not methods:
       continue
-    common = set.intersection(*(seeds_of(other.cells[(m, col)]) & seeds_of(table.cells[(m, col)]) for m in methods))
-    if len(common) < 2:
-      continue
-    on = lambda c: {k: v for k, v in c.by_seed.items() if k in common}  # noqa: E731
+    seeds = sorted(int(x) for x in sweep.grids[alt].seeds)
     changed = [m for m in methods if t_alt.get((m, col)) != t_main.get((m, col))]
-    res = stats.against_baseline([(on(other.cells[(m, col)]), on(table.cells[(m, col)])) for m in changed],
-                                 margin=margin)
-    cells = [f"{names.get(m, m)} trial {t_main.get((m, col))} → {t_alt.get((m, col))}: "
-             f"{float(np.mean(list(on(other.cells[(m, col)]).values()))):.3f} against "
-             f"{float(np.mean(list(on(table.cells[(m, col)]).values()))):.3f} ({stats.fmt_powered(r)})"
-             for m, r in zip(changed, res)]
-    text = (f"{collect.column_label(col)}: grid `{alt}` ran seeds {', '.join(map(str, sorted(common)))} at "
-            f"the other search seed's winners; {len(changed)} of {len(methods)} cells ran at another trial than the "
-            "table's" + (" (each cell at the other winner against the table's cell on the same seeds, paired, Holm "
-                         "over the changed cells): " + "; ".join(cells) if cells else ""))
-    if baseline in methods:
-      flips = []
-      fams = {}
-      for key, tab in (("table", table), ("other", other)):
-        fams[key] = stats.against_baseline([(on(tab.cells[(m, col)]), on(tab.cells[(baseline, col)]))
-                                            for m in methods if m != baseline], margin=margin)
-      for m, a, b in zip([m for m in methods if m != baseline], fams["table"], fams["other"]):
+    # Each changed cell against the table's, paired on the seeds both hold (`stats.pair_test`).
+    pairs = [(other.cells.get((m, col)), table.cells.get((m, col))) for m in changed]
+    res = stats.against_baseline([(a.by_seed if _usable(a) else {}, b.by_seed if _usable(b) else {})
+                                  for a, b in pairs], margin=margin)
+    cells = []
+    for m, (a, b), r in zip(changed, pairs, res):
+      head = f"{names.get(m, m)} trial {t_main.get((m, col))} → {t_alt.get((m, col))}: "
+      if r["test"] is None:
+        cells.append(head + f"{collect.format_cell(a, 3)} against {collect.format_cell(b, 3)} (untestable)")
+        continue
+      common = sorted(set(a.by_seed) & set(b.by_seed))
+      cells.append(head + f"{float(np.mean([a.by_seed[k] for k in common])):.3f} against "
+                   f"{float(np.mean([b.by_seed[k] for k in common])):.3f} on {len(common)} seeds "
+                   f"({stats.fmt_powered(r)})")
+    text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at the other search seed's "
+            f"winners; {len(changed)} of {len(methods)} cells ran at another trial than the table's"
+            + (" (each cell at the other winner against the table's cell on the seeds both hold, paired, Holm over "
+               "the changed cells): " + "; ".join(cells) if cells else ""))
+    base_t, base_o = table.cells.get((baseline, col)), other.cells.get((baseline, col))
+    if _usable(base_t) and _usable(base_o):
+      flips, short = [], []
+      rest = [m for m in methods if m != baseline]
+      ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
+      short = [m for m in rest if m not in ok]
+      fams = {key: stats.against_baseline([(tab.cells[(m, col)].by_seed, tab.cells[(baseline, col)].by_seed)
+                                           for m in ok], margin=margin)
+              for key, tab in (("table", table), ("other", other))}
+      tested = 0
+      for m, a, b in zip(ok, fams["table"], fams["other"]):
+        if "cannot tell" in (a["outcome"], b["outcome"]):
+          short.append(m)
+          continue
+        tested += 1
         if a["outcome"] != b["outcome"]:
           flips.append(f"{names.get(m, m)} {a['outcome']} → {b['outcome']}")
-      text += (f"; against {names.get(baseline, baseline)} on these seeds (paired, Holm over the column), "
-               f"{len(flips)} of {len(methods) - 1} outcomes change under the other winners"
-               + (": " + ", ".join(flips) if flips else ""))
+      text += (f"; against {names.get(baseline, baseline)} (paired, Holm over the column, as remark 4.1), "
+               f"{len(flips)} of {tested} outcomes change under the other winners"
+               + (": " + ", ".join(flips) if flips else "")
+               + (f" ({', '.join(names.get(m, m) for m in short)} left out: fewer than two usable seeds under "
+                  "either set of winners)" if short else ""))
     lines.append(text)
   return lines
 

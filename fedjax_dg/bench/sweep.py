@@ -387,7 +387,10 @@ def select_winners(exp: Expansion, sweep, name: str, g) -> tuple[dict | None, st
   if src not in sweep.grids or sweep.grids[src].get("select_from", ""):
     raise SweepError(f"sweep.grids.{name}.select_from: {src!r} is not a search grid of this sweep")
   rule = g.get("select_rule", "heldout_domain")
-  keep = {int(s) for s in g.get("select_seeds", ()) or ()}
+  only = g.get("select_seeds", ()) or ()
+  if not isinstance(only, (tuple, list)) or not all(isinstance(x, int) for x in only):
+    raise SweepError(f"sweep.grids.{name}.select_seeds: a tuple of search seeds, got {only!r}")
+  keep = {int(s) for s in only}
   src_seeds = {int(s) for s in sweep.grids[src].get("seeds", ())}
   if keep - src_seeds:
     raise SweepError(f"sweep.grids.{name}.select_seeds: {sorted(keep - src_seeds)} not among the seeds of its search "
@@ -463,6 +466,9 @@ def expand(sweep) -> Expansion:
   later = []
   for name, g in sweep.grids.items():
     kind = g.get("kind", "grid")
+    if kind == "grid" and g.get("select_seeds", ()) and not g.get("select_from", ""):
+      raise SweepError(f"sweep.grids.{name}.select_seeds chooses among a search's seeds, but the grid has no "
+                       "select_from")
     if kind == "grid" and g.get("select_from", ""):
       later.append((name, g))  # after the grid it selects from
     elif kind == "grid":
