@@ -264,12 +264,12 @@ def baseline_test(a: dict, b: dict, margin=MARGIN):
   """{seed: score} a against the baseline b: (kind, diff, se, df, p, wilcoxon p or None,
   TOST p, nonzero paired differences or None), paired (SciPy's ttest_rel, wilcoxon, one-sided one-sample tests of the shifted
   differences) on the seeds both hold where there are two or more ("paired on n common seeds,
-  k unpaired left out" where the seeds differ), else Welch (ttest_ind, and one-sided Welch
+  (k unpaired left out)" where the seeds differ), else Welch (ttest_ind, and one-sided Welch
   tests of the shifted cell)."""
   seeds = sorted(set(a) & set(b))
   if len(seeds) >= 2:
     unpaired = len(set(a) ^ set(b))
-    kind = "paired" + (f" on {len(seeds)} common seeds, {unpaired} unpaired left out" if unpaired else "")
+    kind = "paired" + (f" on {len(seeds)} common seeds ({unpaired} unpaired left out)" if unpaired else "")
     x, y = [a[k] for k in seeds], [b[k] for k in seeds]
     d = np.subtract(x, y)
     diff = float(np.mean(d))

@@ -237,7 +237,7 @@ def test_cells_missing_a_seed_are_paired_on_the_seeds_they_share():
   assert w["kind"] == "welch"
   assert w["p"] == pytest.approx(sp.ttest_ind([0.5, 0.6, 0.55], [0.5, 0.52, 0.49], equal_var=False).pvalue, rel=1e-10)
   res = stats.against_baseline([(cell, base)])
-  assert stats.fmt_powered(res[0]).startswith("paired on 5 common seeds, 1 unpaired left out diff +0.020")
+  assert stats.fmt_powered(res[0]).startswith("paired on 5 common seeds (1 unpaired left out) diff +0.020")
 
 
 def test_non_superiority_is_the_one_sided_shifted_t_test_and_its_bound_inverts_it():

@@ -1190,12 +1190,11 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
         continue
       common = sorted(set(a.by_seed) & set(b.by_seed))
       cells.append(head + f"{float(np.mean([a.by_seed[k] for k in common])):.3f} against "
-                   f"{float(np.mean([b.by_seed[k] for k in common])):.3f} on {len(common)} seeds "
-                   f"({stats.fmt_powered(r)})")
+                   f"{float(np.mean([b.by_seed[k] for k in common])):.3f} ({stats.fmt_powered(r)})")
     text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at the other search seed's "
             f"winners; {len(changed)} of {len(methods)} cells ran at another trial than the table's"
-            + (" (each cell at the other winner against the table's cell on the seeds both hold, paired, Holm over "
-               "the changed cells): " + "; ".join(cells) if cells else ""))
+            + (" (each cell at the other winner against the table's cell, their means over the seeds both hold, "
+               "paired, Holm over the changed cells): " + "; ".join(cells) if cells else ""))
     base_t, base_o = table.cells.get((baseline, col)), other.cells.get((baseline, col))
     if _usable(base_t) and _usable(base_o):
       flips, short = [], []

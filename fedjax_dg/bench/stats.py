@@ -559,7 +559,7 @@ def fmt_powered(c: dict) -> str:
   t = c["test"]
   if t is None:
     return "untestable"
-  kind = t["kind"] + (f" on {t['n']} common seeds, {t['unpaired']} unpaired left out" if t.get("unpaired") else "")
+  kind = t["kind"] + (f" on {t['n']} common seeds ({t['unpaired']} unpaired left out)" if t.get("unpaired") else "")
   text = f"{kind} diff {t['diff']:+.3f} (SE {t['se']:.3f}), {_p(t['p'])}, Holm {_p(c['holm_p'])}"
   if t["kind"] == "paired":
     text += f", Wilcoxon {_p(t['wilcoxon_p'])}"
