@@ -1323,7 +1323,9 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
     alt = r.get("selection_table_grid", "")
     ow = other_winner_lines(data, table, alt, st, names, baseline) if alt else []
     if ow:
-      md += [f"Under the other search seed's winners, run at the table's seeds (grid `{alt}`):", ""]
+      md += [f"Under the other search seed's winners, run at the table's seeds (grid `{alt}`): what the cells "
+             "read there, measured rather than estimated from the search runs above, and which verdicts against "
+             f"{names.get(baseline, baseline)} rest on the choice of search seed.", ""]
       md += [f"- {l}" for l in ow] + [""]
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
