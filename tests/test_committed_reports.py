@@ -755,3 +755,38 @@ def test_no_unfilled_placeholder_in_a_report(folder):
   placeholder ("Holm p < {stats.ALPHA:g}"): no `{name}` or `{name:spec}` in REPORT.md."""
   text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
   assert not re.findall(r"\{[A-Za-z_][\w.]*(?::[^}]*)?\}", text)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_every_comparison_in_comparisons_csv_from_the_results_file(folder):
+  """comparisons.csv: one row per comparison remark 4.1 rests on, each recomputed from the
+  results file with SciPy (the difference, p, the column family's Holm outcome, the
+  detectable difference and the one-sided test of 'the margin or more above')."""
+  import csv
+  path = os.path.join(ROOT, "experiments", folder, "comparisons.csv")
+  rows = list(csv.DictReader(open(path, encoding="utf-8")))
+  sweep, docs = read_docs(folder)
+  scores, _ = expected_cells(sweep, docs, "heldout_domain")
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  by_col = {}
+  for r in rows:
+    by_col.setdefault(r["column"], []).append(r)
+  assert by_col
+  num = lambda v: pytest.approx(float(v), rel=1e-5, abs=1e-12)  # noqa: E731  (6 significant digits)
+  for col, rs in by_col.items():
+    base = scores[(baseline, col)]
+    labs = [lab for (lab, c), v in scores.items() if c == col and lab != baseline and v]
+    assert sorted(r["method"] for r in rs) == sorted(labs), (folder, col)
+    res = family_by_hand([(scores[(lab, col)], base) for lab in labs])
+    row = {r["method"]: r for r in rs}
+    for lab, (o, _, mdd, _) in zip(labs, res):
+      r = row[lab]
+      assert r["outcome"] == o, (folder, col, lab)
+      if o == "cannot tell":
+        assert r["diff"] == r["p"] == "", (folder, col, lab)
+        continue
+      kind, diff, se, df, p, *_ = baseline_test(scores[(lab, col)], base)
+      assert kind.startswith(r["test"]) and float(r["diff"]) == num(diff) and float(r["p"]) == num(p), (folder, lab)
+      assert float(r["detectable"]) == num(mdd), (folder, col, lab)
+      ns, _ = non_superiority_by_hand(scores[(lab, col)], base)
+      assert float(r["non_superiority_p"]) == num(ns), (folder, col, lab)

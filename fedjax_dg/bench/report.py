@@ -237,6 +237,58 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
   return "\n".join(rows) + "\n\n" + legend
 
 
+COMPARISON_FIELDS = ("column", "method", "test", "seeds", "diff", "se", "df", "p", "holm_p", "wilcoxon_p",
+                     "wilcoxon_holm_p", "tost_holm_p", "detectable", "equivalence_bound", "outcome",
+                     "non_superiority_p", "beyond_margin_holm")
+
+
+def comparison_rows(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN) -> list[dict]:
+  """Every comparison remark 4.1 rests on, one row each (`COMPARISON_FIELDS`): the column,
+  the method, the test ("paired" or "welch") and its seeds, the difference from the
+  baseline with its SE, degrees of freedom and p, the Holm-adjusted p in the column's family,
+  the signed-rank check, the two one-sided tests' Holm p, the detectable difference and the
+  equivalence bound at the family's first Holm level, the outcome, the one-sided p of "the
+  margin or more above" (`stats.non_superiority`) and whether the method is shown more than
+  the margin above (`_beyond_margin`, Holm over the remark's columns). "" where a value does
+  not apply (an untestable comparison; the signed-rank test of a Welch one).
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    names: display names.
+    margin: the equivalence margin.
+
+  Returns:
+    The rows, column by column in the table's order, methods in its row order.
+  """
+  fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
+  flags = _beyond_margin(fams, margin)
+  num = lambda v: "" if v is None else f"{float(v):.6g}"  # noqa: E731
+  rows = []
+  for col, (base, others, res) in fams.items():
+    for (m, c), r, beyond in zip(others, res, flags[col]):
+      t = r["test"] or {}
+      rows.append({"column": collect.column_label(col), "method": names.get(m, m), "test": t.get("kind", ""),
+                   "seeds": t.get("n", "") if t else "", "diff": num(t.get("diff")), "se": num(t.get("se")),
+                   "df": num(t.get("df")), "p": num(t.get("p")), "holm_p": num(r["holm_p"]),
+                   "wilcoxon_p": num(t.get("wilcoxon_p")) if t.get("kind") == "paired" else "",
+                   "wilcoxon_holm_p": num(r["wilcoxon_holm_p"]), "tost_holm_p": num(r["tost_p"]),
+                   "detectable": num(r["mdd"]), "equivalence_bound": num(r.get("eq_bound")),
+                   "outcome": r["outcome"],
+                   "non_superiority_p": num(stats.non_superiority(t, margin)) if t else "",
+                   "beyond_margin_holm": ("yes" if beyond else "no") if t else ""})
+  return rows
+
+
+def write_comparisons(path: str, rows: list[dict]) -> None:
+  """`comparison_rows` as CSV."""
+  import csv
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=COMPARISON_FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+
+
 def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
                ) -> tuple[str, list[str]]:
   """FedAvg-ERM is a strong baseline: in each column, does any method beat it? A column's
@@ -1304,8 +1356,9 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
       md += [f"## Test {st['metric']}, selection: {collect.RULE_TITLES[rule]}", "", texts[f"table_{rule}"], ""]
     glance = against_baseline_table(table, baseline, names, st["margin"]) if rule == "heldout_domain" and table is not None else ""
     if glance:
+      write_comparisons(os.path.join(out_dir, "comparisons.csv"), comparison_rows(table, baseline, names, st["margin"]))
       md += [f"## Against {names.get(baseline, baseline)}, at a glance (held-out-domain selection, paired by seed)",
-             "", glance, ""]
+             "", glance + " Every comparison's statistics: [comparisons.csv](comparisons.csv).", ""]
   if "difficulty" in texts:
     md += ["## Dataset difficulty (Bai et al. Table 6)", "", texts["difficulty"], ""]
   sel_grid = r.get("selection_grid", "") or sweep.grids.get(st["table_grid"], {}).get("select_from", "")
