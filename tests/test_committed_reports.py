@@ -457,10 +457,13 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         res = dict(zip(labs, family_by_hand([(others[lab], base) for lab in labs])))
         parts = rest.split("; ")
         by = {k: {lab for lab in labs if res[lab][0] == k} for k in ("better", "worse", "equivalent", "inconclusive")}
-        listed = {m.group(1): m.group(2) for m in re.finditer(rf"([\w+\-]+) {CELL} \((paired [^()]*\([^)]*\)[^()]*(?:\([^)]*\)[^()]*)?|welch [^)]*\)[^)]*)\)", line)}
+        # Each method above or below: its paired difference and Holm p, as the by-hand text has them.
+        listed = {m.group(1): (m.group(2), m.group(3))
+                  for m in re.finditer(r"([\w+\-]+) ([+-]\d\.\d{3}) \(Holm (p [<=] [\d.]+)\)", line)}
         assert set(listed) == by["better"] | by["worse"], (folder, line)
-        for lab, text in listed.items():
-          assert text == res[lab][1], (folder, col, lab)
+        for lab, got in listed.items():
+          want = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", res[lab][1])
+          assert got == want.groups(), (folder, col, lab)
         assert any(p.startswith("significantly above it: ") for p in parts) == bool(by["better"]), (folder, line)
         for key, prefix in (("equivalent", f"equivalent within ±{MARGIN:g}: "), ("inconclusive", "inconclusive: ")):
           got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])

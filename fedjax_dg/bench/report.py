@@ -315,7 +315,8 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
     below = [stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested]
     beyond = [names.get(m, m) for (m, _), b in zip(others, flags[col]) if b]
     outcomes.append(_column_verdict(res, flags[col], margin))
-    cite = lambda m, c, r: f"{names.get(m, m)} {collect.format_cell(c, 3)} ({stats.fmt_powered(r)})"  # noqa: E731
+    # A method's paired difference and its Holm p; its other statistics are in comparisons.csv.
+    cite = lambda m, c, r: f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})})"  # noqa: E731
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
@@ -1502,7 +1503,9 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "hold where every one decides against it (for remark 4.1, where any column has a method shown more than the "
       "margin above the baseline), is not supported where none supports it, some decide against it and the rest "
       "are inconclusive, and is inconclusive where all are.",
-      f"Remark 4.1's column verdict is the intersection-union test of 'no method is {margin:g} or more above the "
+      "Remark 4.1's lines give each method significantly above or below the baseline as its paired difference "
+      "and Holm p; every statistic of every comparison is in comparisons.csv beside this report. "
+      f"Its column verdict is the intersection-union test of 'no method is {margin:g} or more above the "
       f"baseline': every method's one-sided paired test of that rejected at {stats.ALPHA:g}, which needs no "
       "correction for the column's many methods (Berger 1982); a column is against it where a method is shown "
       f"more than {margin:g} above the baseline (one-sided paired tests, one Holm family over the remark's "
