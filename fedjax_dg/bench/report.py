@@ -1250,7 +1250,7 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
                "paired, Holm over the changed cells): " + "; ".join(cells) if cells else ""))
     base_t, base_o = table.cells.get((baseline, col)), other.cells.get((baseline, col))
     if _usable(base_t) and _usable(base_o):
-      flips, short = [], []
+      flips = []
       rest = [m for m in methods if m != baseline]
       ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
       short = [m for m in rest if m not in ok]
