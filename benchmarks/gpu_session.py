@@ -14,7 +14,8 @@
            extrapolated, against FLUTE's published 8 min 22 s (502 s, 4 processes) and
            FedML's 5 h 50 min (21,000 s);
   pacs     the PACS shape: ResNet-50 at 224x224, C = 100, 3 local steps of 32 (one epoch over
-           ~70 examples, the last batch padded), 7 classes, against Table 13 of Bai, Bagchi
+           ~70 examples, the last batch padded), 7 classes, batch norm in training mode on
+           both sides (`model_config`), against Table 13 of Bai, Bagchi
            and Inouye, "Benchmarking Algorithms for Federated Domain Generalization", ICLR 2024
            (143 s a round for FedAvg on PACS at C = 100, hardware not given) and the PyTorch
            peer on a few clients scaled linearly to 100;
@@ -269,6 +270,19 @@ def fedavg(jax, model_config: dict, w: dict, strategy: str, chunk: int, optimize
   return make_round(alg, w["clients"], w["cohort"], strategy, chunk_size=chunk, devices=devices), alg, model
 
 
+def model_config(w: dict, variant: dict) -> dict:
+  """`config.model` of workload `w` in `variant`. The ResNets normalise by each batch's own
+  statistics (`model.freeze_bn = False`): DomainBed's frozen statistics are meant for
+  pretrained weights, and on a randomly initialised ResNet-50 they let SGD diverge (a first
+  round's training loss near 1e9 and a non-finite state, in the first H100 run of the PACS
+  stage and at 64x64 on CPU; still 1e4 with the frozen statistics set from a batch of data,
+  while the training-mode network's first rounds stay near 4)."""
+  mc = {"name": w["model"], "conv_impl": variant["conv_impl"], "dtype": variant["dtype"]}
+  if w["model"].startswith("resnet"):
+    mc["freeze_bn"] = False
+  return mc
+
+
 def finite(jax, tree) -> bool:
   import jax.numpy as jnp
   return all(bool(jnp.isfinite(l).all()) for l in jax.tree.leaves(tree) if jnp.issubdtype(l.dtype, jnp.floating))
@@ -312,8 +326,7 @@ def time_variant(jax, w: dict, variant: str, store, flop: float, args) -> dict:
   rec = {"variant": variant, **v, "model": w["model"], "clients": w["clients"], "cohort": w["cohort"],
          "steps": w["steps"], "batch": w["batch"], "input_shape": list(w["shape"]), "classes": w["classes"],
          "flop_per_round": flop}
-  rf, alg, model = fedavg(jax, {"name": w["model"], "conv_impl": v["conv_impl"], "dtype": v["dtype"]}, w,
-                          v["strategy"], v["chunk_size"])
+  rf, alg, model = fedavg(jax, model_config(w, v), w, v["strategy"], v["chunk_size"])
   state = init_round_state(alg, jax.random.PRNGKey(1), model.init(jax.random.PRNGKey(0)), w["clients"])
   placed = getattr(rf, "place", lambda s: s)(store)
   state, first, second, times = time_calls(jax, lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0], state,
@@ -346,7 +359,7 @@ def peer(name: str, w: dict, clients: int, repeats: int, device: str, timeout: f
   cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py"),
          "--workload", w["model"], "--clients", str(clients), "--steps", str(w["steps"]), "--batch", str(w["batch"]),
          "--classes", str(w["classes"]), "--repeats", str(repeats), "--device", device, "--threads", "1",
-         "--size", str(w["shape"][0])]
+         "--size", str(w["shape"][0])] + (["--bn", "train"] if w["model"].startswith("resnet") else [])
   try:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 10.0))
   except subprocess.TimeoutExpired:
@@ -382,8 +395,8 @@ def round_stage(jax, name: str, args, env: dict) -> dict:
     try:
       rec = st.add(time_variant(jax, w, variant, store, flop, args))
       print(f"  {variant:28s} {rec['median_s']:9.4f} s/round (first {rec['first_round_s']:6.1f} s) "
-            f"{rec['tflops']:8.2f} TFLOP/s  bf16 {rec['bf16_peak_fraction']:.3f}  tf32 {rec['tf32_peak_fraction']:.3f}",
-            flush=True)
+            f"{rec['tflops']:8.2f} TFLOP/s  bf16 {rec['bf16_peak_fraction']:.3f}  tf32 {rec['tf32_peak_fraction']:.3f}"
+            + ("" if rec["state_finite"] else "  STATE NOT FINITE: timed a diverged computation"), flush=True)
     except Exception as e:  # pylint: disable=broad-except  # one variant's failure is a record, not the end
       st.add({"variant": variant, "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"})
       print(f"  {variant}: {st.doc['records'][-1]['error']}", flush=True)
@@ -411,7 +424,8 @@ def summarize(name: str, doc: dict, flop: float, fwd: float, args) -> dict:
     return {"timed_variants": 0}
   best = min(timed, key=lambda r: r["median_s"])
   s = {"timed_variants": len(timed), "best_variant": best["variant"], "best_median_s": best["median_s"],
-       "best_tflops": best["tflops"], "best_bf16_peak_fraction": best["bf16_peak_fraction"]}
+       "best_tflops": best["tflops"], "best_bf16_peak_fraction": best["bf16_peak_fraction"],
+       "all_states_finite": all(r["state_finite"] for r in timed)}
   p = doc.get("peer", {})
   if "median_s_scaled" in p:
     s["peer_over_best"] = p["median_s_scaled"] / best["median_s"]

@@ -15,7 +15,8 @@ Models match fedjax_dg.models exactly:
        MaxPool 2; Conv 5x5 (16->64, pad 2), ReLU, MaxPool 2; Linear(3136, 2048);
        Linear(2048, 62). For 28x28x1 inputs.
   resnet18, resnet50: torchvision's, `fc` sized to the classes, batch norm in eval mode
-       (frozen statistics, trainable affine: DomainBed's `freeze_bn`, our default).
+       (frozen statistics, trainable affine: DomainBed's `freeze_bn`, our default), or in
+       training mode with `--bn train` (our `model.freeze_bn = False`).
 Inputs are NCHW (PyTorch's layout; the JAX side stores NHWC); random data of the right
 shapes, each client holding exactly `K * B` examples, as round_speed.py's. `--device cuda`
 keeps the data and model on the GPU and synchronises before reading the clock; PyTorch's
@@ -72,6 +73,8 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
   p.add_argument("--lr", type=float, default=0.01)
+  p.add_argument("--bn", choices=("frozen", "train"), default="frozen",
+                 help="the ResNets' batch norm: frozen statistics (DomainBed's) or each batch's own")
   p.add_argument("--serve", action="store_true",
                  help="after the warm-up round print {\"ready\": ...}, then run one round per 'round' line read "
                       "from stdin and print {\"s\": seconds}; 'quit' ends (round_speed.py --peer interleaves this "
@@ -112,7 +115,7 @@ def main(argv=None):
       opt = torch.optim.SGD(model.parameters(), lr=args.lr)
       model.train()
       for m in model.modules():  # frozen batch-norm statistics, as our ResNets (DomainBed's freeze_bn)
-        if isinstance(m, torch.nn.BatchNorm2d):
+        if isinstance(m, torch.nn.BatchNorm2d) and args.bn == "frozen":
           m.eval()
       perm = torch.randperm(counts[c], device=dev)
       for k in range(K):
@@ -143,7 +146,7 @@ def main(argv=None):
           "threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
           "torch": torch.__version__, "channels_last": args.channels_last,
           "mkldnn": torch.backends.mkldnn.is_available(), "device": args.device, "input_chw": chw,
-          "classes": args.classes}
+          "classes": args.classes, "bn": args.bn}
   if dev.type == "cuda":
     info.update(gpu=torch.cuda.get_device_name(), cudnn=torch.backends.cudnn.version(),
                 cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
@@ -158,7 +161,8 @@ def main(argv=None):
   times = []
   for _ in range(args.repeats):
     times.append(timed_round())
-  print(json.dumps(dict(info, median_s=float(np.median(times)), times=times)), flush=True)
+  finite = all(bool(torch.isfinite(global_state[k]).all()) for k in floats)
+  print(json.dumps(dict(info, median_s=float(np.median(times)), times=times, state_finite=finite)), flush=True)
 
 
 if __name__ == "__main__":

@@ -149,3 +149,22 @@ def test_smoke_mode_writes_every_stage_with_finite_numbers_and_hand_counted_flop
   det = docs["bitwise"]["deterministic_ops"]
   assert "--xla_gpu_deterministic_ops=true" in det["xla_flags"] and "error" not in det, det
   assert det["records"][0]["identical"] and _finite(det["cost_over_default"])
+
+
+
+def test_the_resnet_workloads_train_batch_norm_on_batch_statistics_on_both_sides():
+  """A random ResNet-50 with frozen batch-norm statistics diverges under SGD (the first H100
+  run's PACS stage; the PyTorch peer likewise at 64x64 on CPU): the ResNet workloads use
+  training-mode batch norm (`--bn train` for the peer), the other models stay as configured."""
+  import ml_collections
+  from fedjax_dg.models import build_model
+  gpu_session = _load("gpu_session")
+  v = gpu_session.parse_variant("sequential/gemm/bfloat16")
+  for name in ("pacs", "cifar", "cnn", "femnist"):
+    w = gpu_session.workload(name, smoke=False)
+    mc = gpu_session.model_config(w, v)
+    assert mc["conv_impl"] == "gemm" and mc["dtype"] == "bfloat16"
+    assert mc.get("freeze_bn", True) is (not w["model"].startswith("resnet")), name
+  w = dict(gpu_session.workload("cifar", smoke=False), shape=(16, 16, 3))
+  model = build_model(ml_collections.ConfigDict(gpu_session.model_config(w, v)), w["shape"], w["classes"])
+  assert model.module.featurizer.freeze_bn is False
