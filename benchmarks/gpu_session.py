@@ -42,7 +42,11 @@ and TF32 989 TFLOP/s with 2:4 sparsity, so 989 and 494.7 dense (`--bf16-peak`,
 
 Budgets: each stage stops starting variants when its budget (`--budget`, seconds) is spent,
 and the whole stops starting stages after `--total-s`; the defaults fit one command in
-8 minutes on an H100. `--only cnn,batched` runs those stages.
+8 minutes on an H100. `--only cnn,batched` runs those stages; `--variants
+'cifar:vmap/gemm/bfloat16+sequential/xla/float32'` replaces a round stage's variants; `--trace`
+profiles two more rounds of each timed variant and keeps in its record where their time
+went, summed by operation per device and host (`benchmarks/trace_summary.py`), so the trace
+itself need not come back.
 `--smoke` runs every stage at toy sizes on any backend (tests/test_gpu_session.py runs it on
 CPU: the stages cnn, batched, femnist and bitwise in the default suite, all six with -m slow).
 
@@ -124,6 +128,11 @@ def _args(argv=None):
   p.add_argument("--total-s", type=float, default=420.0, help="start no stage after this many seconds")
   p.add_argument("--runs", default="1,8,64", help="batched stage: runs per program (--smoke: 2)")
   p.add_argument("--no-peer", action="store_true", help="skip the PyTorch peer")
+  p.add_argument("--variants", default="",
+                 help="round stages' variants instead of the defaults, e.g. 'cifar:vmap/gemm/bfloat16+sequential/xla/float32'")
+  p.add_argument("--trace", action="store_true",
+                 help="after timing, profile two more rounds of each variant and keep where their time went "
+                      "(benchmarks/trace_summary.py) in its record")
   p.add_argument("--bf16-peak", type=float, default=BF16_PEAK)
   p.add_argument("--tf32-peak", type=float, default=TF32_PEAK)
   p.add_argument("--deterministic-child", action="store_true", help=argparse.SUPPRESS)
@@ -147,6 +156,18 @@ def _args(argv=None):
       p.error(f"--budget: expected stage:seconds with a stage of {', '.join(STAGES)}, got {item!r}")
     budget[stage] = float(sec)
   args.budget = budget
+  variants = {}
+  for item in filter(None, args.variants.split(",")):
+    stage, _, names = item.partition(":")
+    if stage not in VARIANTS or not names:
+      p.error(f"--variants: expected stage:variant[+variant...] with a stage of {', '.join(VARIANTS)}, got {item!r}")
+    try:
+      for v in names.split("+"):
+        parse_variant(v)
+    except ValueError as e:
+      p.error(f"--variants: {e}")
+    variants[stage] = tuple(names.split("+"))
+  args.variants = variants
   if args.repeats < 1:
     p.error(f"--repeats must be >= 1, got {args.repeats}")
   return args
@@ -229,8 +250,10 @@ class Stage:
 def parse_variant(variant: str) -> dict:
   """"strategy/conv_impl/dtype[/chunk]" -> its fields."""
   parts = variant.split("/")
-  if len(parts) not in (3, 4):
-    raise ValueError(f"variant {variant!r}: expected strategy/conv_impl/dtype[/chunk]")
+  if (len(parts) not in (3, 4) or parts[0] not in ("sequential", "vmap", "chunked", "host_loop")
+      or parts[1] not in ("xla", "gemm") or parts[2] not in ("float32", "bfloat16")
+      or (len(parts) == 4 and not parts[3].isdigit())):
+    raise ValueError(f"variant {variant!r}: expected strategy/conv_impl/dtype[/chunk], e.g. vmap/gemm/bfloat16")
   return {"strategy": parts[0], "conv_impl": parts[1], "dtype": parts[2],
           "chunk_size": int(parts[3]) if len(parts) == 4 else 1}
 
@@ -312,6 +335,22 @@ def time_calls(jax, step, state, repeats: int):
   return state, first, second, times
 
 
+def trace_calls(jax, step, state, first_round: int, rounds: int = 2) -> dict:
+  """Where `rounds` more calls of `step` spend their time: a profiler trace of them summed
+  by operation (benchmarks/trace_summary.py), or {"error": ...}."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from trace_summary import summarize_trace
+  try:
+    with tempfile.TemporaryDirectory() as d:
+      with jax.profiler.trace(d, create_perfetto_trace=True):
+        for r in range(rounds):
+          state = step(state, first_round + r)
+          jax.block_until_ready(state)
+      return summarize_trace(d, rounds)
+  except Exception as e:  # pylint: disable=broad-except  # a failed trace leaves the timing standing
+    return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+
+
 def rates(flop: float, seconds: float, args) -> dict:
   """TFLOP/s and the fractions of the dense bf16 and TF32 rates."""
   return {"tflops": flop / seconds / 1e12, "bf16_peak_fraction": flop / seconds / args.bf16_peak,
@@ -329,12 +368,14 @@ def time_variant(jax, w: dict, variant: str, store, flop: float, args) -> dict:
   rf, alg, model = fedavg(jax, model_config(w, v), w, v["strategy"], v["chunk_size"])
   state = init_round_state(alg, jax.random.PRNGKey(1), model.init(jax.random.PRNGKey(0)), w["clients"])
   placed = getattr(rf, "place", lambda s: s)(store)
-  state, first, second, times = time_calls(jax, lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0], state,
-                                          args.repeats)
+  step = lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0]
+  state, first, second, times = time_calls(jax, step, state, args.repeats)
   med = float(np.median(times))
   rec.update(median_s=med, times=times, first_round_s=first, second_round_s=second, peak_bytes=peak_bytes(jax),
              state_finite=finite(jax, state),
              **rates(flop, med, args))
+  if args.trace:
+    rec["trace"] = trace_calls(jax, step, state, args.repeats + 2)
   return rec
 
 
@@ -387,7 +428,7 @@ def round_stage(jax, name: str, args, env: dict) -> dict:
         f"{fwd / 1e9:.4f} GFLOP forward per example, {flop / 1e12:.3f} TFLOP per round", flush=True)
   store = random_store(jax, w)
   peer_reserve = 0.0 if args.no_peer else 0.25 * args.budget[name]
-  for variant in (SMOKE_VARIANTS if args.smoke else VARIANTS)[name]:
+  for variant in args.variants.get(name) or (SMOKE_VARIANTS if args.smoke else VARIANTS)[name]:
     if st.left() < peer_reserve:
       st.add({"variant": variant, "skipped": "stage budget"})
       print(f"  {variant}: skipped (stage budget)", flush=True)
@@ -520,6 +561,8 @@ def batched_on(jax, job: dict, args, device, until: float, st: Stage, where: str
              "second_round_s": second,
              "runs_per_s": R / (med * job["rounds"]), "flop_per_round": flop1 * R,
              "peak_bytes": peak_bytes(jax, device), "state_finite": finite(jax, state), **rates(flop1 * R, med, args)}
+      if args.trace:
+        rec["trace"] = trace_calls(jax, fn, state, args.repeats + 2)
       print(f"  [{where}] {mode:5s} R={R:3d} {med:9.5f} s/round  {rec['runs_per_s']:9.3f} runs/s "
             f"(first {first:5.1f} s)", flush=True)
     except Exception as e:  # pylint: disable=broad-except

@@ -168,3 +168,46 @@ def test_the_resnet_workloads_train_batch_norm_on_batch_statistics_on_both_sides
   w = dict(gpu_session.workload("cifar", smoke=False), shape=(16, 16, 3))
   model = build_model(ml_collections.ConfigDict(gpu_session.model_config(w, v)), w["shape"], w["classes"])
   assert model.module.featurizer.freeze_bn is False
+
+
+def test_trace_summary_sums_complete_events_by_name_per_process(tmp_path):
+  """A hand-made trace: per process and name, the summed durations and counts per round,
+  device processes first, the profiler's own host frames left out, metadata events ignored."""
+  import gzip
+  trace_summary = _load("trace_summary")
+  ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 2, "tid": 5, "ts": 10.0, "dur": 4.0, "name": "gemm"},
+        {"ph": "X", "pid": 2, "tid": 5, "ts": 20.0, "dur": 6.0, "name": "gemm"},
+        {"ph": "X", "pid": 2, "tid": 6, "ts": 15.0, "dur": 30.0, "name": "fusion.1"},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0, "name": "$profiler.py:307 trace"},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 1.0, "dur": 8.0, "name": "PjitFunction(step)"},
+        {"ph": "i", "pid": 2, "tid": 5, "ts": 11.0, "name": "marker"}]
+  path = tmp_path / "perfetto_trace.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": ev}, f)
+  s = trace_summary.summarize_trace(str(tmp_path), rounds=2, top=5)
+  gpu, host = s["processes"]
+  assert gpu["name"] == "/device:GPU:0" and gpu["is_device"] and not host["is_device"]
+  assert gpu["events"] == 3 and gpu["events_per_round"] == 1.5 and gpu["busy_us_per_round"] == 20.0
+  assert gpu["span_us"] == 35.0  # 10 to 45
+  assert [(t["name"], t["count_per_round"], t["us_per_round"]) for t in gpu["top"]] == [
+      ("fusion.1", 0.5, 15.0), ("gemm", 1.0, 5.0)]
+  assert gpu["top"][0]["share"] == pytest.approx(0.75)
+  assert [t["name"] for t in host["top"]] == ["PjitFunction(step)"] and host["busy_us_per_round"] == 4.0
+
+
+def test_a_traced_smoke_variant_keeps_where_its_time_went_and_bad_variants_are_one_line(tmp_path, capsys):
+  session = _load("gpu_session")
+  out = tmp_path / "out"
+  session.main(["--smoke", "--repeats", "1", "--out", str(out), "--only", "cnn", "--no-peer", "--trace",
+                "--variants", "cnn:vmap/gemm/float32"])
+  with open(out / "cnn.json") as f:
+    (rec,) = json.load(f)["records"]
+  assert rec["variant"] == "vmap/gemm/float32" and "error" not in rec["trace"], rec.get("trace")
+  assert rec["trace"]["rounds"] == 2 and rec["trace"]["processes"]
+  assert any(p["events"] > 0 and p["top"] for p in rec["trace"]["processes"])
+  for bad in ("cnn:vmap/gemm", "nope:vmap/xla/float32", "cnn:warp/xla/float32"):
+    with pytest.raises(SystemExit):
+      session._args(["--variants", bad, "--out", str(tmp_path)])
+    assert ": error: --variants: " in capsys.readouterr().err.strip().splitlines()[-1]
