@@ -31,7 +31,8 @@ cut off at its time limit still returns what it measured. Every JSON holds the e
 (device, driver, library versions). A timed record has seconds per round (median of
 `--repeats`, synchronised, after the compiling round and one more), the first round's
 seconds (compile + one round) and the second's, the device's peak memory so far in this process (`memory_stats()`, which cannot
-be reset: stages and variants run smallest-memory first where it matters), model FLOPs per
+be reset: stages and variants run smallest-memory first where it matters), the round
+program's own memory plan (`program_memory`: XLA's arguments, outputs and temporaries), model FLOPs per
 round counted from the jaxpr (benchmarks/flops.py: 3x the forward pass's convolution and
 matrix-product FLOPs per training example; the MNIST CNN is 145.4 MFLOP forward, 6.98 TFLOP
 a round at C = 100), and the fractions of the card's dense rates.
@@ -351,6 +352,22 @@ def trace_calls(jax, step, state, first_round: int, rounds: int = 2) -> dict:
     return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
 
 
+def program_memory(compiled_fn, *call_args) -> dict:
+  """XLA's memory plan for one compiled program (`memory_analysis()` of `compiled_fn`, a
+  `jax.jit` function, lowered on `call_args`; after a call on the same arguments the
+  compilation is cached, so this costs no second compile): its arguments, outputs and
+  temporaries in bytes, and `total_bytes` = arguments + outputs + temporaries - aliased.
+  Unlike the device's peak (`peak_bytes`, the process's peak so far), it is this program's
+  own. {"error": ...} where it cannot be read."""
+  try:
+    m = compiled_fn.lower(*call_args).compile().memory_analysis()
+    out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+  except Exception as e:  # pylint: disable=broad-except  # the timing stands without it
+    return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+  out["total_bytes"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+  return out
+
+
 def rates(flop: float, seconds: float, args) -> dict:
   """TFLOP/s and the fractions of the dense bf16 and TF32 rates."""
   return {"tflops": flop / seconds / 1e12, "bf16_peak_fraction": flop / seconds / args.bf16_peak,
@@ -374,6 +391,8 @@ def time_variant(jax, w: dict, variant: str, store, flop: float, args) -> dict:
   rec.update(median_s=med, times=times, first_round_s=first, second_round_s=second, peak_bytes=peak_bytes(jax),
              state_finite=finite(jax, state),
              **rates(flop, med, args))
+  if hasattr(getattr(rf, "_device", None), "lower"):  # the jitted strategies' round program
+    rec["program_memory"] = program_memory(rf._device, state, placed, jax.random.PRNGKey(0), None)
   if args.trace:
     rec["trace"] = trace_calls(jax, step, state, args.repeats + 2)
   return rec

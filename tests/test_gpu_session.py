@@ -207,6 +207,14 @@ def test_a_traced_smoke_variant_keeps_where_its_time_went_and_bad_variants_are_o
   assert rec["variant"] == "vmap/gemm/float32" and "error" not in rec["trace"], rec.get("trace")
   assert rec["trace"]["rounds"] == 2 and rec["trace"]["processes"]
   assert any(p["events"] > 0 and p["top"] for p in rec["trace"]["processes"])
+  import jax
+  import ml_collections
+  from fedjax_dg.models import build_model
+  params = build_model(ml_collections.ConfigDict({"name": "cnn", "conv_impl": "gemm"}), (8, 8, 1), 10).init(
+      jax.random.PRNGKey(0))
+  pm = rec["program_memory"]  # XLA's plan for the round program: the global model is among its arguments
+  assert pm["argument"] >= sum(a.nbytes for a in jax.tree.leaves(params)) and pm["temp"] > 0
+  assert pm["total_bytes"] == pm["argument"] + pm["output"] + pm["temp"] - pm["alias"]
   for bad in ("cnn:vmap/gemm", "nope:vmap/xla/float32", "cnn:warp/xla/float32"):
     with pytest.raises(SystemExit):
       session._args(["--variants", bad, "--out", str(tmp_path)])
