@@ -307,6 +307,11 @@ def model_config(w: dict, variant: dict) -> dict:
   return mc
 
 
+def _error_line(e: Exception) -> str:
+  """"Type: the message's first line", at most 300 characters of it, for a record."""
+  return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+
+
 def finite(jax, tree) -> bool:
   import jax.numpy as jnp
   return all(bool(jnp.isfinite(l).all()) for l in jax.tree.leaves(tree) if jnp.issubdtype(l.dtype, jnp.floating))
@@ -349,7 +354,7 @@ def trace_calls(jax, step, state, first_round: int, rounds: int = 2) -> dict:
           jax.block_until_ready(state)
       return summarize_trace(d, rounds)
   except Exception as e:  # pylint: disable=broad-except  # a failed trace leaves the timing standing
-    return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+    return {"error": _error_line(e)}
 
 
 def program_memory(compiled_fn, *call_args) -> dict:
@@ -363,7 +368,7 @@ def program_memory(compiled_fn, *call_args) -> dict:
     m = compiled_fn.lower(*call_args).compile().memory_analysis()
     out = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
   except Exception as e:  # pylint: disable=broad-except  # the timing stands without it
-    return {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+    return {"error": _error_line(e)}
   out["total_bytes"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
   return out
 
@@ -458,7 +463,7 @@ def round_stage(jax, name: str, args, env: dict) -> dict:
             f"{rec['tflops']:8.2f} TFLOP/s  bf16 {rec['bf16_peak_fraction']:.3f}  tf32 {rec['tf32_peak_fraction']:.3f}"
             + ("" if rec["state_finite"] else "  STATE NOT FINITE: timed a diverged computation"), flush=True)
     except Exception as e:  # pylint: disable=broad-except  # one variant's failure is a record, not the end
-      st.add({"variant": variant, "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"})
+      st.add({"variant": variant, "error": _error_line(e)})
       print(f"  {variant}: {st.doc['records'][-1]['error']}", flush=True)
   del store
   if args.no_peer:
@@ -585,7 +590,7 @@ def batched_on(jax, job: dict, args, device, until: float, st: Stage, where: str
       print(f"  [{where}] {mode:5s} R={R:3d} {med:9.5f} s/round  {rec['runs_per_s']:9.3f} runs/s "
             f"(first {first:5.1f} s)", flush=True)
     except Exception as e:  # pylint: disable=broad-except
-      rec = {**base, "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+      rec = {**base, "error": _error_line(e)}
       print(f"  [{where}] {mode} R={R}: {rec['error']}", flush=True)
     out.append(st.add(rec))
   return out
