@@ -42,6 +42,9 @@ def test_run_and_cell_marks_from_preflight_and_activity():
   assert collect.run_mark(run()) == ("", "")
   assert collect.run_mark(run(preflight=[EQUAL]))[0] == collect.EQUALS_BASELINE
   assert collect.run_mark(run(preflight=[NEVER])) == (collect.INACTIVE, f"`{NEVER['field']}`: {NEVER['message']}")
+  # A message that names its field already (as the preflight's own findings do) says it once.
+  named = dict(NEVER, message=f"{NEVER['field']}: {NEVER['message']}")
+  assert collect.run_mark(run(preflight=[named])) == (collect.INACTIVE, f"`{NEVER['field']}`: {NEVER['message']}")
   assert collect.run_mark(run(preflight=[], activity={"weight_at_target": 0.0}))[0] == collect.INACTIVE
   assert collect.run_mark(run(preflight=[], activity={"weight_at_target": 0.25}))[0] == ""
   # Equal to the baseline outranks inactive; the reason counts the runs.

@@ -100,7 +100,10 @@ def run_mark(run: dict) -> tuple[str, str]:
   for kind in (EQUALS_BASELINE, INACTIVE):
     hit = [f for f in findings if f.get(kind)]
     if hit:
-      return kind, f"`{hit[0].get('field', '')}`: {hit[0].get('message', '')}"
+      field, message = hit[0].get("field", ""), hit[0].get("message", "")
+      if message.startswith(f"{field}: "):  # the message names its field already
+        message = message[len(field) + 2:]
+      return kind, f"`{field}`: {message}"
   at_target = (sm.get("activity") or {}).get("weight_at_target")
   if at_target is not None and at_target == 0:
     return INACTIVE, "the scheduled penalty weight was never at its target value (`activity.weight_at_target` 0)"
