@@ -141,13 +141,16 @@ def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path)
   lines = report.selection_variance(data, "table", "heldout_domain", "accuracy", {"fedavg": "FedAvg-ERM"})
   base = "; FedAvg-ERM's own winner changes, so every comparison with it in this column rests on which search seed chose"
   assert lines == ["C=4, λ=1: the winner changes between search seeds in 1 of 1 cells; the search runs' test "
-                   f"accuracy at the two winners differs by 0.150 (median; largest 0.150){base}: FedAvg-ERM: seed 0 picks "
-                   "trial 1 (mean test 0.450 over its 2 search runs), seed 100 picks trial 2 (mean test 0.600 over its "
-                   "2 search runs)",
+                   f"accuracy at the two winners differs by 0.150 (median; largest 0.150){base}",
                    "C=4, λ=0: the winner changes between search seeds in 1 of 1 cells; the search runs' test "
-                   f"accuracy at the two winners differs by 0.060 (median; largest 0.060){base}: FedAvg-ERM: seed 0 picks "
-                   "trial 0 (mean test 0.300 over its 1 search run), seed 100 picks trial 2 (mean test 0.360 over its "
-                   "2 search runs)"]
+                   f"accuracy at the two winners differs by 0.060 (median; largest 0.060){base}"]
+  # The cells, one row each: each seed's trial, the search runs' mean test there (runs).
+  rows = report.winner_changes_table(data, "table", "heldout_domain", "accuracy", {"fedavg": "FedAvg-ERM"})
+  assert rows.split("\n")[:4] == ["| column | method | search seed 0 picks | search seed 100 picks |",
+                                   "|---|---|---|---|",
+                                   "| C=4, λ=1 | FedAvg-ERM | trial 1: 0.450 (2) | trial 2: 0.600 (2) |",
+                                   "| C=4, λ=0 | FedAvg-ERM | trial 0: 0.300 (1) | trial 2: 0.360 (2) |"]
+  assert f"{(0.40 + 0.50) / 2:.3f}|{(0.55 + 0.65) / 2:.3f}|{(0.34 + 0.38) / 2:.3f}" == "0.450|0.600|0.360"
   # With the held-out table: the column's paired spread, the root mean square of the
   # standard deviations of each usable method's per-seed differences from FedAvg-ERM
   # (IRM: differences -0.06, +0.06 -> sd 0.0849; Fish: -0.02, +0.02 -> sd 0.0283; MMD is
@@ -170,12 +173,15 @@ def test_selection_variance_counts_winner_changes_between_search_seeds(tmp_path)
       f"the baseline); {int(0.150 > 1.96 * sigma_d / math.sqrt(2))} of 1 differences exceed 1.96 times the standard "
       "deviation run noise gives a difference of means over their runs (sd / sqrt(runs); about 5% would by noise "
       "alone); ")
+  assert with_noise[0] != lines[0]
   assert 1.96 * sigma_d / math.sqrt(2) < 0.150  # the threshold, 0.088, is below the gap: 1 of 1
   assert f"{d:.3f}" == "0.036" and f"{sigma_d:.3f}" == "0.063"  # sqrt((0.0072 + 0.0008) / 2), x 0.564
   assert with_noise[1] == lines[1]  # no usable cell in that column: no scale
   s1 = sweep_config(tmp_path / "one", methods=("fedavg",), client_counts=(4,), lams=(1.0,), seeds=(0,))
   assert report.selection_variance(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
                                    "accuracy") == []
+  assert report.winner_changes_table(results_lib.from_runs(s1, sweep_lib.expand(s1)), "table", "heldout_domain",
+                                     "accuracy") == ""
 
 
 def test_deviations_name_the_selection_grids_columns_fishs_order_and_each_tables_seeds(tmp_path):
@@ -236,7 +242,7 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   IRM at trial 2 against its table cell on the same seeds, paired (SciPy's transcription in
   tests/test_committed_reports.py), and its outcome against FedAvg flips from better to worse."""
   from fedjax_dg.bench import report
-  from test_committed_reports import family_by_hand
+  from test_committed_reports import baseline_test, family_by_hand, mdd_by_hand, p_text
   s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm"), client_counts=(4,), lams=(1.0,), seeds=(0, 100),
                    num_trials=3)
   s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
@@ -271,33 +277,47 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   o_base = family_by_hand([(by(("irm", 2)), by(("fedavg", 1)))])[0][0]
   assert (t_base, o_base) == ("better", "worse")
   head = ("C=4, λ=1: grid `other` runs seeds 1-3 at the other search seed's winners; 1 of 2 cells ran at another "
-          "trial than the table's (each cell at the other winner against the table's cell, their means over the seeds "
-          "both hold, paired, Holm over the changed cells): IRM trial 1 → 2: ")
-  assert lines == [head + f"{np.mean(test[('irm', 2)]):.3f} against {np.mean(test[('irm', 1)]):.3f} "
-                   f"({text}); against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 1 of 1 outcomes "
+          "trial than the table's")
+  assert lines == [head + "; against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 1 of 1 outcomes "
                    "change under the other winners: IRM better → worse"]
+  # The changed cell's row, from SciPy's paired test (one comparison: Holm p = p).
+  def row(a, b):
+    kind, diff, se, df, p, wp, *_ = baseline_test(a, b)
+    assert kind.startswith("paired") and text.startswith(f"{kind} diff {diff:+.3f} (SE {se:.3f}), {p_text(p)}, "
+                                                         f"Holm {p_text(p)}")
+    common = sorted(set(a) & set(b))
+    mean = lambda d: f"{np.mean([d[k] for k in common]):.3f}"  # noqa: E731
+    strip = lambda t: t.removeprefix("p ").removeprefix("= ")  # noqa: E731
+    return (f"| C=4, λ=1 | IRM | 1 → 2 | {mean(b)} | {mean(a)} | {len(common)} | {diff:+.3f} ({se:.3f}) | {strip(p_text(p))} | "
+            f"{strip(p_text(p))} | {strip(p_text(wp))} (cannot reach the level) | below | "  # 2 / 2^3 > 0.05
+            f"{mdd_by_hand(se, df, 0.05):.3f} |")
+  table_md = report.other_winner_table(data, table, "other", st, names)
+  assert table_md.split("\n")[2:3] == [row(by(("irm", 2)), by(("irm", 1)))]
+  assert table_md.split("\n")[3] == ""  # one changed cell: FedAvg's jobs are the table's own
   # A run at the other winner that failed (seed 3): that cell is paired on the two seeds both
   # hold, the grid still names the seeds it runs; with one seed left, the cell is untestable
   # and IRM leaves the comparison with the baseline, named.
   irm2 = [e for e in sweep_lib.grid_entries(exp, "other") if e.axes["method"] == "irm"]
   os.remove(os.path.join(exp.jobs[irm2[2].key].workdir, "summary.json"))
   data = results_lib.from_runs(s, exp)
-  short = report.other_winner_lines(data, collect.tables(data, "heldout_domain"), "other", st, names, "fedavg")
   (o, text, _, _), = family_by_hand([({1: 0.45, 2: 0.48}, by(("irm", 1)))])
-  assert short[0].startswith(head + f"{np.mean([0.45, 0.48]):.3f} against {np.mean([0.55, 0.58]):.3f} "
-                             f"({text}); ")
+  short = report.other_winner_table(data, collect.tables(data, "heldout_domain"), "other", st, names)
+  assert short.split("\n")[2] == row({1: 0.45, 2: 0.48}, by(("irm", 1)))
   os.remove(os.path.join(exp.jobs[irm2[1].key].workdir, "summary.json"))
   data = results_lib.from_runs(s, exp)
   one = report.other_winner_lines(data, collect.tables(data, "heldout_domain"), "other", st, names, "fedavg")
-  assert one == [head + "0.450 (n=1/3) against 0.577 ± 0.025 (n=3) (untestable); against FedAvg-ERM (paired, Holm over "
-                 "the column, as remark 4.1), 0 of 0 outcomes change under the other winners (IRM left out: fewer "
-                 "than two usable seeds under either set of winners)"]
+  assert one == [head + "; against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 0 of 0 outcomes change "
+                 "under the other winners (IRM left out: fewer than two usable seeds under either set of winners)"]
+  one_md = report.other_winner_table(data, collect.tables(data, "heldout_domain"), "other", st, names)
+  assert one_md.split("\n")[2] == ("| C=4, λ=1 | IRM | 1 → 2 | 0.577 ± 0.025 (n=3) | 0.450 (n=1/3) | - | - | - | - | - | "
+                                   "untestable | - |")
   for e in irm2[1:]:
     write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.3, "in_test": 0.9,
                                             "test": test[("irm", 2)][e.axes["seed"] - 1]}})
   md = open(report.write_report(s, str(tmp_path / "out"), exp)).read()
   assert "Under the other search seed's winners, run at the table's seeds (grid `other`):" in md
   assert "at search seed 100 alone)" in md  # the setup line of grid `other`
+  assert "| C=4, λ=1 | IRM | 1 → 2 | " in md and "| C=4, λ=1 | IRM | trial 1: " in md  # both tables
   assert ("; grid `other` runs the table's seeds 1-3 at the other search seed's winners there, to measure what the "
           "cells would read under them") in md  # the Deviations line
 

@@ -256,6 +256,7 @@ def test_non_superiority_is_the_one_sided_shifted_t_test_and_its_bound_inverts_i
   assert stats.non_superiority({"diff": 0.01, "se": 0.0, "df": 3}, 0.02) == 0.0
   assert stats.non_superiority({"diff": 0.03, "se": 0.0, "df": 3}, 0.02) == 1.0
   assert stats.fmt_p({"p": 0.04954}) == "p = 0.0495" and stats.fmt_p({"p": 0.0504}) == "p = 0.0504" and stats.fmt_p({"p": 0.0512}) == "p = 0.051"
+  assert stats.p_text(0.04954) == "0.0495" and stats.p_text(0.0009) == "< 0.001" and stats.p_text(0.2) == "0.200"
   assert stats.fmt_p({"p": 0.0449}) == "p = 0.045" and stats.fmt_p({"p": 0.2}, 0.04954) == "p = 0.200, Holm p = 0.0495"
 
 

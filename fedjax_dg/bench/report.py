@@ -1121,25 +1121,13 @@ def noise_scale(table, col, runs: int, baseline: str | None = None) -> tuple[flo
   return sigma, sigma / math.sqrt(runs) * math.sqrt(2.0 / math.pi)
 
 
-def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None,
-                       baseline: str | None = None) -> list[str]:
-  """Where the search grid `src` ran two or more seeds per trial: per search seed, the trial
-  it alone would select in each cell (among the trials it finished: a trial whose run did
-  not finish at that seed, e.g. diverged, cannot win there, as in `sweep.select_winners`);
-  per column, how often that winner differs between seeds and by how much the search runs'
-  own test score differs between the winners (each winner's mean over the seeds that hold
-  it), and the cells where it changed: method, each seed's trial and its test score. With
-  `table` (the held-out table), each column also gives the difference run noise alone
-  would make (`noise_scale`, paired, from `baseline`'s differences): the winners' test
-  means are over a few search runs, so part of their difference is those runs' own spread;
-  how many of the differences exceed 1.96 times the standard deviation run noise gives a
-  difference of two means over the fewer of the two winners' runs (5% would under noise); and whether the baseline's own winner changed
-  (every comparison with it in that column then rests on the search seed's choice). [] when
-  it ran one seed (or `src` is not a grid)."""
-  names = names or {}
-  baseline = baseline or _baseline()
-  if src not in data.sweep.grids or len(tuple(data.sweep.grids[src].get("seeds", ()))) < 2:
-    return []
+def _search_winners(data, src: str, rule: str, metric: str) -> list[tuple]:
+  """Per cell of the search grid `src` with two or more search seeds: `(cell, seeds,
+  winners, test, runs)`, where `cell` is (method, C, lambda), `winners` maps each seed to the
+  trial it alone selects (the best `rule` validation score among the trials that seed
+  finished: a trial whose run did not finish at a seed, e.g. diverged, cannot win there, as in
+  `sweep.select_winners`), and `test` and `runs` map each winning trial to the search runs'
+  mean test score over the seeds that finished it and their number."""
   cells = collections.defaultdict(lambda: collections.defaultdict(dict))  # cell -> trial -> seed -> (val, test)
   for e in sweep_lib.grid_entries(data.exp, src):
     run = data.results.get(e.key)
@@ -1149,27 +1137,63 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
     a = e.axes
     cells[(a["method"], a["num_clients"], None if a["lam"] is None else float(a["lam"]))][a["trial"]][a["seed"]] = (
         sc["val"], sc["test"])
-  per_col = collections.defaultdict(lambda: [0, 0, [], [], False])
-  for (m, C, lam), trials in sorted(cells.items(), key=lambda kv: str(kv[0])):
+  out = []
+  for cell, trials in sorted(cells.items(), key=lambda kv: str(kv[0])):
     seeds = sorted({s for t in trials.values() for s in t})
     if len(seeds) < 2:
       continue
     winners = {s: max(sorted(t for t in trials if s in trials[t]), key=lambda t: trials[t][s][0]) for s in seeds}
+    test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
+    out.append((cell, seeds, winners, test, {w: len(trials[w]) for w in test}))
+  return out
+
+
+def _has_two_seeds(data, src: str) -> bool:
+  return src in data.sweep.grids and len(tuple(data.sweep.grids[src].get("seeds", ()))) >= 2
+
+
+def selection_variance(data, src: str, rule: str, metric: str, names: dict | None = None, table=None,
+                       baseline: str | None = None) -> list[str]:
+  """Where the search grid `src` ran two or more seeds per trial, one line per column: how
+  often the winner a search seed alone selects (`_search_winners`) differs between seeds,
+  and by how much the search runs' own test score differs between the winners (each winner's
+  mean over the seeds that finished it); the cells themselves are in `winner_changes_table`.
+  With `table` (the held-out table), each column also gives the difference run noise alone
+  would make (`noise_scale`, paired, from `baseline`'s differences): the winners' test means
+  are over a few search runs, so part of their difference is those runs' own spread; how many
+  of the differences exceed 1.96 times the standard deviation run noise gives a difference of
+  two means over the fewer of the two winners' runs (5% would under noise); and whether the
+  baseline's own winner changed (every comparison with it in that column then rests on the
+  search seed's choice).
+
+  Args:
+    data: the results bundle.
+    src: the search grid.
+    rule: the selection rule (validation score) the winners are chosen by.
+    metric: the metric.
+    names: display names.
+    table: the held-out-domain table, for the noise yardstick.
+    baseline: the baseline method.
+
+  Returns:
+    One line per column; [] when `src` ran one seed (or is not a grid).
+  """
+  names = names or {}
+  baseline = baseline or _baseline()
+  if not _has_two_seeds(data, src):
+    return []
+  per_col = collections.defaultdict(lambda: [0, 0, [], False])
+  for (m, C, lam), _, winners, test, runs in _search_winners(data, src, rule, metric):
     col = per_col[(C, lam)]
     col[1] += 1
     if len(set(winners.values())) > 1:
       col[0] += 1
-      col[4] = col[4] or m == baseline
-      test = {w: float(np.mean([v[1] for v in trials[w].values()])) for w in set(winners.values())}
-      n_of = {w: len(trials[w]) for w in test}
-      col[2].append((max(test.values()) - min(test.values()), min(n_of.values())))
-      col[3].append(f"{names.get(m, m)}: " + ", ".join(
-          f"seed {s} picks trial {winners[s]} (mean test {test[winners[s]]:.3f} over its {n_of[winners[s]]} "
-          f"search run{'s' * (n_of[winners[s]] != 1)})" for s in seeds))
+      col[3] = col[3] or m == baseline
+      col[2].append((max(test.values()) - min(test.values()), min(runs.values())))
   runs = len(tuple(data.sweep.grids[src].seeds))
   lines = []
   for col in sorted(per_col, key=_column_key):
-    k, n, pairs, which, base_changed = per_col[col]
+    k, n, pairs, base_changed = per_col[col]
     gaps = [g for g, _ in pairs]
     noise = (noise_scale(table, col, runs, baseline) if table is not None and col in table.columns and gaps
              else None)
@@ -1183,9 +1207,46 @@ def selection_variance(data, src: str, rule: str, metric: str, names: dict | Non
                     "differences exceed 1.96 times the standard deviation run noise gives a difference of means "
                     "over their runs (sd / sqrt(runs); about 5% would by noise alone)" if noise else "")
                  + (f"; {names.get(baseline, baseline)}'s own winner changes, so every comparison with it in this "
-                    "column rests on which search seed chose" if base_changed else "")
-                 + (": " + "; ".join(which) if gaps else ""))
+                    "column rests on which search seed chose" if base_changed else ""))
   return lines
+
+
+def winner_changes_table(data, src: str, rule: str, metric: str, names: dict | None = None) -> str:
+  """The cells whose winner differs between the search seeds of grid `src`
+  (`_search_winners`), one row each: per search seed, the trial it alone selects and the
+  search runs' mean test score at that trial over the seeds that finished it.
+
+  Args:
+    data: the results bundle.
+    src: the search grid.
+    rule: the selection rule (validation score) the winners are chosen by.
+    metric: the metric.
+    names: display names.
+
+  Returns:
+    A markdown table with its legend; "" when `src` ran one seed or no winner changed.
+  """
+  names = names or {}
+  if not _has_two_seeds(data, src):
+    return ""
+  grid_seeds = sorted(int(s) for s in data.sweep.grids[src].seeds)
+  order = {m: i for i, (_, m, _) in enumerate(collect.table_rows(data.sweep, data.sweep.grids[src]))}
+  rows = []
+  for (m, C, lam), _, winners, test, runs in sorted(_search_winners(data, src, rule, metric),
+                                                     key=lambda w: (_column_key((w[0][1], w[0][2])), order[w[0][0]])):
+    if len(set(winners.values())) < 2:
+      continue
+    picks = [f"trial {winners[s]}: {test[winners[s]]:.3f} ({runs[winners[s]]})" if s in winners else "-"
+             for s in grid_seeds]
+    rows.append(f"| {collect.column_label((C, lam))} | {names.get(m, m)} | " + " | ".join(picks) + " |")
+  if not rows:
+    return ""
+  head = ["| column | method | " + " | ".join(f"search seed {s} picks" for s in grid_seeds) + " |",
+          "|---|---|" + "---|" * len(grid_seeds)]
+  return "\n".join(head + rows) + (
+      f"\n\nThe cells whose winner changes: per search seed, the trial it alone selects, the search runs' mean "
+      f"test {metric} at that trial over the search seeds that finished it, and their number in brackets; '-' "
+      "where that seed finished none of the cell's trials.")
 
 
 def _trials(exp, grid: str) -> dict:
@@ -1197,15 +1258,39 @@ def _trials(exp, grid: str) -> dict:
   return out
 
 
+def _other_winners(data, table: collect.Table, alt: str, st: dict) -> list[tuple]:
+  """Per column of grid `alt` (seeds at the trials one search seed alone chose, where the table
+  runs them at the trials its search chose): `(col, methods, changed, other, t_main, t_alt)`
+  where `changed` lists `(method, alt_cell, table_cell, result)` for the cells that ran at
+  another trial, each pair compared on the seeds both hold (`stats.against_baseline`: paired,
+  Holm over the column's changed cells; "cannot tell" where either has fewer than two usable
+  seeds), and `other` is the table `alt` makes."""
+  sweep, exp = data.sweep, data.exp
+  if alt not in sweep.grids or not sweep_lib.grid_entries(exp, alt):
+    return []
+  other = collect.build_table(sweep, exp, data.results, alt, "heldout_domain", st["metric"], st["ddof"], data.stale)
+  t_main, t_alt = _trials(exp, st["table_grid"]), _trials(exp, alt)
+  out = []
+  for col in other.columns:
+    methods = [m for _, m, _ in other.rows if (m, col) in t_alt]
+    if not methods:
+      continue
+    ms = [m for m in methods if t_alt.get((m, col)) != t_main.get((m, col))]
+    pairs = [(other.cells.get((m, col)), table.cells.get((m, col))) for m in ms]
+    res = stats.against_baseline([(a.by_seed if _usable(a) else {}, b.by_seed if _usable(b) else {})
+                                  for a, b in pairs], margin=st["margin"])
+    out.append((col, methods, [(m, a, b, r) for m, (a, b), r in zip(ms, pairs, res)], other, t_main, t_alt))
+  return out
+
+
 def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str) -> list[str]:
-  """What the cells read under another search seed's winners: grid `alt` runs seeds at the
-  trials one search seed alone chose (`select_seeds`), where the table runs them at the
-  trials its search chose. Per column of `alt`: how many cells ran at another trial; each
-  such cell against the table's cell on the seeds both hold (paired by seed, Holm over the
-  column's changed cells; "untestable" where either has fewer than two usable seeds); and
-  each method against the baseline under either set of winners (`stats.against_baseline`,
-  each comparison paired on the seeds its cells share, Holm over the column, as remark 4.1),
-  naming the outcomes that change and the methods left out for want of a usable cell.
+  """What the cells read under another search seed's winners, one line per column of grid
+  `alt`, which runs seeds at the trials one search seed alone chose (`select_seeds`) where the
+  table runs them at the trials its search chose: how many cells ran at another trial (each
+  against the table's cell in `other_winner_table`), and each method against the baseline
+  under either set of winners (`stats.against_baseline`, each comparison paired on the seeds
+  its cells share, Holm over the column, as remark 4.1), naming the outcomes that change and
+  the methods left out for want of a usable cell.
 
   Args:
     data: the results bundle.
@@ -1218,36 +1303,12 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
   Returns:
     One line per column of `alt`; [] where it has no finished run.
   """
-  sweep, exp = data.sweep, data.exp
-  if alt not in sweep.grids or not sweep_lib.grid_entries(exp, alt):
-    return []
   margin = st["margin"]
-  other = collect.build_table(sweep, exp, data.results, alt, "heldout_domain", st["metric"], st["ddof"], data.stale)
-  t_main, t_alt = _trials(exp, st["table_grid"]), _trials(exp, alt)
   lines = []
-  for col in other.columns:
-    methods = [m for _, m, _ in other.rows if (m, col) in t_alt]
-    if not methods:
-      continue
-    seeds = sorted(int(x) for x in sweep.grids[alt].seeds)
-    changed = [m for m in methods if t_alt.get((m, col)) != t_main.get((m, col))]
-    # Each changed cell against the table's, paired on the seeds both hold (`stats.pair_test`).
-    pairs = [(other.cells.get((m, col)), table.cells.get((m, col))) for m in changed]
-    res = stats.against_baseline([(a.by_seed if _usable(a) else {}, b.by_seed if _usable(b) else {})
-                                  for a, b in pairs], margin=margin)
-    cells = []
-    for m, (a, b), r in zip(changed, pairs, res):
-      head = f"{names.get(m, m)} trial {t_main.get((m, col))} → {t_alt.get((m, col))}: "
-      if r["test"] is None:
-        cells.append(head + f"{collect.format_cell(a, 3)} against {collect.format_cell(b, 3)} (untestable)")
-        continue
-      common = sorted(set(a.by_seed) & set(b.by_seed))
-      cells.append(head + f"{float(np.mean([a.by_seed[k] for k in common])):.3f} against "
-                   f"{float(np.mean([b.by_seed[k] for k in common])):.3f} ({stats.fmt_powered(r)})")
+  for col, methods, changed, other, _, _ in _other_winners(data, table, alt, st):
+    seeds = sorted(int(x) for x in data.sweep.grids[alt].seeds)
     text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at the other search seed's "
-            f"winners; {len(changed)} of {len(methods)} cells ran at another trial than the table's"
-            + (" (each cell at the other winner against the table's cell, their means over the seeds both hold, "
-               "paired, Holm over the changed cells): " + "; ".join(cells) if cells else ""))
+            f"winners; {len(changed)} of {len(methods)} cells ran at another trial than the table's")
     base_t, base_o = table.cells.get((baseline, col)), other.cells.get((baseline, col))
     if _usable(base_t) and _usable(base_o):
       flips = []
@@ -1272,6 +1333,60 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
                   "either set of winners)" if short else ""))
     lines.append(text)
   return lines
+
+
+OTHER_WINNER_WORDS = {"better": "above", "worse": "below", "inconclusive": "inconclusive",
+                      "cannot tell": "untestable"}
+
+
+def other_winner_table(data, table: collect.Table, alt: str, st: dict, names: dict) -> str:
+  """Each cell grid `alt` ran at another trial than the table's, against the table's cell on
+  the seeds both hold (`_other_winners`): the trials, both means over those seeds, the paired
+  difference (other winner minus table), its p and Holm p over the column's changed cells,
+  Wilcoxon's Holm p as a check, the outcome in the four words of the reading, and the
+  detectable difference.
+
+  Args:
+    data: the results bundle.
+    table: the held-out-domain table.
+    alt: the grid of seeds at the other winners.
+    st: `collect.report_settings`.
+    names: display names.
+
+  Returns:
+    A markdown table with its legend; "" where no cell ran at another trial.
+  """
+  words = dict(OTHER_WINNER_WORDS, equivalent=f"equivalent within ±{st['margin']:g}")
+  rows = []
+  for col, _, changed, _, t_main, t_alt in _other_winners(data, table, alt, st):
+    for m, a, b, r in changed:
+      head = f"| {collect.column_label(col)} | {names.get(m, m)} | {t_main.get((m, col))} → {t_alt.get((m, col))} | "
+      t = r["test"]
+      if t is None:
+        rows.append(head + f"{collect.format_cell(b, 3)} | {collect.format_cell(a, 3)} | - | - | - | - | - | "
+                    f"{words['cannot tell']} | - |")
+        continue
+      common = sorted(set(a.by_seed) & set(b.by_seed))
+      check = "-" if r.get("wilcoxon_holm_p") is None else (
+          stats.p_text(r["wilcoxon_holm_p"])
+          + (" (cannot reach the level)" if r.get("check_unreachable") else " (disagrees)" if r.get("check_disagrees")
+             else ""))
+      rows.append(head + f"{float(np.mean([b.by_seed[k] for k in common])):.3f} | "
+                  f"{float(np.mean([a.by_seed[k] for k in common])):.3f} | {len(common)} | {t['diff']:+.3f} ({t['se']:.3f}) | "
+                  f"{stats.p_text(t['p'])} | "
+                  f"{stats.p_text(r['holm_p'])} | {check} | {words[r['outcome']]} | "
+                  + (f"{r['mdd']:.3f}" if r["mdd"] is not None else "-") + " |")
+  if not rows:
+    return ""
+  head = ["| column | method | trial: table → other | table | other winner | seeds | diff (SE) | p | Holm p | "
+          "Wilcoxon Holm p | outcome | detectable |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+  return "\n".join(head + rows) + (
+      "\n\nEach cell that ran at another trial: the table's cell and the cell at the other search seed's winner, "
+      "their means over the seeds both hold (their number); the difference (other winner minus table) paired by seed with its "
+      "standard error; the paired t-test's p and its Holm adjustment over the column's changed cells, Wilcoxon's "
+      "signed-rank test as a check; the outcome by the reading's rules ('above': the other winner's cell is "
+      "higher); the difference the test finds with 80% power. 'untestable': a cell with fewer than two usable "
+      "seeds, shown as the tables show it.")
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1372,8 +1487,10 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
            "held-out validation score among the trials it finished. Where the winners differ, the cell would read "
            "differently under the other winner by about the difference given (the search runs' own test scores, "
            "each winner's mean over the seeds that finished it, so part of it is those few runs' own spread: the "
-           "difference that spread alone makes is given beside it), and the cells are named.", ""]
+           "difference that spread alone makes is given beside it); the table below names the cells.", ""]
     md += [f"- {l}" for l in sv] + [""]
+    wt = winner_changes_table(data, sel_grid, "heldout_domain", st["metric"], names)
+    md += [wt, ""] if wt else []
     alt = r.get("selection_table_grid", "")
     ow = other_winner_lines(data, table, alt, st, names, baseline) if alt else []
     if ow:
@@ -1381,6 +1498,8 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
              "read there, measured rather than estimated from the search runs above, and which verdicts against "
              f"{names.get(baseline, baseline)} rest on the choice of search seed.", ""]
       md += [f"- {l}" for l in ow] + [""]
+      ot = other_winner_table(data, table, alt, st, names)
+      md += [ot, ""] if ot else []
   hp = selected_hyperparameters(data, st["table_grid"], names) if st["table_grid"] in sweep.grids else ""
   if hp:
     with open(os.path.join(out_dir, "hyperparameters.md"), "w") as fh:

@@ -531,12 +531,19 @@ def verdict_most_powered(outcomes, supports: str = "better", margin: float = MAR
 
 # ---------------------------------------------------------------------------- text
 
-def _p(p: float) -> str:
-  """"p < 0.001", "p = 0.012"; four decimals where three would round onto the level
-  (0.04954 reads "p = 0.0495", not "p = 0.050" beside a significant verdict)."""
+def p_text(p: float) -> str:
+  """A p-value as a table cell prints it: "< 0.001", "0.012"; four decimals where three
+  would round onto the level (0.04954 reads "0.0495", not "0.050" beside a significant
+  verdict)."""
   if p < 0.001:
-    return "p < 0.001"
-  return f"p = {p:.4f}" if f"{p:.3f}" == f"{ALPHA:.3f}" else f"p = {p:.3f}"
+    return "< 0.001"
+  return f"{p:.4f}" if f"{p:.3f}" == f"{ALPHA:.3f}" else f"{p:.3f}"
+
+
+def _p(p: float) -> str:
+  """"p < 0.001", "p = 0.012" (`p_text`)."""
+  text = p_text(p)
+  return f"p {text}" if text.startswith("<") else f"p = {text}"
 
 
 def fmt_p(w: dict | None, holm_p: float | None = None) -> str:
