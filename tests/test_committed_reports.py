@@ -95,9 +95,15 @@ def expected_cells(sweep, docs, rule, with_marks=False):
   and (display name, column) -> number of seeds the grid asked for; a cell any of whose runs
   is marked (`run_mark_by_hand`: "ᵃ" before "ᵇ") is left out of the scores and, with
   `with_marks`, returned in a third dict {(name, column): mark}."""
-  grid, display = sweep["table"]["grid"], sweep["table"]["display"]
+  grid = sweep["table"]["grid"]
   if rule == "in_domain" and sweep["table"].get("in_domain_grid"):
     grid = sweep["table"]["in_domain_grid"]
+  return grid_cells(sweep, docs, grid, rule, with_marks)
+
+
+def grid_cells(sweep, docs, grid, rule, with_marks=False):
+  """`expected_cells` of any seeds grid."""
+  display = sweep["table"]["display"]
   scores, asked, marks = {}, {}, {}
   for d in docs:
     for e in d["entries"]:
@@ -433,6 +439,108 @@ COLUMN_LABELS = {"supports": ("column with no method the margin or more above it
                                   "above")}
 
 
+OTHER = " under the other search seed's winners "  # the reading's lines at the other search seed's winners
+
+
+def seed_range(seeds):
+  """"1-10" for three or more consecutive seeds, else "1, 3"."""
+  seeds = sorted(seeds)
+  if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+    return f"{seeds[0]}-{seeds[-1]}"
+  return ", ".join(map(str, seeds))
+
+
+def other_winner_cells(sweep, docs):
+  """(grid, seeds, {(label, column): {seed: score}}, {(label, column): seeds asked}) of the
+  sweep's grid at the other search seed's winners (`report.selection_table_grid`), or None."""
+  alt = sweep.get("report", {}).get("selection_table_grid", "")
+  if not alt or alt not in sweep["grids"]:
+    return None
+  scores, asked = grid_cells(sweep, docs, alt, "heldout_domain")
+  return alt, sorted(int(x) for x in sweep["grids"][alt]["seeds"]), scores, asked
+
+
+def column_verdict_by_hand(pairs, res):
+  """Remark 4.1 in one column from its comparisons ({seed: score} pairs, `family_by_hand`'s
+  results): a method shown more than the margin above the baseline (one-sided, Holm over the
+  column) is "against"; an untestable method or none makes "cannot tell"; every method's
+  one-sided test of the margin or more above rejecting at 0.05 "supports"; else
+  "inconclusive"."""
+  testable = [i for i, r in enumerate(res) if r[0] != "cannot tell"]
+  adj = holm_by_hand({i: beyond_margin_by_hand(*pairs[i]) for i in testable})
+  if any(p < 0.05 for p in adj.values()):
+    return "against"
+  if not res or len(testable) < len(res):
+    return "cannot tell"
+  return "supports" if all(non_superiority_by_hand(*pairs[i])[0] < 0.05 for i in testable) else "inconclusive"
+
+
+def check_remark_4_1_other_winners(sweep, docs, scores, lines, folder):
+  """Remark 4.1's lines at the other search seed's winners: per column of that grid with the
+  baseline's cell under both sets of winners, the column's verdict under each on the grid's
+  seeds (the table's cells restricted to them) and the methods whose outcome changes."""
+  setup = other_winner_cells(sweep, docs)
+  if setup is None:
+    assert not lines, folder
+    return
+  alt, seeds, alt_scores, asked = setup
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  on = lambda d: {k: v for k, v in d.items() if k in seeds}  # noqa: E731
+  cols = {c for _, c in asked if scores.get((baseline, c)) and alt_scores.get((baseline, c))}
+  assert sorted(l[2:].split(OTHER, 1)[0] for l in lines) == sorted(cols), (folder, lines)
+  words = {"supports": "supports it", "against": "against it", "inconclusive": "inconclusive",
+           "cannot tell": "cannot tell"}
+  for line in lines:
+    col = line[2:].split(OTHER, 1)[0]
+    rest = [lab for lab, c in asked if c == col and lab != baseline]
+    ok = [lab for lab in rest if scores.get((lab, col)) and alt_scores.get((lab, col))]
+    out = {}
+    for key, sc in (("table", scores), ("other", alt_scores)):
+      pairs = [(on(sc[(lab, col)]), on(sc[(baseline, col)])) for lab in ok]
+      res = family_by_hand(pairs)
+      out[key] = (column_verdict_by_hand(pairs, res), [r[0] for r in res])
+    flips = {f"{lab} {a} → {b}" for lab, a, b in zip(ok, out["table"][1], out["other"][1]) if a != b}
+    head = (f"- {col}{OTHER}(grid `{alt}`, 'Selection variance'), on seeds {seed_range(seeds)} under both, the column's verdict: "
+            f"{words[out['table'][0]]} at the table's winners, {words[out['other'][0]]} at the other's (each the "
+            "column's methods one family as above, the beyond-margin tests Holm over this column alone); "
+            f"{len(flips)} of {len(ok)} outcomes against {baseline} change")
+    assert line.startswith(head), (folder, line, head)
+    tail = line[len(head):]
+    short = [lab for lab in rest if lab not in ok]
+    end = f" ({', '.join(short)} left out: no usable cell under one set of winners)" if short else ""
+    assert tail.endswith(end), (folder, line)
+    listed = tail[:len(tail) - len(end)]
+    assert (set(listed[2:].split(", ")) if listed else set()) == flips and listed[:2] in ("", ": "), (folder, line)
+
+
+def check_claim_other_winners(sweep, docs, scores, method, cols, lines, words, folder):
+  """A method paper's claim at the other search seed's winners: in each column of that grid
+  where the method and the baseline have cells under both sets of winners, the method
+  against the baseline on the grid's seeds inside the claim's family (its other columns as in
+  the table), under the table's winners and the other's, and the claim's verdict either way."""
+  setup = other_winner_cells(sweep, docs)
+  if setup is None:
+    assert not lines, folder
+    return
+  alt, seeds, alt_scores, asked = setup
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  on = lambda d: {k: v for k, v in d.items() if k in seeds}  # noqa: E731
+  want = []
+  for col in cols:
+    if (method, col) not in asked or not (alt_scores.get((method, col)) and alt_scores.get((baseline, col))):
+      continue
+    out = {}
+    for key, sc in (("table", scores), ("other", alt_scores)):
+      res = family_by_hand([(on(sc[(method, c)]), on(sc[(baseline, c)])) if c == col
+                            else (scores[(method, c)], scores[(baseline, c)]) for c in cols])
+      out[key] = (res[cols.index(col)], verdict_powered([r[0] for r in res]))
+    want.append(f"- {col}{OTHER}(grid `{alt}`, 'Selection variance'), on seeds {seed_range(seeds)} under both, the "
+                f"claim's other columns as above: {words[out['table'][0][0]]} at the table's winners "
+                f"({out['table'][0][1]}), {words[out['other'][0][0]]} at the other's ({out['other'][0][1]}); the "
+                f"claim: {out['table'][1]} at the table's winners, {out['other'][1]} at the other's")
+  assert lines == want, (folder, method, lines, want)
+
+
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
   """Remark 4.1 (per column: every method against FedAvg-ERM paired by seed, Holm over the
@@ -449,7 +557,10 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
   for title, verdict, body in sections:
     if title.startswith("Remark 4.1"):
       columns, pending = [], []
+      check_remark_4_1_other_winners(sweep, docs, scores, [l for l in body.splitlines() if OTHER in l], folder)
       for line in body.splitlines():
+        if OTHER in line:
+          continue
         col, rest = line[2:].split(": ", 1)
         base = scores[(baseline, col)]
         others = {lab: v for (lab, c), v in scores.items() if c == col and lab != baseline and v}
@@ -517,6 +628,8 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           continue
         if re.fullmatch(r"- C=\d+, λ=[\d.]+: not tested; left out, marked in the table: .+", line):
           continue  # a marked cell (-ᵃ / -ᵇ), not one of the claim's comparisons
+        if OTHER in line:
+          continue  # checked below, after the claim's own columns
         m = re.fullmatch(rf"- (C=\d+, λ=[\d.]+): (.+?) {CELL} vs (.+?) {CELL}: (.+?) \(((?:paired|welch) .+|untestable)\)", line)
         assert m and m.group(2) == method and m.group(3) == baseline, (folder, line)
         rows.append((m.group(1), m.group(4), m.group(5)))
@@ -531,6 +644,8 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         assert (word, text) == (words[o], want), (folder, method, c)
         checked += 1
       assert verdict == verdict_powered([o for o, _, _, _ in res]), (folder, title, verdict)
+      check_claim_other_winners(sweep, docs, scores, method, [c for c, _, _ in rows],
+                                [l for l in body.splitlines() if OTHER in l], words, folder)
       claims += 1
   assert checked and claims == sum(" beats " in t for t, _, _ in sections) > 0
   # The Deviations line naming the columns whose median detectable difference misses 0.03.

@@ -278,7 +278,7 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   assert (t_base, o_base) == ("better", "worse")
   head = ("C=4, λ=1: grid `other` runs seeds 1-3 at the other search seed's winners; 1 of 2 cells ran at another "
           "trial than the table's")
-  assert lines == [head + "; against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 1 of 1 outcomes "
+  assert lines == [head + "; against FedAvg-ERM on seeds 1-3 under both sets of winners (paired, Holm over the column, as remark 4.1), 1 of 1 outcomes "
                    "change under the other winners: IRM better → worse"]
   # The changed cell's row, from SciPy's paired test (one comparison: Holm p = p).
   def row(a, b):
@@ -306,7 +306,7 @@ def test_the_cells_under_the_other_search_seeds_winners(tmp_path):
   os.remove(os.path.join(exp.jobs[irm2[1].key].workdir, "summary.json"))
   data = results_lib.from_runs(s, exp)
   one = report.other_winner_lines(data, collect.tables(data, "heldout_domain"), "other", st, names, "fedavg")
-  assert one == [head + "; against FedAvg-ERM (paired, Holm over the column, as remark 4.1), 0 of 0 outcomes change "
+  assert one == [head + "; against FedAvg-ERM on seeds 1-3 under both sets of winners (paired, Holm over the column, as remark 4.1), 0 of 0 outcomes change "
                  "under the other winners (IRM left out: fewer than two usable seeds under either set of winners)"]
   one_md = report.other_winner_table(data, collect.tables(data, "heldout_domain"), "other", st, names)
   assert one_md.split("\n")[2] == ("| C=4, λ=1 | IRM | 1 → 2 | 0.577 ± 0.025 (n=3) | 0.450 (n=1/3) | - | - | - | - | - | "
@@ -357,3 +357,49 @@ def test_failed_jobs_set_diverged_search_trials_apart(tmp_path):
       "FloatingPointError: train loss is nan at round 2; lower client.lr (now 0.09) or server.lr (now 1.0)")
   assert md[6:8] == ["Their cells read X (or count fewer seeds):", ""]
   assert "seed=2" in md[8] and md[8].endswith("RuntimeError: out of memory") and len(md) == 10
+
+
+def test_the_reading_at_the_other_search_seeds_winners_recomputes_by_hand(tmp_path, monkeypatch):
+  """Remark 4.1 and FedIIR's claim read at the other search seed's winners, on the seeds the
+  other grid ran (1-3 of the table's 1-4): IRM is above FedAvg at the table's winner and below
+  it at the other's, FedIIR inconclusive then above. The generated REPORT.md is checked by
+  tests/test_committed_reports.py's own recomputation (SciPy, Holm by hand) as if it were a
+  committed report."""
+  import test_committed_reports as tcr
+  from fedjax_dg.bench import report
+  s = sweep_config(tmp_path / "runs", methods=("fedavg", "irm", "fediir"), client_counts=(4,), lams=(1.0,),
+                   seeds=(0, 100), num_trials=3)
+  s.search.distributions = {"client": {"lr": ("log_uniform", 1e-3, 1e-1)}}
+  grid = {"methods": ("fedavg", "irm", "fediir"), "client_counts": (4,), "lams": (1.0,), "seeds": (1, 2, 3, 4),
+          "select_from": "table"}
+  s.grids.seeds = grid
+  s.grids.other = dict(grid, seeds=(1, 2, 3), select_seeds=(100,))
+  s.table.grid = "seeds"
+  s.report = ml_collections.ConfigDict({**s.report.to_dict(), "selection_table_grid": "other",
+                                        "selection_grid": "table"})
+  exp = sweep_lib.expand(s)
+  val = {0: (0.5, 0.9, 0.6), 100: (0.5, 0.6, 0.7)}  # seed 0 picks trial 1, seed 100 trial 2
+  for e in exp.entries:
+    v = (0.5, 0.9, 0.6)[e.axes["trial"]] if e.axes["method"] == "fedavg" else val[e.axes["seed"]][e.axes["trial"]]
+    write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": v, "in_val": 0.3, "in_test": 0.9, "test": 0.4}})
+  test = {("fedavg", 1): (0.50, 0.52, 0.54, 0.51), ("irm", 1): (0.55, 0.58, 0.60, 0.56),
+          ("irm", 2): (0.45, 0.48, 0.49, 0.47), ("fediir", 1): (0.53, 0.50, 0.58, 0.52),
+          ("fediir", 2): (0.60, 0.63, 0.66, 0.62)}
+  exp = sweep_lib.expand(s)
+  for g in ("seeds", "other"):
+    for e in sweep_lib.grid_entries(exp, g):
+      v = test[(e.axes["method"], e.axes["trial"])][e.axes["seed"] - 1]
+      write_run(exp.jobs[e.key].workdir, {1: {"heldout_val": 0.6, "in_val": 0.3, "in_test": 0.9, "test": v}})
+  out = tmp_path / "experiments" / "other_winners_fixture"
+  md = open(report.write_report(s, str(out), exp)).read()
+  monkeypatch.setattr(tcr, "ROOT", str(tmp_path))
+  tcr.test_the_readings_p_values_and_verdicts_from_the_results_file("other_winners_fixture")
+  lines = [l for l in md.splitlines() if tcr.OTHER in l]
+  assert len(lines) == 2 and lines[0].startswith("- C=4, λ=1 under the other search seed's winners")
+  assert "IRM better → worse" in lines[0]  # remark 4.1
+  assert lines[1].startswith("- C=4, λ=1 under the other search seed's winners (grid `other`, 'Selection variance'), "
+                             "on seeds 1-3 under both, the claim's other columns as above: ")  # FedIIR's claim
+  # The summary line of 'Selection variance' compares outcomes on the same seeds 1-3 (the
+  # table's seed 4 left out), as the reading does.
+  assert ("against FedAvg-ERM on seeds 1-3 under both sets of winners (paired, Holm over the column, as remark "
+          "4.1), 2 of 2 outcomes change under the other winners: IRM better → worse, FedIIR inconclusive → better") in md

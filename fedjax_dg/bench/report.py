@@ -1315,8 +1315,9 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
       rest = [m for m in methods if m != baseline]
       ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
       short = [m for m in rest if m not in ok]
-      fams = {key: stats.against_baseline([(tab.cells[(m, col)].by_seed, tab.cells[(baseline, col)].by_seed)
-                                           for m in ok], margin=margin)
+      on = set(seeds)  # both sets of winners on the same seeds: a change is the choice, not fewer seeds
+      fams = {key: stats.against_baseline([(_on_seeds(tab.cells[(m, col)], on),
+                                            _on_seeds(tab.cells[(baseline, col)], on)) for m in ok], margin=margin)
               for key, tab in (("table", table), ("other", other))}
       tested = 0
       for m, a, b in zip(ok, fams["table"], fams["other"]):
@@ -1326,12 +1327,111 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
         tested += 1
         if a["outcome"] != b["outcome"]:
           flips.append(f"{names.get(m, m)} {a['outcome']} → {b['outcome']}")
-      text += (f"; against {names.get(baseline, baseline)} (paired, Holm over the column, as remark 4.1), "
+      text += (f"; against {names.get(baseline, baseline)} on seeds {_seed_range(seeds)} under both sets of "
+               "winners (paired, Holm over the column, as remark 4.1), "
                f"{len(flips)} of {tested} outcomes change under the other winners"
                + (": " + ", ".join(flips) if flips else "")
                + (f" ({', '.join(names.get(m, m) for m in short)} left out: fewer than two usable seeds under "
                   "either set of winners)" if short else ""))
     lines.append(text)
+  return lines
+
+
+def _on_seeds(c, seeds) -> dict:
+  """A cell's {seed: score} on `seeds` only."""
+  return {k: v for k, v in c.by_seed.items() if k in seeds}
+
+
+COLUMN_VERDICT_WORDS = {"supports": "supports it", "against": "against it", "inconclusive": "inconclusive",
+                        "cannot tell": "cannot tell"}
+
+
+def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str
+                             ) -> list[str]:
+  """Remark 4.1 in each column of grid `alt` under both sets of winners, on the seeds `alt`
+  ran (the table's cells restricted to them, so both verdicts rest on as many seeds and a
+  change is the search seed's choice, not fewer seeds): the column's methods usable under
+  both one family (`stats.against_baseline`, paired, Holm over them), the column verdict as
+  `remark_4_1`'s (`_column_verdict`, the beyond-margin tests Holm over this column alone),
+  and the methods whose outcome against the baseline changes.
+
+  Args:
+    data: the results bundle.
+    table: the held-out-domain table.
+    alt: the grid of seeds at the other search seed's winners.
+    st: `collect.report_settings`.
+    names: display names.
+    baseline: the baseline method.
+
+  Returns:
+    One line per column of `alt` with a usable baseline cell under both sets of winners.
+  """
+  margin, lines = st["margin"], []
+  seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
+  for col, methods, _, other, _, _ in _other_winners(data, table, alt, st):
+    if not (_usable(table.cells.get((baseline, col))) and _usable(other.cells.get((baseline, col)))):
+      continue
+    rest = [m for _, m, _ in table.rows if m != baseline and m in methods]
+    ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
+    out = {}
+    for key, tab in (("table", table), ("other", other)):
+      res = stats.against_baseline([(_on_seeds(tab.cells[(m, col)], seeds), _on_seeds(tab.cells[(baseline, col)], seeds))
+                                    for m in ok], margin=margin)
+      out[key] = (_column_verdict(res, _beyond_margin({col: (None, None, res)}, margin)[col], margin), res)
+    flips = [f"{names.get(m, m)} {a['outcome']} → {b['outcome']}"
+             for m, a, b in zip(ok, out["table"][1], out["other"][1]) if a["outcome"] != b["outcome"]]
+    short = [m for m in rest if m not in ok]
+    lines.append(f"{collect.column_label(col)} under the other search seed's winners (grid `{alt}`, 'Selection "
+                 f"variance'), on seeds {_seed_range(seeds)} under both, the column's verdict: {COLUMN_VERDICT_WORDS[out['table'][0]]} at "
+                 f"the table's winners, {COLUMN_VERDICT_WORDS[out['other'][0]]} at the other's (each the column's "
+                 "methods one family as above, the beyond-margin tests Holm over this column alone); "
+                 f"{len(flips)} of {len(ok)} outcomes against {names.get(baseline, baseline)} change"
+                 + (": " + ", ".join(flips) if flips else "")
+                 + (f" ({', '.join(names.get(m, m) for m in short)} left out: no usable cell under one set of "
+                    "winners)" if short else ""))
+  return lines
+
+
+def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str, m: str
+                        ) -> list[str]:
+  """A method paper's claim (`seed_paper_claims`) with one column of grid `alt` taken at the
+  other search seed's winners: in that column the method against the baseline on the seeds
+  `alt` ran, under the table's winners and under the other's (the table's cells restricted to
+  those seeds, so a change is the search seed's choice), each inside the claim's family (its
+  other columns as in the table, Holm over them all), and the claim's verdict either way.
+
+  Args:
+    data: the results bundle.
+    table: the held-out-domain table.
+    alt: the grid of seeds at the other search seed's winners.
+    st: `collect.report_settings`.
+    names: display names.
+    baseline: the baseline method.
+    m: the claim's method.
+
+  Returns:
+    One line per column of `alt` where the method and the baseline are usable under both sets
+    of winners.
+  """
+  margin, lines = st["margin"], []
+  seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
+  cols = [c for c in table.columns if c[1] is not None
+          and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
+  for col, _, _, other, _, _ in _other_winners(data, table, alt, st):
+    if col not in cols or not (_usable(other.cells.get((m, col))) and _usable(other.cells.get((baseline, col)))):
+      continue
+    out = {}
+    for key, tab in (("table", table), ("other", other)):
+      pairs = [(_on_seeds(tab.cells[(m, c)], seeds), _on_seeds(tab.cells[(baseline, c)], seeds)) if c == col
+               else (table.cells[(m, c)].by_seed, table.cells[(baseline, c)].by_seed) for c in cols]
+      res = stats.against_baseline(pairs, margin=margin)
+      out[key] = (res[cols.index(col)], stats.verdict_powered([r["outcome"] for r in res], "better", margin))
+    word = lambda r: CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")  # noqa: E731
+    lines.append(f"{collect.column_label(col)} under the other search seed's winners (grid `{alt}`, 'Selection "
+                 f"variance'), on seeds {_seed_range(seeds)} under both, the claim's other columns as above: "
+                 f"{word(out['table'][0])} at the table's winners ({stats.fmt_powered(out['table'][0])}), "
+                 f"{word(out['other'][0])} at the other's ({stats.fmt_powered(out['other'][0])}); the claim: "
+                 f"{out['table'][1]} at the table's winners, {out['other'][1]} at the other's")
   return lines
 
 
@@ -1636,6 +1736,13 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "are paired by seed the same way, the remark's comparisons one Holm family with the same four outcomes "
       "('degrades' where the first cell is higher); it holds where more than half of its testable comparisons "
       "degrade, does not hold where more than half decide against it, and is inconclusive otherwise."]
+  alt = r.get("selection_table_grid", "")
+  if alt and alt in sweep.grids:
+    method.append(f"Search seed. Where grid `{alt}` ran the table's seeds at the other search seed's winners "
+                  "('Selection variance'), remark 4.1 and each method paper's claim are read again in its columns, "
+                  "on its seeds, under both sets of winners (the table's cells restricted to those seeds, so that a "
+                  "change is the search seed's choice and not fewer seeds): a verdict that changes rests on which "
+                  "search seed chose the hyperparameters.")
   if "4.8" in across:
     method.append("Remark 4.8 pairs each series' best interior schedule with both ends by seed, the two "
                   "comparisons one Holm family at 0.05 divided by the interior schedules the best was picked from, "
@@ -1653,10 +1760,12 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
     return [_headline(title, v), "", _bullets(lines), ""] + ([theirs, ""] if theirs else [])
 
   if table is not None:
+    v41, lines41 = remark_4_1(table, baseline, names, margin)
+    lines41 = lines41 + (remark_4_1_other_winners(data, table, alt, st, names, baseline) if alt else [])
     md += section("Remark 4.1, FedAvg-ERM is a strong baseline (in each column, no method above it by the "
                   "margin or more: one-sided paired tests, the intersection-union test; refuted by a method shown "
                   "more than the margin above it)",
-                  remark_4_1(table, baseline, names, margin), reference.remark_4_1(bai, COLUMN_LABELS, margin))
+                  (v41, lines41), reference.remark_4_1(bai, COLUMN_LABELS, margin))
     if any(c[0] == 1 for c in table.columns):
       steps = local_steps_per_round(data, st["table_grid"])
       fewer = sorted(C for C in steps if C > 1 and 1 in steps and steps[C][1] < steps[1][1])
@@ -1690,5 +1799,6 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                   remark_4_8(rows, names, margin), reference.figure_only("Fig. 3"))
   if table is not None:
     for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):
+      lines = lines + (claim_other_winners(data, table, alt, st, names, baseline, m) if alt else [])
       md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
   return md
