@@ -751,11 +751,11 @@ def test_remarks_4_2_4_7_and_4_8_from_the_results_file(folder):
   verdict, body = section_of(folder, "Remark 4.2, DG methods degrade in FL")
   if verdict is not None:
     fam, fam_base = ([], []), ([], [])
-    for line in body.splitlines():
+    for line in body.splitlines():  # one comparison a line
       who, rest = line[2:].split(": C=1 ", 1)
       m = who.removesuffix(" (the baseline, for comparison)")
-      cen, *parts = rest.split("; ")
-      assert cen == point_text(values[(m, "C=1 (centralised)")]), (folder, line)
+      cen, *parts = rest.split(" vs ")
+      assert cen == point_text(values[(m, "C=1 (centralised)")]) and len(parts) == 1, (folder, line)
       for part in parts:
         g = re.fullmatch(rf"(C=\d+, λ=[\d.]+) ({CELL}): (.+?) \(((?:paired|welch) .+|untestable)\)", part)
         assert g and g.group(2) == point_text(values[(m, g.group(1))]), (folder, part)

@@ -381,16 +381,14 @@ def remark_4_2_federated(table: collect.Table, methods, baseline: str, names: di
   if baseline in comps:
     res.update(zip([(baseline, col) for col, _, _ in comps[baseline]],
                    stats.against_baseline([(cen.by_seed, c.by_seed) for _, cen, c in comps[baseline]], margin=margin)))
-  lines = []
+  lines = []  # one comparison a line
   for m, v in comps.items():
-    parts = []
+    ref = " (the baseline, for comparison)" if m == baseline else ""
     for col, cen, c in v:
       r = res[(m, col)]
       word = REMARK_4_2_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")
-      parts.append(f"{collect.column_label(col)} {collect.format_cell(c, 3)}: {word} ({stats.fmt_powered(r)})")
-    ref = " (the baseline, for comparison)" if m == baseline else ""
-    lines.append(f"{names.get(m, m)}{ref}: C=1 {collect.format_cell(table.cells[(m, (1, None))], 3)}; "
-                 + "; ".join(parts))
+      lines.append(f"{names.get(m, m)}{ref}: C=1 {collect.format_cell(cen, 3)} vs {collect.column_label(col)} "
+                   f"{collect.format_cell(c, 3)}: {word} ({stats.fmt_powered(r)})")
   outcomes = [res[(m, col)]["outcome"] for m, col, _, _ in family]
   return stats.verdict_most_powered(outcomes, "better", margin, _remark_4_2_labels(margin)), lines
 
