@@ -439,7 +439,7 @@ COLUMN_LABELS = {"supports": ("column with no method the margin or more above it
                                   "above")}
 
 
-OTHER = " under the other search seed's winners "  # the reading's lines at the other search seed's winners
+OTHER = "'Selection variance'), both on seeds "  # the reading's lines at the other search seed's winners
 
 
 def seed_range(seeds):
@@ -450,94 +450,129 @@ def seed_range(seeds):
   return ", ".join(map(str, seeds))
 
 
-def other_winner_cells(sweep, docs):
-  """(grid, seeds, {(label, column): {seed: score}}, {(label, column): seeds asked}) of the
-  sweep's grid at the other search seed's winners (`report.selection_table_grid`), or None."""
+def winner_source(sweep, grid):
+  """Whose winners a seeds grid ran at, read from the sweep config: one search seed's (its
+  `select_seeds`, or a search grid of one seed), else the mean over the search's seeds."""
+  g = sweep["grids"][grid]
+  seeds = sorted(int(s) for s in (g.get("select_seeds") or sweep["grids"][g["select_from"]]["seeds"]))
+  return (f"search seed {seeds[0]}'s winners" if len(seeds) == 1
+          else f"the winners by the mean over search seeds {', '.join(map(str, seeds))}")
+
+
+def row_labels(sweep):
+  """The table's method labels in its row order (the sweep's groups, then the rest)."""
+  display = sweep["table"]["display"]
+  methods = list(sweep["grids"][sweep["table"]["grid"]]["methods"])
+  order = [m for _, ms in sweep["table"].get("groups", ()) for m in ms if m in methods]
+  return [display.get(m, m) for m in dict.fromkeys(order + methods)]
+
+
+def other_winner_setup(sweep, docs, scores):
+  """The grid at the other search seed's winners (`report.selection_table_grid`) as the
+  reading compares it, or None: (grid, seeds, head of a line per column, and per column whose
+  baseline has scores under both sets of winners: (methods of the grid there but the
+  baseline, those with scores under both, and for each of these its (method, baseline)
+  {seed: score} pairs under the table's and the other winners on the seeds where all four
+  runs finished))."""
   alt = sweep.get("report", {}).get("selection_table_grid", "")
   if not alt or alt not in sweep["grids"]:
     return None
-  scores, asked = grid_cells(sweep, docs, alt, "heldout_domain")
-  return alt, sorted(int(x) for x in sweep["grids"][alt]["seeds"]), scores, asked
-
-
-def column_verdict_by_hand(pairs, res):
-  """Remark 4.1 in one column from its comparisons ({seed: score} pairs, `family_by_hand`'s
-  results): a method shown more than the margin above the baseline (one-sided, Holm over the
-  column) is "against"; an untestable method or none makes "cannot tell"; every method's
-  one-sided test of the margin or more above rejecting at 0.05 "supports"; else
-  "inconclusive"."""
-  testable = [i for i, r in enumerate(res) if r[0] != "cannot tell"]
-  adj = holm_by_hand({i: beyond_margin_by_hand(*pairs[i]) for i in testable})
-  if any(p < 0.05 for p in adj.values()):
-    return "against"
-  if not res or len(testable) < len(res):
-    return "cannot tell"
-  return "supports" if all(non_superiority_by_hand(*pairs[i])[0] < 0.05 for i in testable) else "inconclusive"
+  alt_scores, asked = grid_cells(sweep, docs, alt, "heldout_domain")
+  seeds = sorted(int(x) for x in sweep["grids"][alt]["seeds"])
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  head = lambda col: (f"- {col}: {winner_source(sweep, sweep['table']['grid'])} against {winner_source(sweep, alt)} "  # noqa: E731
+                      f"(grid `{alt}`, {OTHER}{seed_range(seeds)} (each comparison on the seeds where its runs "
+                      "finished under both)")
+  cols = {}
+  for col in sorted({c for _, c in asked}):
+    if not (scores.get((baseline, col)) and alt_scores.get((baseline, col))):
+      continue
+    rest = sorted((lab for lab, c in asked if c == col and lab != baseline), key=row_labels(sweep).index)
+    ok = [lab for lab in rest if scores.get((lab, col)) and alt_scores.get((lab, col))]
+    pairs = {"table": [], "other": []}
+    for lab in ok:
+      common = set(seeds)
+      for sc in (scores, alt_scores):
+        common &= set(sc[(lab, col)]) & set(sc[(baseline, col)])
+      for key, sc in (("table", scores), ("other", alt_scores)):
+        pairs[key].append(({k: sc[(lab, col)][k] for k in common}, {k: sc[(baseline, col)][k] for k in common}))
+    cols[col] = (rest, ok, pairs)
+  return alt, seeds, head, cols
 
 
 def check_remark_4_1_other_winners(sweep, docs, scores, lines, folder):
   """Remark 4.1's lines at the other search seed's winners: per column of that grid with the
-  baseline's cell under both sets of winners, the column's verdict under each on the grid's
-  seeds (the table's cells restricted to them) and the methods whose outcome changes."""
-  setup = other_winner_cells(sweep, docs)
+  baseline's cell under both sets of winners, the column's verdict under each on the same
+  seeds (the beyond-margin tests one Holm family over every column of the remark, this
+  column's comparisons in place of the table's) and the methods whose outcome changes among
+  those testable under both."""
+  setup = other_winner_setup(sweep, docs, scores)
   if setup is None:
     assert not lines, folder
     return
-  alt, seeds, alt_scores, asked = setup
+  _, _, head, cols = setup
   baseline = sweep["table"]["display"].get("fedavg", "fedavg")
-  on = lambda d: {k: v for k, v in d.items() if k in seeds}  # noqa: E731
-  cols = {c for _, c in asked if scores.get((baseline, c)) and alt_scores.get((baseline, c))}
-  assert sorted(l[2:].split(OTHER, 1)[0] for l in lines) == sorted(cols), (folder, lines)
-  words = {"supports": "supports it", "against": "against it", "inconclusive": "inconclusive",
+  assert sorted(l[2:].split(":", 1)[0] for l in lines) == sorted(cols), (folder, lines)
+  # The remark's own families: every column with a baseline cell, its other methods' cells.
+  remark = {}
+  for c in {c for lab, c in scores if lab == baseline and scores[(lab, c)]}:
+    remark[c] = [(v, scores[(baseline, c)]) for (lab, c2), v in scores.items() if c2 == c and lab != baseline and v]
+  words = {"supports": "supports the remark", "against": "against the remark", "inconclusive": "inconclusive",
            "cannot tell": "cannot tell"}
   for line in lines:
-    col = line[2:].split(OTHER, 1)[0]
-    rest = [lab for lab, c in asked if c == col and lab != baseline]
-    ok = [lab for lab in rest if scores.get((lab, col)) and alt_scores.get((lab, col))]
-    out = {}
-    for key, sc in (("table", scores), ("other", alt_scores)):
-      pairs = [(on(sc[(lab, col)]), on(sc[(baseline, col)])) for lab in ok]
-      res = family_by_hand(pairs)
-      out[key] = (column_verdict_by_hand(pairs, res), [r[0] for r in res])
-    flips = {f"{lab} {a} → {b}" for lab, a, b in zip(ok, out["table"][1], out["other"][1]) if a != b}
-    head = (f"- {col}{OTHER}(grid `{alt}`, 'Selection variance'), on seeds {seed_range(seeds)} under both, the column's verdict: "
-            f"{words[out['table'][0]]} at the table's winners, {words[out['other'][0]]} at the other's (each the "
-            "column's methods one family as above, the beyond-margin tests Holm over this column alone); "
-            f"{len(flips)} of {len(ok)} outcomes against {baseline} change")
-    assert line.startswith(head), (folder, line, head)
-    tail = line[len(head):]
-    short = [lab for lab in rest if lab not in ok]
-    end = f" ({', '.join(short)} left out: no usable cell under one set of winners)" if short else ""
-    assert tail.endswith(end), (folder, line)
-    listed = tail[:len(tail) - len(end)]
-    assert (set(listed[2:].split(", ")) if listed else set()) == flips and listed[:2] in ("", ": "), (folder, line)
+    col = line[2:].split(":", 1)[0]
+    rest, ok, pairs = cols[col]
+    verdict, outs = {}, {}
+    for key in ("table", "other"):
+      fams = {**remark, col: pairs[key]}
+      res = {c: family_by_hand(p) for c, p in fams.items()}
+      beyond = holm_by_hand({(c, i): beyond_margin_by_hand(*fams[c][i]) for c in fams for i, r in enumerate(res[c])
+                             if r[0] != "cannot tell"})
+      mine = res[col]
+      if any(p < 0.05 for (c, _), p in beyond.items() if c == col):
+        verdict[key] = "against"
+      elif not mine or any(r[0] == "cannot tell" for r in mine):
+        verdict[key] = "cannot tell"
+      else:
+        verdict[key] = ("supports" if all(non_superiority_by_hand(*p)[0] < 0.05 for p in pairs[key])
+                        else "inconclusive")
+      outs[key] = [r[0] for r in mine]
+    both = [(lab, a, b) for lab, a, b in zip(ok, outs["table"], outs["other"]) if "cannot tell" not in (a, b)]
+    flips = [f"{lab} {a} → {b}" for lab, a, b in both if a != b]
+    short = [lab for lab in rest if lab not in {x[0] for x in both}]
+    want = (head(col) + f": the column's verdict {words[verdict['table']]} → {words[verdict['other']]} (the "
+            "beyond-margin tests Holm over the remark's columns, this one's on those seeds); "
+            f"{len(flips)} of {len(both)} outcomes against {baseline} change"
+            + (": " + ", ".join(flips) if flips else "")
+            + (f" ({', '.join(short)} left out: untestable under at least one set of winners)" if short else ""))
+    assert line == want, (folder, line, want)
 
 
 def check_claim_other_winners(sweep, docs, scores, method, cols, lines, words, folder):
   """A method paper's claim at the other search seed's winners: in each column of that grid
   where the method and the baseline have cells under both sets of winners, the method
-  against the baseline on the grid's seeds inside the claim's family (its other columns as in
+  against the baseline on the same seeds inside the claim's family (its other columns as in
   the table), under the table's winners and the other's, and the claim's verdict either way."""
-  setup = other_winner_cells(sweep, docs)
+  setup = other_winner_setup(sweep, docs, scores)
   if setup is None:
     assert not lines, folder
     return
-  alt, seeds, alt_scores, asked = setup
+  alt, _, head, alt_cols = setup
   baseline = sweep["table"]["display"].get("fedavg", "fedavg")
-  on = lambda d: {k: v for k, v in d.items() if k in seeds}  # noqa: E731
+  src_t, src_o = winner_source(sweep, sweep["table"]["grid"]), winner_source(sweep, alt)
   want = []
   for col in cols:
-    if (method, col) not in asked or not (alt_scores.get((method, col)) and alt_scores.get((baseline, col))):
+    if col not in alt_cols or method not in alt_cols[col][1]:
       continue
+    i = alt_cols[col][1].index(method)
     out = {}
-    for key, sc in (("table", scores), ("other", alt_scores)):
-      res = family_by_hand([(on(sc[(method, c)]), on(sc[(baseline, c)])) if c == col
-                            else (scores[(method, c)], scores[(baseline, c)]) for c in cols])
+    for key in ("table", "other"):
+      res = family_by_hand([alt_cols[col][2][key][i] if c == col else (scores[(method, c)], scores[(baseline, c)])
+                            for c in cols])
       out[key] = (res[cols.index(col)], verdict_powered([r[0] for r in res]))
-    want.append(f"- {col}{OTHER}(grid `{alt}`, 'Selection variance'), on seeds {seed_range(seeds)} under both, the "
-                f"claim's other columns as above: {words[out['table'][0][0]]} at the table's winners "
-                f"({out['table'][0][1]}), {words[out['other'][0][0]]} at the other's ({out['other'][0][1]}); the "
-                f"claim: {out['table'][1]} at the table's winners, {out['other'][1]} at the other's")
+    want.append(head(col) + f", the claim's other columns as above: {words[out['table'][0][0]]} at {src_t} "
+                f"({out['table'][0][1]}), {words[out['other'][0][0]]} at {src_o} ({out['other'][0][1]}); the claim "
+                f"with this column on those seeds: {out['table'][1]} at {src_t}, {out['other'][1]} at {src_o}")
   assert lines == want, (folder, method, lines, want)
 
 

@@ -1281,14 +1281,74 @@ def _other_winners(data, table: collect.Table, alt: str, st: dict) -> list[tuple
   return out
 
 
+def _winner_source(sweep, grid: str) -> str:
+  """Whose winners a seeds grid runs at, in words: "search seed 100's winners" where one
+  search seed chose them (the grid's `select_seeds`, or a search grid of one seed), else
+  "the winners by the mean over search seeds 0, 100"."""
+  g = sweep.grids[grid]
+  src = g.get("select_from", "")
+  seeds = tuple(g.get("select_seeds", ()) or (sweep.grids[src].get("seeds", ()) if src in sweep.grids else ()))
+  seeds = sorted(int(s) for s in seeds)
+  if len(seeds) == 1:
+    return f"search seed {seeds[0]}'s winners"
+  return f"the winners by the mean over search seeds {', '.join(map(str, seeds))}"
+
+
+def _on_seeds(c, seeds) -> dict:
+  """A cell's {seed: score} on `seeds` only."""
+  return {k: v for k, v in c.by_seed.items() if k in seeds}
+
+
+def _other_winner_families(data, table: collect.Table, alt: str, st: dict, baseline: str) -> list[dict]:
+  """Remark 4.1's comparisons in each column of grid `alt` under both sets of winners, on the
+  same runs' seeds: per column whose baseline cell is usable under both, a dict with `col`,
+  `other` (the table `alt` makes), `rest` (the column's other methods `alt` ran, in the
+  table's order), `ok` (those usable under both), `pairs` and `res` ({"table", "other"}: per
+  method of `ok`, its ({seed: score}, baseline's {seed: score}) on the seeds of `alt` where
+  all four runs finished, the method's and the baseline's under both sets of winners, so a
+  change is the search seed's choice and not fewer seeds; and `stats.against_baseline` over
+  them, Holm over the column), `flips` ((method, table outcome, other outcome) where both are
+  testable and differ), `tested` (their number) and `short` (the methods of `rest` left out:
+  untestable under at least one set of winners)."""
+  out = []
+  seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
+  for col, methods, _, other, _, _ in _other_winners(data, table, alt, st):
+    if not (_usable(table.cells.get((baseline, col))) and _usable(other.cells.get((baseline, col)))):
+      continue
+    rest = [m for _, m, _ in table.rows if m != baseline and m in methods]
+    ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
+    pairs = {"table": [], "other": []}
+    for m in ok:
+      common = set(seeds)
+      for tab in (table, other):
+        common &= set(tab.cells[(m, col)].by_seed) & set(tab.cells[(baseline, col)].by_seed)
+      for key, tab in (("table", table), ("other", other)):
+        pairs[key].append((_on_seeds(tab.cells[(m, col)], common), _on_seeds(tab.cells[(baseline, col)], common)))
+    res = {key: stats.against_baseline(pairs[key], margin=st["margin"]) for key in pairs}
+    both = [(m, a["outcome"], b["outcome"]) for m, a, b in zip(ok, res["table"], res["other"])
+            if "cannot tell" not in (a["outcome"], b["outcome"])]
+    out.append({"col": col, "other": other, "rest": rest, "ok": ok, "pairs": pairs, "res": res,
+                "flips": [x for x in both if x[1] != x[2]], "tested": len(both),
+                "short": [m for m in rest if m not in {x[0] for x in both}]})
+  return out
+
+
+def _flips_text(f: dict, names: dict, baseline: str) -> str:
+  """"k of n outcomes against FedAvg-ERM change: IRM better → worse (Fish left out: ...)"."""
+  return (f"{len(f['flips'])} of {f['tested']} outcomes against {names.get(baseline, baseline)} change"
+          + (": " + ", ".join(f"{names.get(m, m)} {a} → {b}" for m, a, b in f["flips"]) if f["flips"] else "")
+          + (f" ({', '.join(names.get(m, m) for m in f['short'])} left out: untestable under at least one set of "
+             "winners)" if f["short"] else ""))
+
+
 def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str) -> list[str]:
   """What the cells read under another search seed's winners, one line per column of grid
   `alt`, which runs seeds at the trials one search seed alone chose (`select_seeds`) where the
   table runs them at the trials its search chose: how many cells ran at another trial (each
   against the table's cell in `other_winner_table`), and each method against the baseline
-  under either set of winners (`stats.against_baseline`, each comparison paired on the seeds
-  its cells share, Holm over the column, as remark 4.1), naming the outcomes that change and
-  the methods left out for want of a usable cell.
+  under either set of winners on the same seeds (`_other_winner_families`: the seeds of `alt`
+  where the method's and the baseline's runs finished under both; paired, Holm over the
+  column, as remark 4.1), naming the outcomes that change and the methods left out.
 
   Args:
     data: the results bundle.
@@ -1301,57 +1361,41 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
   Returns:
     One line per column of `alt`; [] where it has no finished run.
   """
-  margin = st["margin"]
+  fams = {f["col"]: f for f in _other_winner_families(data, table, alt, st, baseline)}
   lines = []
-  for col, methods, changed, other, _, _ in _other_winners(data, table, alt, st):
+  for col, methods, changed, _, _, _ in _other_winners(data, table, alt, st):
     seeds = sorted(int(x) for x in data.sweep.grids[alt].seeds)
-    text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at the other search seed's "
-            f"winners; {len(changed)} of {len(methods)} cells ran at another trial than the table's")
-    base_t, base_o = table.cells.get((baseline, col)), other.cells.get((baseline, col))
-    if _usable(base_t) and _usable(base_o):
-      flips = []
-      rest = [m for m in methods if m != baseline]
-      ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
-      short = [m for m in rest if m not in ok]
-      on = set(seeds)  # both sets of winners on the same seeds: a change is the choice, not fewer seeds
-      fams = {key: stats.against_baseline([(_on_seeds(tab.cells[(m, col)], on),
-                                            _on_seeds(tab.cells[(baseline, col)], on)) for m in ok], margin=margin)
-              for key, tab in (("table", table), ("other", other))}
-      tested = 0
-      for m, a, b in zip(ok, fams["table"], fams["other"]):
-        if "cannot tell" in (a["outcome"], b["outcome"]):
-          short.append(m)
-          continue
-        tested += 1
-        if a["outcome"] != b["outcome"]:
-          flips.append(f"{names.get(m, m)} {a['outcome']} → {b['outcome']}")
-      text += (f"; against {names.get(baseline, baseline)} on seeds {_seed_range(seeds)} under both sets of "
-               "winners (paired, Holm over the column, as remark 4.1), "
-               f"{len(flips)} of {tested} outcomes change under the other winners"
-               + (": " + ", ".join(flips) if flips else "")
-               + (f" ({', '.join(names.get(m, m) for m in short)} left out: fewer than two usable seeds under "
-                  "either set of winners)" if short else ""))
+    text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at "
+            f"{_winner_source(data.sweep, alt)}; {len(changed)} of {len(methods)} cells ran at another trial than "
+            "the table's")
+    if col in fams:
+      text += (f"; on the seeds both sets of winners ran (paired, Holm over the column, as remark 4.1), "
+               + _flips_text(fams[col], names, baseline))
     lines.append(text)
   return lines
 
 
-def _on_seeds(c, seeds) -> dict:
-  """A cell's {seed: score} on `seeds` only."""
-  return {k: v for k, v in c.by_seed.items() if k in seeds}
+COLUMN_VERDICT_WORDS = {"supports": "supports the remark", "against": "against the remark",
+                        "inconclusive": "inconclusive", "cannot tell": "cannot tell"}
 
 
-COLUMN_VERDICT_WORDS = {"supports": "supports it", "against": "against it", "inconclusive": "inconclusive",
-                        "cannot tell": "cannot tell"}
+def _other_winner_head(data, col, alt: str, st: dict) -> str:
+  """"C=20, λ=1: search seed 0's winners against search seed 100's winners (grid `table_alt`,
+  'Selection variance'), both on seeds 1-10 (each comparison on the seeds where its runs
+  finished under both)"."""
+  seeds = sorted(int(x) for x in data.sweep.grids[alt].seeds)
+  return (f"{collect.column_label(col)}: {_winner_source(data.sweep, st['table_grid'])} against "
+          f"{_winner_source(data.sweep, alt)} (grid `{alt}`, 'Selection variance'), both on seeds "
+          f"{_seed_range(seeds)} (each comparison on the seeds where its runs finished under both)")
 
 
 def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str
                              ) -> list[str]:
-  """Remark 4.1 in each column of grid `alt` under both sets of winners, on the seeds `alt`
-  ran (the table's cells restricted to them, so both verdicts rest on as many seeds and a
-  change is the search seed's choice, not fewer seeds): the column's methods usable under
-  both one family (`stats.against_baseline`, paired, Holm over them), the column verdict as
-  `remark_4_1`'s (`_column_verdict`, the beyond-margin tests Holm over this column alone),
-  and the methods whose outcome against the baseline changes.
+  """Remark 4.1 in each column of grid `alt` under both sets of winners, on the same seeds
+  (`_other_winner_families`, so a change is the search seed's choice and not fewer seeds): the
+  column's verdict under each, by `remark_4_1`'s rule (`_column_verdict`; the beyond-margin
+  tests one Holm family over the remark's columns, as there, with this column's comparisons
+  in place of the table's), and the methods whose outcome against the baseline changes.
 
   Args:
     data: the results bundle.
@@ -1365,38 +1409,25 @@ def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, nam
     One line per column of `alt` with a usable baseline cell under both sets of winners.
   """
   margin, lines = st["margin"], []
-  seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
-  for col, methods, _, other, _, _ in _other_winners(data, table, alt, st):
-    if not (_usable(table.cells.get((baseline, col))) and _usable(other.cells.get((baseline, col)))):
-      continue
-    rest = [m for _, m, _ in table.rows if m != baseline and m in methods]
-    ok = [m for m in rest if _usable(table.cells.get((m, col))) and _usable(other.cells.get((m, col)))]
-    out = {}
-    for key, tab in (("table", table), ("other", other)):
-      res = stats.against_baseline([(_on_seeds(tab.cells[(m, col)], seeds), _on_seeds(tab.cells[(baseline, col)], seeds))
-                                    for m in ok], margin=margin)
-      out[key] = (_column_verdict(res, _beyond_margin({col: (None, None, res)}, margin)[col], margin), res)
-    flips = [f"{names.get(m, m)} {a['outcome']} → {b['outcome']}"
-             for m, a, b in zip(ok, out["table"][1], out["other"][1]) if a["outcome"] != b["outcome"]]
-    short = [m for m in rest if m not in ok]
-    lines.append(f"{collect.column_label(col)} under the other search seed's winners (grid `{alt}`, 'Selection "
-                 f"variance'), on seeds {_seed_range(seeds)} under both, the column's verdict: {COLUMN_VERDICT_WORDS[out['table'][0]]} at "
-                 f"the table's winners, {COLUMN_VERDICT_WORDS[out['other'][0]]} at the other's (each the column's "
-                 "methods one family as above, the beyond-margin tests Holm over this column alone); "
-                 f"{len(flips)} of {len(ok)} outcomes against {names.get(baseline, baseline)} change"
-                 + (": " + ", ".join(flips) if flips else "")
-                 + (f" ({', '.join(names.get(m, m) for m in short)} left out: no usable cell under one set of "
-                    "winners)" if short else ""))
+  fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
+  for f in _other_winner_families(data, table, alt, st, baseline):
+    verdict = {}
+    for key in ("table", "other"):
+      swapped = {**fams, f["col"]: (None, None, f["res"][key])}
+      verdict[key] = _column_verdict(f["res"][key], _beyond_margin(swapped, margin)[f["col"]], margin)
+    lines.append(_other_winner_head(data, f["col"], alt, st)
+                 + f": the column's verdict {COLUMN_VERDICT_WORDS[verdict['table']]} → "
+                 f"{COLUMN_VERDICT_WORDS[verdict['other']]} (the beyond-margin tests Holm over the remark's "
+                 "columns, this one's on those seeds); " + _flips_text(f, names, baseline))
   return lines
 
 
 def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str, m: str
                         ) -> list[str]:
-  """A method paper's claim (`seed_paper_claims`) with one column of grid `alt` taken at the
-  other search seed's winners: in that column the method against the baseline on the seeds
-  `alt` ran, under the table's winners and under the other's (the table's cells restricted to
-  those seeds, so a change is the search seed's choice), each inside the claim's family (its
-  other columns as in the table, Holm over them all), and the claim's verdict either way.
+  """A method paper's claim (`seed_paper_claims`) with one column of grid `alt` taken under
+  both sets of winners, on the same seeds (`_other_winner_families`): the method against the
+  baseline there under each, inside the claim's family (its other columns as in the table,
+  Holm over them all), and the claim's verdict either way.
 
   Args:
     data: the results bundle.
@@ -1412,24 +1443,24 @@ def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: d
     of winners.
   """
   margin, lines = st["margin"], []
-  seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
   cols = [c for c in table.columns if c[1] is not None
           and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
-  for col, _, _, other, _, _ in _other_winners(data, table, alt, st):
-    if col not in cols or not (_usable(other.cells.get((m, col))) and _usable(other.cells.get((baseline, col)))):
+  src_t, src_o = _winner_source(data.sweep, st["table_grid"]), _winner_source(data.sweep, alt)
+  for f in _other_winner_families(data, table, alt, st, baseline):
+    col = f["col"]
+    if col not in cols or m not in f["ok"]:
       continue
     out = {}
-    for key, tab in (("table", table), ("other", other)):
-      pairs = [(_on_seeds(tab.cells[(m, c)], seeds), _on_seeds(tab.cells[(baseline, c)], seeds)) if c == col
+    for key in ("table", "other"):
+      pairs = [f["pairs"][key][f["ok"].index(m)] if c == col
                else (table.cells[(m, c)].by_seed, table.cells[(baseline, c)].by_seed) for c in cols]
       res = stats.against_baseline(pairs, margin=margin)
       out[key] = (res[cols.index(col)], stats.verdict_powered([r["outcome"] for r in res], "better", margin))
     word = lambda r: CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")  # noqa: E731
-    lines.append(f"{collect.column_label(col)} under the other search seed's winners (grid `{alt}`, 'Selection "
-                 f"variance'), on seeds {_seed_range(seeds)} under both, the claim's other columns as above: "
-                 f"{word(out['table'][0])} at the table's winners ({stats.fmt_powered(out['table'][0])}), "
-                 f"{word(out['other'][0])} at the other's ({stats.fmt_powered(out['other'][0])}); the claim: "
-                 f"{out['table'][1]} at the table's winners, {out['other'][1]} at the other's")
+    lines.append(_other_winner_head(data, col, alt, st) + ", the claim's other columns as above: "
+                 f"{word(out['table'][0])} at {src_t} ({stats.fmt_powered(out['table'][0])}), "
+                 f"{word(out['other'][0])} at {src_o} ({stats.fmt_powered(out['other'][0])}); the claim with this "
+                 f"column on those seeds: {out['table'][1]} at {src_t}, {out['other'][1]} at {src_o}")
   return lines
 
 
@@ -1439,10 +1470,12 @@ OTHER_WINNER_WORDS = {"better": "above", "worse": "below", "inconclusive": "inco
 
 def other_winner_table(data, table: collect.Table, alt: str, st: dict, names: dict) -> str:
   """Each cell grid `alt` ran at another trial than the table's, against the table's cell on
-  the seeds both hold (`_other_winners`): the trials, both means over those seeds, the paired
-  difference (other winner minus table), its p and Holm p over the column's changed cells,
-  Wilcoxon's Holm p as a check, the outcome in the four words of the reading, and the
-  detectable difference.
+  the seeds both hold (`_other_winners`): the trials, both means over those seeds and their
+  number, the paired difference (other winner minus table), its p and Holm p over the
+  column's changed cells, Wilcoxon's Holm p as a check, the outcome in the four words of the
+  reading, and the detectable difference. Where the two cells share fewer than two seeds
+  (the table's runs failed there) the test is Welch's over all their seeds, and the row says
+  so and gives the cells' own means.
 
   Args:
     data: the results bundle.
@@ -1464,14 +1497,17 @@ def other_winner_table(data, table: collect.Table, alt: str, st: dict, names: di
         rows.append(head + f"{collect.format_cell(b, 3)} | {collect.format_cell(a, 3)} | - | - | - | - | - | "
                     f"{words['cannot tell']} | - |")
         continue
-      common = sorted(set(a.by_seed) & set(b.by_seed))
+      if t["kind"] == "paired":
+        common = sorted(set(a.by_seed) & set(b.by_seed))
+        means = (f"{float(np.mean([b.by_seed[k] for k in common])):.3f} | "
+                 f"{float(np.mean([a.by_seed[k] for k in common])):.3f} | {len(common)}")
+      else:  # fewer than two seeds in common: Welch's test over each cell's own seeds
+        means = f"{b.mean:.3f} | {a.mean:.3f} | Welch, {len(b.values)} and {len(a.values)}"
       check = "-" if r.get("wilcoxon_holm_p") is None else (
           stats.p_text(r["wilcoxon_holm_p"])
           + (" (cannot reach the level)" if r.get("check_unreachable") else " (disagrees)" if r.get("check_disagrees")
              else ""))
-      rows.append(head + f"{float(np.mean([b.by_seed[k] for k in common])):.3f} | "
-                  f"{float(np.mean([a.by_seed[k] for k in common])):.3f} | {len(common)} | {t['diff']:+.3f} ({t['se']:.3f}) | "
-                  f"{stats.p_text(t['p'])} | "
+      rows.append(head + f"{means} | {t['diff']:+.3f} ({t['se']:.3f}) | {stats.p_text(t['p'])} | "
                   f"{stats.p_text(r['holm_p'])} | {check} | {words[r['outcome']]} | "
                   + (f"{r['mdd']:.3f}" if r["mdd"] is not None else "-") + " |")
   if not rows:
@@ -1480,11 +1516,13 @@ def other_winner_table(data, table: collect.Table, alt: str, st: dict, names: di
           "Wilcoxon Holm p | outcome | detectable |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
   return "\n".join(head + rows) + (
       "\n\nEach cell that ran at another trial: the table's cell and the cell at the other search seed's winner, "
-      "their means over the seeds both hold (their number); the difference (other winner minus table) paired by seed with its "
-      "standard error; the paired t-test's p and its Holm adjustment over the column's changed cells, Wilcoxon's "
-      "signed-rank test as a check; the outcome by the reading's rules ('above': the other winner's cell is "
-      "higher); the difference the test finds with 80% power. 'untestable': a cell with fewer than two usable "
-      "seeds, shown as the tables show it.")
+      "their means over the seeds both hold (their number); the difference (other winner minus table) paired by "
+      "seed with its standard error; the paired t-test's p and its Holm adjustment over the column's changed "
+      "cells, Wilcoxon's signed-rank test as a check; the outcome by the reading's rules ('above': the other "
+      "winner's cell is higher); the difference the test finds with 80% power at the family's first Holm level. "
+      "'Welch': the cells share fewer than two seeds, so the test is Welch's over each cell's own seeds (their "
+      "means and numbers shown). 'untestable': a cell with fewer than two usable seeds (X: no finished run; "
+      "marked: its runs equal the baseline or its term did not act), shown as the tables show it.")
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1734,13 +1772,19 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "are paired by seed the same way, the remark's comparisons one Holm family with the same four outcomes "
       "('degrades' where the first cell is higher); it holds where more than half of its testable comparisons "
       "degrade, does not hold where more than half decide against it, and is inconclusive otherwise."]
-  alt = r.get("selection_table_grid", "")
-  if alt and alt in sweep.grids:
-    method.append(f"Search seed. Where grid `{alt}` ran the table's seeds at the other search seed's winners "
-                  "('Selection variance'), remark 4.1 and each method paper's claim are read again in its columns, "
-                  "on its seeds, under both sets of winners (the table's cells restricted to those seeds, so that a "
-                  "change is the search seed's choice and not fewer seeds): a verdict that changes rests on which "
-                  "search seed chose the hyperparameters.")
+  alt = r.get("selection_table_grid", "") if table is not None else ""
+  alt = alt if alt in sweep.grids else ""
+  alt_41 = remark_4_1_other_winners(data, table, alt, st, names, baseline) if alt else []
+  alt_claims = ({m: claim_other_winners(data, table, alt, st, names, baseline, m)
+                 for m, _, _, _ in seed_paper_claims(table, baseline, names, margin)} if alt else {})
+  if alt_41 or any(alt_claims.values()):
+    method.append(f"Search seed. Grid `{alt}` ran the table's seeds {_seed_range(sweep.grids[alt].seeds)} at "
+                  f"{_winner_source(sweep, alt)} where the table ran them at "
+                  f"{_winner_source(sweep, st['table_grid'])} ('Selection variance'): remark 4.1 and each method "
+                  "paper's claim are read again in its columns under both, on the same seeds (each comparison on "
+                  "the seeds where its runs finished under both sets of winners, the table's other seeds left out, "
+                  "so that a change is the search's choice and not fewer seeds); a verdict that changes rests on "
+                  "the seed of the search that chose the hyperparameters.")
   if "4.8" in across:
     method.append("Remark 4.8 pairs each series' best interior schedule with both ends by seed, the two "
                   "comparisons one Holm family at 0.05 divided by the interior schedules the best was picked from, "
@@ -1759,7 +1803,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
 
   if table is not None:
     v41, lines41 = remark_4_1(table, baseline, names, margin)
-    lines41 = lines41 + (remark_4_1_other_winners(data, table, alt, st, names, baseline) if alt else [])
+    lines41 = lines41 + alt_41
     md += section("Remark 4.1, FedAvg-ERM is a strong baseline (in each column, no method above it by the "
                   "margin or more: one-sided paired tests, the intersection-union test; refuted by a method shown "
                   "more than the margin above it)",
@@ -1797,6 +1841,6 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                   remark_4_8(rows, names, margin), reference.figure_only("Fig. 3"))
   if table is not None:
     for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):
-      lines = lines + (claim_other_winners(data, table, alt, st, names, baseline, m) if alt else [])
+      lines = lines + alt_claims.get(m, [])
       md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
   return md
