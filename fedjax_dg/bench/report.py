@@ -1299,7 +1299,8 @@ def _on_seeds(c, seeds) -> dict:
   return {k: v for k, v in c.by_seed.items() if k in seeds}
 
 
-def _other_winner_families(data, table: collect.Table, alt: str, st: dict, baseline: str) -> list[dict]:
+def _other_winner_families(data, table: collect.Table, alt: str, st: dict, baseline: str,
+                           winners: list | None = None) -> list[dict]:
   """Remark 4.1's comparisons in each column of grid `alt` under both sets of winners, on the
   same runs' seeds: per column whose baseline cell is usable under both, a dict with `col`,
   `other` (the table `alt` makes), `rest` (the column's other methods `alt` ran, in the
@@ -1309,10 +1310,11 @@ def _other_winner_families(data, table: collect.Table, alt: str, st: dict, basel
   change is the search seed's choice and not fewer seeds; and `stats.against_baseline` over
   them, Holm over the column), `flips` ((method, table outcome, other outcome) where both are
   testable and differ), `tested` (their number) and `short` (the methods of `rest` left out:
-  untestable under at least one set of winners)."""
+  untestable under at least one set of winners). `winners`: `_other_winners`' result, where
+  the caller has it already."""
   out = []
   seeds = {int(x) for x in data.sweep.grids[alt].seeds} if alt in data.sweep.grids else set()
-  for col, methods, _, other, _, _ in _other_winners(data, table, alt, st):
+  for col, methods, _, other, _, _ in (_other_winners(data, table, alt, st) if winners is None else winners):
     if not (_usable(table.cells.get((baseline, col))) and _usable(other.cells.get((baseline, col)))):
       continue
     rest = [m for _, m, _ in table.rows if m != baseline and m in methods]
@@ -1361,9 +1363,10 @@ def other_winner_lines(data, table: collect.Table, alt: str, st: dict, names: di
   Returns:
     One line per column of `alt`; [] where it has no finished run.
   """
-  fams = {f["col"]: f for f in _other_winner_families(data, table, alt, st, baseline)}
+  winners = _other_winners(data, table, alt, st)
+  fams = {f["col"]: f for f in _other_winner_families(data, table, alt, st, baseline, winners)}
   lines = []
-  for col, methods, changed, _, _, _ in _other_winners(data, table, alt, st):
+  for col, methods, changed, _, _, _ in winners:
     seeds = sorted(int(x) for x in data.sweep.grids[alt].seeds)
     text = (f"{collect.column_label(col)}: grid `{alt}` runs seeds {_seed_range(seeds)} at "
             f"{_winner_source(data.sweep, alt)}; {len(changed)} of {len(methods)} cells ran at another trial than "
@@ -1389,8 +1392,8 @@ def _other_winner_head(data, col, alt: str, st: dict) -> str:
           f"{_seed_range(seeds)} (each comparison on the seeds where its runs finished under both)")
 
 
-def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str
-                             ) -> list[str]:
+def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str,
+                             families: list | None = None) -> list[str]:
   """Remark 4.1 in each column of grid `alt` under both sets of winners, on the same seeds
   (`_other_winner_families`, so a change is the search seed's choice and not fewer seeds): the
   column's verdict under each, by `remark_4_1`'s rule (`_column_verdict`; the beyond-margin
@@ -1404,13 +1407,14 @@ def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, nam
     st: `collect.report_settings`.
     names: display names.
     baseline: the baseline method.
+    families: `_other_winner_families`' result, where the caller has it already.
 
   Returns:
     One line per column of `alt` with a usable baseline cell under both sets of winners.
   """
   margin, lines = st["margin"], []
   fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
-  for f in _other_winner_families(data, table, alt, st, baseline):
+  for f in (_other_winner_families(data, table, alt, st, baseline) if families is None else families):
     verdict = {}
     for key in ("table", "other"):
       swapped = {**fams, f["col"]: (None, None, f["res"][key])}
@@ -1422,8 +1426,8 @@ def remark_4_1_other_winners(data, table: collect.Table, alt: str, st: dict, nam
   return lines
 
 
-def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str, m: str
-                        ) -> list[str]:
+def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: dict, baseline: str, m: str,
+                        families: list | None = None) -> list[str]:
   """A method paper's claim (`seed_paper_claims`) with one column of grid `alt` taken under
   both sets of winners, on the same seeds (`_other_winner_families`): the method against the
   baseline there under each, inside the claim's family (its other columns as in the table,
@@ -1437,6 +1441,7 @@ def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: d
     names: display names.
     baseline: the baseline method.
     m: the claim's method.
+    families: `_other_winner_families`' result, where the caller has it already.
 
   Returns:
     One line per column of `alt` where the method and the baseline are usable under both sets
@@ -1446,7 +1451,7 @@ def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: d
   cols = [c for c in table.columns if c[1] is not None
           and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
   src_t, src_o = _winner_source(data.sweep, st["table_grid"]), _winner_source(data.sweep, alt)
-  for f in _other_winner_families(data, table, alt, st, baseline):
+  for f in (_other_winner_families(data, table, alt, st, baseline) if families is None else families):
     col = f["col"]
     if col not in cols or m not in f["ok"]:
       continue
@@ -1774,9 +1779,11 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "degrade, does not hold where more than half decide against it, and is inconclusive otherwise."]
   alt = r.get("selection_table_grid", "") if table is not None else ""
   alt = alt if alt in sweep.grids else ""
-  alt_41 = remark_4_1_other_winners(data, table, alt, st, names, baseline) if alt else []
-  alt_claims = ({m: claim_other_winners(data, table, alt, st, names, baseline, m)
-                 for m, _, _, _ in seed_paper_claims(table, baseline, names, margin)} if alt else {})
+  claims = seed_paper_claims(table, baseline, names, margin) if table is not None else []
+  families = _other_winner_families(data, table, alt, st, baseline) if alt else []
+  alt_41 = remark_4_1_other_winners(data, table, alt, st, names, baseline, families) if alt else []
+  alt_claims = ({m: claim_other_winners(data, table, alt, st, names, baseline, m, families)
+                 for m, _, _, _ in claims} if alt else {})
   if alt_41 or any(alt_claims.values()):
     method.append(f"Search seed. Grid `{alt}` ran the table's seeds {_seed_range(sweep.grids[alt].seeds)} at "
                   f"{_winner_source(sweep, alt)} where the table ran them at "
@@ -1840,7 +1847,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                   "divided by the interior schedules it was picked from)",
                   remark_4_8(rows, names, margin), reference.figure_only("Fig. 3"))
   if table is not None:
-    for m, claim, v, lines in seed_paper_claims(table, baseline, names, margin):
+    for m, claim, v, lines in claims:
       lines = lines + alt_claims.get(m, [])
       md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
   return md
