@@ -107,7 +107,8 @@ def static_key(config) -> str:
 def run_bytes(config, input_shape=None) -> int:
   """Estimated device bytes one run adds to a batch: its round state (parameters, server and
   client optimizer states), the activations and index arrays of its clients in parallel
-  (`checks.round_memory`, with the strategy resolved as the runner resolves it), and its
+  (`checks.round_memory`, with the strategy resolved as the runner resolves it, on one
+  device where the engine shards the cohort over several), and its
   own copy of the training data (stacked per run when the seeds differ). `input_shape`
   (one example's) is read from the data when not given."""
   from fedjax_dg.engine.round import model_family
@@ -118,10 +119,12 @@ def run_bytes(config, input_shape=None) -> int:
   model = algorithms.model_for(config, build_model(config.model, shape, fold.num_classes))
   num_clients = plan_lib.num_clients_of(config)
   cohort = config_lib.cohort_size(config, num_clients)
-  strategy = plan_lib.resolve_strategy(config, model_family(model, shape))
-  parallel = plan_lib.parallel_clients(strategy, cohort, int(config.engine.chunk_size))
   n_max = math.ceil(len(fold.train) / max(1, num_clients)) * 2
-  m = checks.round_memory(config, model, shape, parallel, plan_lib.local_steps(config.client, n_max))
+  steps = plan_lib.local_steps(config.client, n_max)
+  share = lambda s: plan_lib.parallel_clients(s, cohort, int(config.engine.chunk_size), plan_lib.memory_devices(s))
+  strategy = plan_lib.resolve_strategy(config, model_family(model, shape),
+                                       lambda s: checks.round_fits(config, model, shape, share(s), steps))
+  m = checks.round_memory(config, model, shape, share(strategy), steps)
   clients_state = num_clients * m["params"] * 4 * 2  # persistent client states (e.g. SCAFFOLD's controls)
   data = fold.train.x.nbytes + fold.train.y.nbytes * 3
   return int(m["state"] + m["activations"] + m["indices"] + clients_state + data)

@@ -284,14 +284,14 @@ def _cgroup_limit() -> int | None:
 
 
 def memory_limits() -> list[tuple[int, str]]:
-  """`[(bytes, what)]` of every limit on this process's memory that can be read: the first
-  device's (a GPU's), else the machine's memory; `ulimit -v` (RLIMIT_AS); the cgroup's
+  """`[(bytes, what)]` of every limit on this process's memory that can be read: its first
+  local device's (a GPU's), else the machine's memory; `ulimit -v` (RLIMIT_AS); the cgroup's
   (a container, Slurm's `--mem` under cgroups); Slurm's `SLURM_MEM_PER_NODE`."""
   import jax
   out = []
   stats = None
   try:
-    stats = jax.devices()[0].memory_stats()
+    stats = jax.local_devices()[0].memory_stats()
   except Exception:  # pylint: disable=broad-except  # CPU backends have none
     pass
   if stats and stats.get("bytes_limit"):
@@ -323,16 +323,40 @@ def _available_text(available: int) -> str:
 
 
 def _activations_per_example(model, params_shape, input_shape) -> int:
-  """Elements of every module's output for one example (flax `capture_intermediates`)."""
+  """Elements of every module's output for one example (flax `capture_intermediates`), and,
+  where the convolutions are matrix products (`model.conv_impl = "gemm"`), each one's im2col
+  patches: H' W' kh kw C_in elements for a kernel larger than 1x1 (a 1x1 kernel reads its
+  input as it is)."""
   import jax
   import jax.numpy as jnp
   x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
   try:
     _, inter = jax.eval_shape(lambda p, x: model.module.apply(
         {"params": p}, model._in(x), capture_intermediates=True, mutable=["intermediates"]), params_shape, x)  # pylint: disable=protected-access
-    return int(sum(math.prod(a.shape) for a in jax.tree.leaves(inter)))
   except Exception:  # pylint: disable=broad-except  # a model that does not take the keyword: its input, scaled
     return 64 * math.prod(input_shape)
+  total = int(sum(math.prod(a.shape) for a in jax.tree.leaves(inter)))
+  if getattr(model, "conv_impl", "xla") == "gemm":
+    total += _gemm_patches(inter.get("intermediates", {}), params_shape)
+  return total
+
+
+def _gemm_patches(inter, params) -> int:
+  """Elements of the im2col patches of every convolution in `inter` (a module's captured
+  outputs, nested as its parameters are): a module whose parameters hold a 4-D `kernel`
+  [kh, kw, C_in, C_out] and whose output is [1, H', W', C_out] reads H' W' kh kw C_in."""
+  total = 0
+  kernel = params.get("kernel") if hasattr(params, "get") else None
+  out = inter.get("__call__") if hasattr(inter, "get") else None
+  if kernel is not None and len(kernel.shape) == 4 and out:
+    kh, kw, cin, _ = kernel.shape
+    y = out[0]
+    if kh * kw > 1 and len(y.shape) == 4:
+      total += y.shape[1] * y.shape[2] * kh * kw * cin
+  for name, sub in (inter.items() if hasattr(inter, "items") else ()):
+    if name != "__call__" and hasattr(params, "get") and name in params:
+      total += _gemm_patches(sub, params[name])
+  return total
 
 
 def round_memory(config, model, input_shape, parallel: int, num_steps: int, batch_size: int | None = None) -> dict:
@@ -352,6 +376,18 @@ def round_memory(config, model, input_shape, parallel: int, num_steps: int, batc
           "indices": parallel * num_steps * B * 5}  # int32 indices and a bool mask per step and row
 
 
+def round_fits(config, model, input_shape, parallel: int, num_steps: int, available: int | None = None,
+               batch_size: int | None = None) -> bool:
+  """Whether the round's estimated memory (`round_memory`) fits `available` bytes (None:
+  `device_memory()`); True where the model cannot be traced for an estimate, as
+  `check_memory` lets such a round run."""
+  try:
+    m = round_memory(config, model, input_shape, parallel, num_steps, batch_size)
+  except Exception:  # pylint: disable=broad-except  # no estimate: nothing to refuse
+    return True
+  return m["state"] + m["activations"] + m["indices"] <= (device_memory() if available is None else available)
+
+
 def check_memory(config, model, input_shape, parallel: int, strategy: str, num_steps: int,
                  available: int | None = None, batch_size: int | None = None) -> None:
   """Refuses a round whose estimated memory exceeds the device's, naming the fields.
@@ -360,7 +396,8 @@ def check_memory(config, model, input_shape, parallel: int, strategy: str, num_s
     config: the run's config.
     model: the model the method trains.
     input_shape: one example's shape.
-    parallel: clients trained at the same time (`plan.parallel_clients` of the strategy).
+    parallel: clients one device trains at the same time (`plan.parallel_clients` of the
+      strategy).
     strategy: the resolved execution strategy (for the advice in the message).
     num_steps: local steps per round.
     available: the memory to compare with; None: the least of this process's limits
@@ -389,8 +426,12 @@ def check_memory(config, model, input_shape, parallel: int, strategy: str, num_s
          "indices": (f"{num_steps:,} local steps x batch {B} x {parallel} client(s)",
                      f"{steps}, client.batch_size")}
   worst = max(("state", "activations", "indices"), key=m.get)
-  more = "" if strategy in ("sequential", "host_loop") or parallel == 1 else \
-      " (or fewer clients in parallel: cohort_size, engine.strategy='chunked' or 'sequential')"
+  if strategy in ("sequential", "host_loop") or parallel == 1:
+    more = ""
+  elif strategy == "chunked":
+    more = " (or fewer clients in parallel: engine.chunk_size, or engine.strategy='sequential')"
+  else:
+    more = " (or fewer clients in parallel: cohort_size, engine.strategy='chunked' or 'sequential')"
   raise ConfigError(f"{why[worst][1]}: the round needs about {total / 2 ** 30:.1f} GiB ({why[worst][0]}: "
                     f"{m[worst] / 2 ** 30:.1f} GiB), more than {limit}; "
                     f"lower {why[worst][1]}{more}")

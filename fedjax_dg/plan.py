@@ -40,47 +40,87 @@ from fedjax_dg.errors import ConfigError
 from fedjax_dg.models import build_model
 
 
-def parallel_clients(strategy: str, cohort: int, chunk_size: int) -> int:
-  """How many clients one round trains at the same time under `strategy`.
+def parallel_clients(strategy: str, cohort: int, chunk_size: int, num_devices: int = 1) -> int:
+  """How many clients one round trains at the same time on one device under `strategy`.
 
   Args:
     strategy: a resolved execution strategy (not "auto"): "vmap", "chunked", "sequential",
       "host_loop", or a sharded form of one ("sharded_vmap" counts as "vmap").
     cohort: clients per round.
     chunk_size: `engine.chunk_size`, the clients of one chunk under "chunked".
+    num_devices: the devices the jitted strategies split the cohort over (`memory_devices`):
+      each trains its share, `ceil(cohort / num_devices)`.
 
   Returns:
-    The cohort under `vmap`, at most `chunk_size` under `chunked`, and 1 for the strategies
-    that train one client after another (`sequential`, `host_loop`).
+    A device's share of the cohort under `vmap`, at most `chunk_size` of it under `chunked`,
+    and 1 for the strategies that train one client after another (`sequential`,
+    `host_loop`).
   """
   if strategy == "auto":
     raise ValueError("parallel_clients needs a resolved strategy; resolve 'auto' with resolve_strategy first")
   base = strategy.replace("sharded_", "")
+  share = math.ceil(int(cohort) / max(1, int(num_devices)))
   if base == "vmap":
-    return int(cohort)
+    return int(share)
   if base == "chunked":
-    return int(min(cohort, chunk_size))
+    return int(min(share, chunk_size))
   return 1
 
 
-def resolve_strategy(config, family: str) -> str:
+def memory_devices(strategy: str, backend: str | None = None) -> int:
+  """The devices whose memories hold a round's clients under `strategy`: every device of
+  the run on an accelerator for the jitted strategies (the engine shards the cohort over
+  them), 1 on CPU (its devices share the machine's memory) and for the host loop (one
+  client at a time on each device).
+
+  Args:
+    strategy: a resolved execution strategy.
+    backend: "cpu", "gpu" or "tpu"; None: JAX's default backend.
+
+  Returns:
+    The number of devices.
+  """
+  import jax
+  backend = backend or jax.default_backend()
+  if backend == "cpu" or strategy == "host_loop":
+    return 1
+  return len(jax.devices())
+
+
+def resolve_strategy(config, family: str, fits=None, backend: str | None = None) -> str:
   """`engine.strategy` with "auto" resolved by backend and model family.
 
   Args:
     config: the run's config.
     family: the model family (`engine.round.model_family`): "conv", "gemm_conv" or "dense".
+    fits: `fits(strategy) -> bool`, whether a round under that strategy fits the device's
+      memory; where "auto" would pick `vmap` and it does not fit, "auto" picks `chunked`
+      (chunks of `engine.chunk_size`) if that fits, else `sequential`. None: no memory test.
+    backend: "cpu", "gpu" or "tpu"; None: JAX's default backend.
 
   Returns:
     The strategy the engine runs. Under `jax.distributed` the host loop (one process's
-    devices only) is refused, and "auto" picks "chunked" instead of it.
+    devices only) is refused, and "auto" picks "chunked" instead of it. An explicit
+    strategy is returned as it is (`checks.check_memory` refuses it if it does not fit).
   """
   distributed.check_strategy(config)
   strategy = config.engine.strategy
   if strategy == "auto":
-    strategy = engine_defaults(family).strategy
+    strategy = engine_defaults(family, backend).strategy
     if strategy == "host_loop" and distributed.process_count() > 1:
       strategy = "chunked"
+    if strategy == "vmap" and fits is not None and not fits("vmap"):
+      strategy = "chunked" if fits("chunked") else "sequential"
   return strategy
+
+
+def measured_text(family: str, default: str, strategy: str, backend: str | None = None) -> str:
+  """Where "auto"'s choice comes from (`EngineDefaults.measured`), and why it differs from
+  the measured default `default` when the memory test moved it to `strategy`."""
+  text = engine_defaults(family, backend).measured
+  if strategy != default:
+    text += f"; the cohort under {default} exceeds the device's memory: {strategy}"
+  return text
 
 
 def num_clients_of(config, spec=None) -> int:
@@ -137,7 +177,7 @@ class RunPlan:
     cohort: clients sampled per round.
     strategy: the execution strategy, "auto" resolved.
     auto: whether the config asked for "auto".
-    parallel: clients trained at the same time under `strategy` (`parallel_clients`).
+    parallel: clients one device trains at the same time under `strategy` (`parallel_clients`).
     model_family: "conv", "gemm_conv" or "dense": what `auto` and the unrolling read.
     measured: where the engine default for this backend and family comes from.
     local_steps: local steps per round of the largest client.
@@ -363,9 +403,10 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
     sched = make_schedule(c.batch_size, steps1, 0, n_max, n_min, unroll, augmentation(config, fold),
                           activity=records)
   steps = sched.num_steps
-  strategy = resolve_strategy(config, family)
   e = config.engine
-  parallel = parallel_clients(strategy, cohort, e.chunk_size)
+  share = lambda s: parallel_clients(s, cohort, e.chunk_size, memory_devices(s))  # one device's clients
+  strategy = resolve_strategy(config, family, lambda s: checks.round_fits(config, model, input_shape, share(s), steps))
+  parallel = share(strategy)
   checks.check_memory(config, model, input_shape, parallel, strategy, steps)  # before compiling
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
@@ -373,7 +414,7 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
   later = algorithms.later_stages(ctx)
   plan = RunPlan(method=spec, rule=rule, hp=hp, rule_hp=rule_hp, num_clients=num_clients, cohort=cohort,
                  strategy=strategy, auto=e.strategy == "auto", parallel=parallel, model_family=family,
-                 measured=engine_defaults(family).measured, local_steps=sched.num_steps, unroll=sched.unroll,
+                 measured=measured_text(family, resolve_strategy(config, family), strategy), local_steps=sched.num_steps, unroll=sched.unroll,
                  stages=_stage_plans(config, hp, rounds1, later), eval_every=int(config.eval_every),
                  checkpoint_every=int(config.checkpoint_every))
   make = lambda alg: make_round(alg, num_clients, cohort, strategy, e.chunk_size, dropout=e.get("dropout", 0.0),

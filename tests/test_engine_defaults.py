@@ -22,6 +22,11 @@ def test_family_and_strategy_follow_the_operations_not_the_name(name, shape, fam
   assert default_strategy(model, "cpu", shape) == ("host_loop" if family == "conv" else "sequential")
   # on a GPU (H100, round_speed_gpu.json) convolutions run fastest one client at a time, dense models under vmap
   assert default_strategy(model, "gpu", shape) == ("sequential" if family == "conv" else "vmap")
+  # the same convolutions as matrix products run fastest under vmap on a GPU (results/gpu_h100/, gpu_h200/)
+  if family == "conv":
+    gemm = build_model(ml_collections.ConfigDict({"name": name, "hidden": (8,), "conv_impl": "gemm"}), shape, 3)
+    assert model_family(gemm, shape) == "gemm_conv"
+    assert default_strategy(gemm, "gpu", shape) == "vmap" and default_strategy(gemm, "cpu", shape) == "host_loop"
 
 
 def test_unroll_comes_from_the_same_table():
@@ -60,3 +65,116 @@ def test_the_unrolled_local_loop_gives_the_scan_s_rounds(tiny_config):
   for split, scores in runs[1]["splits"].items():
     for name, value in scores.items():
       assert abs(runs[6]["splits"][split][name] - value) < 1e-5, (split, name)
+
+
+# ----------------------------------------------------------------------------- "auto" and the device's memory
+
+@pytest.mark.parametrize("family,backend,fits,want", [
+    ("gemm_conv", "gpu", {"vmap", "chunked"}, "vmap"),
+    ("gemm_conv", "gpu", {"chunked"}, "chunked"),
+    ("gemm_conv", "gpu", set(), "sequential"),
+    ("dense", "gpu", {"chunked"}, "chunked"),
+    ("dense", "cpu", set(), "sequential"),   # the measured default is not vmap: nothing to move
+    ("conv", "gpu", set(), "sequential"),
+])
+def test_auto_leaves_vmap_for_chunks_then_one_client_when_the_cohort_does_not_fit(tiny_config, family, backend,
+                                                                                  fits, want):
+  from fedjax_dg import plan
+  asked = []
+
+  def fits_fn(strategy):
+    asked.append(strategy)
+    return strategy in fits
+  assert plan.resolve_strategy(tiny_config, family, fits_fn, backend) == want
+  if ENGINE_DEFAULTS[("cpu" if backend == "cpu" else "accelerator", family)].strategy != "vmap":
+    assert asked == []  # only vmap is ever moved
+  for explicit in ("vmap", "chunked"):  # an explicit strategy is kept (check_memory refuses it if need be)
+    tiny_config.engine.strategy = explicit
+    assert plan.resolve_strategy(tiny_config, family, lambda s: False, backend) == explicit
+
+
+def test_parallel_clients_counts_one_device_s_share():
+  from fedjax_dg import plan
+  assert [plan.parallel_clients("vmap", 100, 10, n) for n in (1, 3, 8)] == [100, 34, 13]
+  assert [plan.parallel_clients("chunked", 100, 20, n) for n in (1, 8)] == [20, 13]
+  assert plan.parallel_clients("sequential", 100, 10, 8) == plan.parallel_clients("host_loop", 100, 10) == 1
+  assert plan.memory_devices("vmap", "cpu") == plan.memory_devices("host_loop", "gpu") == 1
+  assert plan.memory_devices("chunked", "gpu") == len(jax.devices())
+
+
+def test_round_fits_is_check_memory_s_test(tiny_config):
+  from fedjax_dg import checks
+  from fedjax_dg.errors import ConfigError
+  shape = (8, 8, 1)
+  model = build_model(tiny_config.model, shape, 10)
+  m = checks.round_memory(tiny_config, model, shape, 8, 4)
+  need = m["state"] + m["activations"] + m["indices"]
+  assert checks.round_fits(tiny_config, model, shape, 8, 4, available=need)
+  checks.check_memory(tiny_config, model, shape, 8, "vmap", 4, available=need)
+  assert not checks.round_fits(tiny_config, model, shape, 8, 4, available=need - 1)
+  with pytest.raises(ConfigError, match="engine.strategy='chunked'"):
+    checks.check_memory(tiny_config, model, shape, 8, "vmap", 4, available=need - 1)
+  with pytest.raises(ConfigError, match="engine.chunk_size"):
+    checks.check_memory(tiny_config, model, shape, 8, "chunked", 4, available=need - 1)
+
+
+@pytest.mark.parametrize("name,patches", [
+    # DomainBed's MNIST CNN at 28x28x1: 3x3 convs 1->64 at 28x28, 64->128 stride 2, then 128->128 twice at 14x14
+    ("cnn", 28 * 28 * 9 * 1 + 14 * 14 * 9 * 64 + 2 * 14 * 14 * 9 * 128),
+    # LEAF's FEMNIST CNN: 5x5 convs 1->16 at 28x28 and 16->64 at 14x14 (after 2x2 pooling)
+    ("femnist_cnn", 28 * 28 * 25 * 1 + 14 * 14 * 25 * 16),
+])
+def test_gemm_activations_count_the_im2col_patches(name, patches):
+  from fedjax_dg import checks
+  shape = (28, 28, 1)
+  count = {}
+  for impl in ("xla", "gemm"):
+    model = build_model(ml_collections.ConfigDict({"name": name, "conv_impl": impl}), shape, 10)
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    count[impl] = checks._activations_per_example(model, params, shape)  # pylint: disable=protected-access
+  assert count["gemm"] - count["xla"] == patches
+
+
+def _gemm_cnn_run(config):
+  """A GEMM-convolution CNN run of 8 clients, all in the round, chunks of 2; its data."""
+  from fedjax_dg import folds
+  config.model.name, config.model.conv_impl = "cnn", "gemm"
+  config.num_clients, config.cohort_size, config.num_rounds = 8, 8, 1
+  config.engine.chunk_size = 2
+  return config, folds.load_fold(config)
+
+
+@pytest.mark.parametrize("room,parallel", [("vmap", 8), ("chunked", 2), ("sequential", 1)])
+def test_prepare_on_an_accelerator_runs_the_strategy_that_fits(tiny_config, monkeypatch, room, parallel):
+  """`prepare` for a GEMM CNN as on a GPU (the table's accelerator row, one device): with
+  memory for the whole cohort at once it runs vmap; with room for a chunk only, chunks;
+  with room for one client only, one client at a time; the plan's text says why."""
+  from fedjax_dg import checks, plan
+  config, fold = _gemm_cnn_run(tiny_config)
+  shape = fold.train.x.shape[1:]
+  on_cpu = plan.prepare(config, fold)  # the local steps, as prepare counts them
+  m = lambda p: checks.round_memory(config, on_cpu.model, shape, p, on_cpu.plan.local_steps)
+  need = lambda p: m(p)["state"] + m(p)["activations"] + m(p)["indices"]
+  assert need(1) < need(2) < need(8)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(checks, "device_memory", lambda: need(parallel))
+  p = plan.prepare(config, fold).plan
+  assert (p.strategy, p.parallel, p.auto, p.model_family) == (room, parallel, True, "gemm_conv")
+  moved = "; the cohort under vmap exceeds the device's memory: "
+  assert p.measured == ENGINE_DEFAULTS[("accelerator", "gemm_conv")].measured + ("" if room == "vmap" else moved + room)
+
+
+def test_run_bytes_counts_the_strategy_auto_falls_back_to(tiny_config, monkeypatch):
+  """A batch's estimate of one run (`batch.run_bytes`) follows the same fallback: on a GPU
+  too small for the cohort under vmap, "auto" costs what an explicit "chunked" costs."""
+  from fedjax_dg import batch, checks
+  config, _ = _gemm_cnn_run(tiny_config)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  roomy = batch.run_bytes(config)
+  config.engine.strategy = "chunked"
+  chunked = batch.run_bytes(config)
+  config.engine.strategy = "vmap"
+  assert batch.run_bytes(config) == roomy > chunked  # with room, auto is vmap
+  config.engine.strategy = "auto"
+  monkeypatch.setattr(checks, "round_fits", lambda c, mdl, s, parallel, n, *a, **k: parallel <= 2)
+  assert batch.run_bytes(config) == chunked
