@@ -5,6 +5,12 @@
 # scripts/commit_sweep_jobs.sh commits each finished job every 10 minutes. Finished jobs under
 # the sweep's root are kept: `bench run` goes on from them.
 #
+# CODE (an environment variable, default HEAD) is the commit whose code the grid runs: pin it
+# to the commit the finished jobs ran once the package has changed on the branch since, so
+# that they stay current (`bench status` from that commit; the report is then written from
+# WORK/code too, `cd WORK/code && python -m fedjax_dg.bench report --sweep SWEEP
+# --sweep.root=ROOT`).
+#
 #   scripts/resume_grid.sh configs/sweeps/report_fmnist3.py experiments/report_fmnist3/runs \
 #       /work/grid "--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)"
 #
@@ -30,6 +36,10 @@ if [[ ! -x $PY ]]; then
   echo "error: $PY: no Python (run \`make install\`, or set PYTHON)" >&2
   exit 1
 fi
+CODE_COMMIT=$(git rev-parse --verify -q "${CODE:-HEAD}^{commit}") || {
+  echo "error: CODE=${CODE:-}: not a commit of $REPO" >&2
+  exit 1
+}
 if pgrep -f -- "fedjax_dg.bench run --sweep $SWEEP " > /dev/null; then
   echo "error: a \`bench run --sweep $SWEEP\` is already running (pgrep -af 'bench run')" >&2
   exit 1
@@ -39,9 +49,9 @@ if [[ -e $WORK/code ]]; then
     echo "error: $WORK/code exists and is not a worktree of $REPO; move it away" >&2
     exit 1
   fi
-  git -C "$WORK/code" checkout -q --detach "$(git rev-parse HEAD)" || exit 1
+  git -C "$WORK/code" checkout -q --detach "$CODE_COMMIT" || exit 1
 else
-  mkdir -p "$WORK" && git worktree add -q --detach "$WORK/code" HEAD || exit 1
+  mkdir -p "$WORK" && git worktree add -q --detach "$WORK/code" "$CODE_COMMIT" || exit 1
 fi
 # The stale check runs the code the grid will run.
 status=$(cd "$WORK/code" && PYTHONPATH=$WORK/code "$PY" -m fedjax_dg.bench status --sweep "$SWEEP" \

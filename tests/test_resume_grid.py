@@ -57,3 +57,31 @@ def test_a_work_folder_that_is_not_a_worktree_is_refused(tmp_path):
 def test_usage():
   p = _run("configs/sweeps/tiny.py")
   assert p.returncode == 2 and p.stderr.startswith("usage: ")
+
+
+def test_code_names_the_commit_the_grid_runs(tmp_path):
+  """CODE pins the worktree to a commit (the code the finished jobs ran); one that is not a
+  commit is refused before anything is created."""
+  p = subprocess.run(["bash", SCRIPT, "configs/sweeps/tiny.py", str(tmp_path / "runs"), str(tmp_path / "work")],
+                     cwd=ROOT, capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, PYTHON=sys.executable, CODE="no-such-commit"))
+  assert p.returncode == 1 and p.stderr.strip() == f"error: CODE=no-such-commit: not a commit of {ROOT}"
+  assert not (tmp_path / "work").exists()
+  parent = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD~1"], capture_output=True, text=True).stdout.strip()
+  if not parent:
+    pytest.skip("a clone without HEAD's parent")
+  s = sweep_lib.load_config_file(os.path.join(ROOT, "configs", "sweeps", "tiny.py"))
+  s.root = str(tmp_path / "runs")
+  exp = sweep_lib.expand(s)
+  write_run(exp.jobs[next(iter(exp.jobs))].workdir, {1: {"heldout_val": 0.5, "in_val": 0.5, "in_test": 0.5,
+                                                         "test": 0.4}}, fingerprint="0" * 64)  # stops the resume
+  work = tmp_path / "work"
+  try:
+    p = subprocess.run(["bash", SCRIPT, "configs/sweeps/tiny.py", str(tmp_path / "runs"), str(work)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHON=sys.executable, CODE="HEAD~1"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    head = subprocess.run(["git", "-C", str(work / "code"), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert head.stdout.strip() == parent  # the check ran the pinned commit's code
+  finally:
+    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", str(work / "code")], capture_output=True)
