@@ -249,14 +249,19 @@ class Stage:
 # ----------------------------------------------------------------------------- FedAvg rounds
 
 def parse_variant(variant: str) -> dict:
-  """"strategy/conv_impl/dtype[/chunk]" -> its fields."""
+  """"strategy/conv_impl/dtype[/chunk][/uK]" -> its fields; `uK` unrolls the local loop's
+  scan by K (`engine.unroll`; default 1, a rolled scan)."""
   parts = variant.split("/")
+  unroll = 1
+  if len(parts) in (4, 5) and parts[-1][:1] == "u" and parts[-1][1:].isdigit() and int(parts[-1][1:]) >= 1:
+    unroll = int(parts.pop()[1:])
   if (len(parts) not in (3, 4) or parts[0] not in ("sequential", "vmap", "chunked", "host_loop")
       or parts[1] not in ("xla", "gemm") or parts[2] not in ("float32", "bfloat16")
       or (len(parts) == 4 and not parts[3].isdigit())):
-    raise ValueError(f"variant {variant!r}: expected strategy/conv_impl/dtype[/chunk], e.g. vmap/gemm/bfloat16")
+    raise ValueError(f"variant {variant!r}: expected strategy/conv_impl/dtype[/chunk][/uK], e.g. vmap/gemm/bfloat16 "
+                     "or vmap/gemm/bfloat16/u5")
   return {"strategy": parts[0], "conv_impl": parts[1], "dtype": parts[2],
-          "chunk_size": int(parts[3]) if len(parts) == 4 else 1}
+          "chunk_size": int(parts[3]) if len(parts) == 4 else 1, "unroll": unroll}
 
 
 def random_store(jax, w: dict, seed: int = 0):
@@ -273,10 +278,10 @@ def random_store(jax, w: dict, seed: int = 0):
 
 
 def fedavg(jax, model_config: dict, w: dict, strategy: str, chunk: int, optimizer: str = "sgd", lr: float = 0.01,
-           device=None):
+           device=None, unroll: int = 1):
   """(round_fn, algorithm, model) of FedAvg on workload `w`: local `optimizer` at `lr`
-  (SGD without momentum, or Adam), server step 1, `steps` local steps of `batch`, on
-  `device` (default: every device)."""
+  (SGD without momentum, or Adam), server step 1, `steps` local steps of `batch` (their
+  scan unrolled by `unroll`), on `device` (default: every device)."""
   import ml_collections
   from fedjax_dg import algorithms, default_config
   from fedjax_dg.algorithms.base import make_schedule
@@ -284,7 +289,7 @@ def fedavg(jax, model_config: dict, w: dict, strategy: str, chunk: int, optimize
   from fedjax_dg.models import build_model
   model = build_model(ml_collections.ConfigDict(model_config), tuple(w["shape"]), w["classes"])
   n = w["steps"] * w["batch"]
-  sched = make_schedule(w["batch"], w["steps"], 1, n, n, unroll=1)
+  sched = make_schedule(w["batch"], w["steps"], 1, n, n, unroll=unroll)
   config = default_config()
   config.client.optimizer, config.client.lr = optimizer, lr
   if optimizer == "sgd":
@@ -387,7 +392,7 @@ def time_variant(jax, w: dict, variant: str, store, flop: float, args) -> dict:
   rec = {"variant": variant, **v, "model": w["model"], "clients": w["clients"], "cohort": w["cohort"],
          "steps": w["steps"], "batch": w["batch"], "input_shape": list(w["shape"]), "classes": w["classes"],
          "flop_per_round": flop}
-  rf, alg, model = fedavg(jax, model_config(w, v), w, v["strategy"], v["chunk_size"])
+  rf, alg, model = fedavg(jax, model_config(w, v), w, v["strategy"], v["chunk_size"], unroll=v["unroll"])
   state = init_round_state(alg, jax.random.PRNGKey(1), model.init(jax.random.PRNGKey(0)), w["clients"])
   placed = getattr(rf, "place", lambda s: s)(store)
   step = lambda s, r: rf(s, placed, jax.random.PRNGKey(r))[0]

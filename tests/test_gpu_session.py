@@ -170,6 +170,24 @@ def test_the_resnet_workloads_train_batch_norm_on_batch_statistics_on_both_sides
   assert model.module.featurizer.freeze_bn is False
 
 
+def test_a_variant_s_unroll_reaches_the_local_loop(monkeypatch):
+  """`/uK` unrolls the local loop's scan by K: the schedule the round is built from says so
+  and the round's parse keeps the rest of the variant."""
+  from fedjax_dg.algorithms import base
+  made = []
+  real = base.make_schedule
+  monkeypatch.setattr(base, "make_schedule", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+  gpu_session = _load("gpu_session")
+  assert gpu_session.parse_variant("chunked/gemm/bfloat16/10/u5") == {
+      "strategy": "chunked", "conv_impl": "gemm", "dtype": "bfloat16", "chunk_size": 10, "unroll": 5}
+  assert gpu_session.parse_variant("vmap/xla/float32")["unroll"] == 1
+  import jax
+  w = gpu_session.workload("cnn", smoke=True)
+  v = gpu_session.parse_variant("vmap/xla/float32/u2")
+  gpu_session.fedavg(jax, gpu_session.model_config(w, v), w, v["strategy"], v["chunk_size"], unroll=v["unroll"])
+  assert [m.unroll for m in made] == [2]
+
+
 def test_trace_summary_sums_complete_events_by_name_per_process(tmp_path):
   """A hand-made trace: per process and name, the summed durations and counts per round,
   device processes first, the profiler's own host frames left out, metadata events ignored."""
@@ -215,7 +233,8 @@ def test_a_traced_smoke_variant_keeps_where_its_time_went_and_bad_variants_are_o
   pm = rec["program_memory"]  # XLA's plan for the round program: the global model is among its arguments
   assert pm["argument"] >= sum(a.nbytes for a in jax.tree.leaves(params)) and pm["temp"] > 0
   assert pm["total_bytes"] == pm["argument"] + pm["output"] + pm["temp"] - pm["alias"]
-  for bad in ("cnn:vmap/gemm", "nope:vmap/xla/float32", "cnn:warp/xla/float32"):
+  for bad in ("cnn:vmap/gemm", "nope:vmap/xla/float32", "cnn:warp/xla/float32", "cnn:vmap/xla/float32/u0",
+              "cnn:vmap/xla/float32/10/u2/u2"):
     with pytest.raises(SystemExit):
       session._args(["--variants", bad, "--out", str(tmp_path)])
     assert ": error: --variants: " in capsys.readouterr().err.strip().splitlines()[-1]
