@@ -322,11 +322,12 @@ def _available_text(available: int) -> str:
   return f"{what}, {available / 2 ** 30:.1f} GiB"
 
 
-def _activations_per_example(model, params_shape, input_shape) -> int:
-  """Elements of every module's output for one example (flax `capture_intermediates`), and,
-  where the convolutions are matrix products (`model.conv_impl = "gemm"`), each one's im2col
-  patches: H' W' kh kw C_in elements for a kernel larger than 1x1 (a 1x1 kernel reads its
-  input as it is)."""
+def _activation_bytes_per_example(model, params_shape, input_shape) -> int:
+  """Bytes of every module's output for one example (flax `capture_intermediates`), each in
+  its own dtype (the computation dtype, `model.dtype`), and, where the convolutions are
+  matrix products (`model.conv_impl = "gemm"`), each one's im2col patches: H' W' kh kw C_in
+  numbers for a kernel larger than 1x1 (a 1x1 kernel reads its input as it is, or a strided
+  slice of it, not counted: under 1% of ResNet-18's activations)."""
   import jax
   import jax.numpy as jnp
   x = jax.ShapeDtypeStruct((1,) + tuple(input_shape), jnp.float32)
@@ -334,35 +335,42 @@ def _activations_per_example(model, params_shape, input_shape) -> int:
     _, inter = jax.eval_shape(lambda p, x: model.module.apply(
         {"params": p}, model._in(x), capture_intermediates=True, mutable=["intermediates"]), params_shape, x)  # pylint: disable=protected-access
   except Exception:  # pylint: disable=broad-except  # a model that does not take the keyword: its input, scaled
-    return 64 * math.prod(input_shape)
-  total = int(sum(math.prod(a.shape) for a in jax.tree.leaves(inter)))
+    return 4 * 64 * math.prod(input_shape)
+  total = int(sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(inter)))
   if getattr(model, "conv_impl", "xla") == "gemm":
-    total += _gemm_patches(inter.get("intermediates", {}), params_shape)
+    total += _gemm_patch_bytes(inter.get("intermediates", {}), params_shape)
   return total
 
 
-def _gemm_patches(inter, params) -> int:
-  """Elements of the im2col patches of every convolution in `inter` (a module's captured
+def _gemm_patch_bytes(inter, params) -> int:
+  """Bytes of the im2col patches of every convolution in `inter` (a module's captured
   outputs, nested as its parameters are): a module whose parameters hold a 4-D `kernel`
-  [kh, kw, C_in, C_out] and whose output is [1, H', W', C_out] reads H' W' kh kw C_in."""
+  [kh, kw, C_in, C_out] reads H' W' kh kw C_in numbers of its output's dtype for each
+  output [1, H', W', C_out] it returned (once per call)."""
   total = 0
   kernel = params.get("kernel") if hasattr(params, "get") else None
-  out = inter.get("__call__") if hasattr(inter, "get") else None
-  if kernel is not None and len(kernel.shape) == 4 and out:
+  outs = inter.get("__call__") if hasattr(inter, "get") else None
+  if kernel is not None and len(kernel.shape) == 4 and outs:
     kh, kw, cin, _ = kernel.shape
-    y = out[0]
-    if kh * kw > 1 and len(y.shape) == 4:
-      total += y.shape[1] * y.shape[2] * kh * kw * cin
+    if kh * kw > 1:
+      total += sum(y.shape[1] * y.shape[2] * kh * kw * cin * y.dtype.itemsize for y in outs if len(y.shape) == 4)
   for name, sub in (inter.items() if hasattr(inter, "items") else ()):
     if name != "__call__" and hasattr(params, "get") and name in params:
-      total += _gemm_patches(sub, params[name])
+      total += _gemm_patch_bytes(sub, params[name])
   return total
 
 
 def round_memory(config, model, input_shape, parallel: int, num_steps: int, batch_size: int | None = None) -> dict:
   """Bytes of the round's main terms: per-client state, activations, the loop's index arrays.
   `batch_size`: the rows a step reads (the run clips `client.batch_size` to its largest
-  client); None: `client.batch_size`."""
+  client); None: `client.batch_size`.
+
+  An estimate on the safe side: every module's output is counted twice (kept for the
+  backward pass, and its cotangent), in the computation dtype, and each client holds float32
+  parameters, gradients and two optimizer moments. Against XLA's own plan of the rounds
+  measured on an H200 (benchmarks/results/gpu_h200/, the clients in parallel under `vmap`
+  or `chunked`) it lies between the plan's temporaries and 2.5 times its whole size
+  (tests/test_engine_defaults.py)."""
   import jax
   import jax.numpy as jnp
   x = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
@@ -372,7 +380,7 @@ def round_memory(config, model, input_shape, parallel: int, num_steps: int, batc
   per_client = 4 * P * 4  # parameters, gradients and up to two optimizer moments, float32
   return {"params": P,
           "state": 4 * P * 4 + parallel * per_client,
-          "activations": parallel * B * _activations_per_example(model, params_shape, input_shape) * 4 * 2,
+          "activations": parallel * B * _activation_bytes_per_example(model, params_shape, input_shape) * 2,
           "indices": parallel * num_steps * B * 5}  # int32 indices and a bool mask per step and row
 
 

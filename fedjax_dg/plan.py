@@ -68,22 +68,25 @@ def parallel_clients(strategy: str, cohort: int, chunk_size: int, num_devices: i
 
 
 def memory_devices(strategy: str, backend: str | None = None) -> int:
-  """The devices whose memories hold a round's clients under `strategy`: every device of
-  the run on an accelerator for the jitted strategies (the engine shards the cohort over
-  them), 1 on CPU (its devices share the machine's memory) and for the host loop (one
-  client at a time on each device).
+  """Into how many memories the engine splits a round's clients under `strategy`: every
+  device of the run on an accelerator for the jitted strategies (the engine shards the
+  cohort over them); on CPU, where a process's devices share its machine's memory, the
+  number of processes (`jax.distributed`; 1 alone); 1 for the host loop (one client at a
+  time on each device).
 
   Args:
     strategy: a resolved execution strategy.
     backend: "cpu", "gpu" or "tpu"; None: JAX's default backend.
 
   Returns:
-    The number of devices.
+    The number of shares.
   """
   import jax
   backend = backend or jax.default_backend()
-  if backend == "cpu" or strategy == "host_loop":
+  if strategy == "host_loop":
     return 1
+  if backend == "cpu":
+    return max(1, len(jax.devices()) // max(1, len(jax.local_devices())))
   return len(jax.devices())
 
 
@@ -95,7 +98,8 @@ def resolve_strategy(config, family: str, fits=None, backend: str | None = None)
     family: the model family (`engine.round.model_family`): "conv", "gemm_conv" or "dense".
     fits: `fits(strategy) -> bool`, whether a round under that strategy fits the device's
       memory; where "auto" would pick `vmap` and it does not fit, "auto" picks `chunked`
-      (chunks of `engine.chunk_size`) if that fits, else `sequential`. None: no memory test.
+      (chunks of `engine.chunk_size`) if that fits, else `sequential`; under
+      `jax.distributed` the most cautious of the processes' choices. None: no memory test.
     backend: "cpu", "gpu" or "tpu"; None: JAX's default backend.
 
   Returns:
@@ -109,9 +113,19 @@ def resolve_strategy(config, family: str, fits=None, backend: str | None = None)
     strategy = engine_defaults(family, backend).strategy
     if strategy == "host_loop" and distributed.process_count() > 1:
       strategy = "chunked"
-    if strategy == "vmap" and fits is not None and not fits("vmap"):
-      strategy = "chunked" if fits("chunked") else "sequential"
+    if strategy == "vmap" and fits is not None:
+      strategy = _agreed(("vmap", "chunked", "sequential"),
+                         0 if fits("vmap") else 1 if fits("chunked") else 2)
   return strategy
+
+
+def _agreed(choices: tuple, mine: int):
+  """`choices[i]` for the largest `i` any process of the run chose (`mine` is this one's):
+  processes with different memories must still compile one program."""
+  if distributed.process_count() > 1:
+    from jax.experimental import multihost_utils
+    mine = int(np.max(multihost_utils.process_allgather(np.asarray(mine, np.int32))))
+  return choices[mine]
 
 
 def measured_text(family: str, default: str, strategy: str, backend: str | None = None) -> str:

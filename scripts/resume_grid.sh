@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Resumes a long sweep that runs inside this repository, in the background, as one command:
-# a worktree of the current commit (WORK/code) runs `bench run` twice, at nice 19 (first with
-# FIRST_PASS, e.g. a table's first seeds, then the whole sweep), and
+# a worktree of the current commit (WORK/code; GRID_CODE below) runs `bench run` twice, at
+# nice 19 (first with FIRST_PASS, e.g. a table's first seeds, then the whole sweep), and
 # scripts/commit_sweep_jobs.sh commits each finished job every 10 minutes. Finished jobs under
 # the sweep's root are kept: `bench run` goes on from them.
 #
-# CODE (an environment variable, default HEAD) is the commit whose code the grid runs: pin it
-# to the commit the finished jobs ran once the package has changed on the branch since, so
-# that they stay current (`bench status` from that commit; the report is then written from
-# WORK/code too, `cd WORK/code && python -m fedjax_dg.bench report --sweep SWEEP
-# --sweep.root=ROOT`).
+# GRID_CODE (an environment variable, default HEAD) is the commit whose code the grid runs:
+# pin it to the commit the finished jobs ran once the package has changed on the branch
+# since, so that they stay current (`bench status` from that commit; the report is then
+# written from WORK/code too, `cd WORK/code && python -m fedjax_dg.bench report --sweep SWEEP
+# --sweep.root=ROOT`). SWEEP is read from that commit's tree as well: a sweep file added or
+# edited after it is not seen.
 #
 #   scripts/resume_grid.sh configs/sweeps/report_fmnist3.py experiments/report_fmnist3/runs \
 #       /work/grid "--sweep.grids.table.seeds=(1,2,3,4,5,6,7,8,9,10)"
@@ -36,8 +37,8 @@ if [[ ! -x $PY ]]; then
   echo "error: $PY: no Python (run \`make install\`, or set PYTHON)" >&2
   exit 1
 fi
-CODE_COMMIT=$(git rev-parse --verify -q "${CODE:-HEAD}^{commit}") || {
-  echo "error: CODE=${CODE:-}: not a commit of $REPO" >&2
+CODE_COMMIT=$(git rev-parse --verify -q --end-of-options "${GRID_CODE:-HEAD}^{commit}") || {
+  echo "error: GRID_CODE=${GRID_CODE:-}: not a commit of $REPO" >&2
   exit 1
 }
 if pgrep -f -- "fedjax_dg.bench run --sweep $SWEEP " > /dev/null; then

@@ -96,6 +96,18 @@ def test_auto_leaves_vmap_for_chunks_then_one_client_when_the_cohort_does_not_fi
     assert plan.resolve_strategy(tiny_config, family, lambda s: False, backend) == explicit
 
 
+def test_processes_agree_on_the_most_cautious_fallback(tiny_config, monkeypatch):
+  """Under `jax.distributed` each process tests its own memory; the run takes the most
+  cautious choice of any process, so that every process compiles the same program."""
+  from jax.experimental import multihost_utils
+  from fedjax_dg import distributed, plan
+  monkeypatch.setattr(distributed, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed, "check_strategy", lambda config: None)
+  for other, want in ((0, "chunked"), (2, "sequential")):  # the other process's choice: vmap, sequential
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda x, other=other: np.stack([x, np.int32(other)]))
+    assert plan.resolve_strategy(tiny_config, "gemm_conv", lambda s: s == "chunked", "gpu") == want
+
+
 def test_parallel_clients_counts_one_device_s_share():
   from fedjax_dg import plan
   assert [plan.parallel_clients("vmap", 100, 10, n) for n in (1, 3, 8)] == [100, 34, 13]
@@ -127,15 +139,50 @@ def test_round_fits_is_check_memory_s_test(tiny_config):
     # LEAF's FEMNIST CNN: 5x5 convs 1->16 at 28x28 and 16->64 at 14x14 (after 2x2 pooling)
     ("femnist_cnn", 28 * 28 * 25 * 1 + 14 * 14 * 25 * 16),
 ])
-def test_gemm_activations_count_the_im2col_patches(name, patches):
+@pytest.mark.parametrize("dtype,itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_gemm_activations_count_the_im2col_patches_in_the_computation_dtype(name, patches, dtype, itemsize):
   from fedjax_dg import checks
   shape = (28, 28, 1)
   count = {}
   for impl in ("xla", "gemm"):
-    model = build_model(ml_collections.ConfigDict({"name": name, "conv_impl": impl}), shape, 10)
+    model = build_model(ml_collections.ConfigDict({"name": name, "conv_impl": impl, "dtype": dtype}), shape, 10)
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    count[impl] = checks._activations_per_example(model, params, shape)  # pylint: disable=protected-access
-  assert count["gemm"] - count["xla"] == patches
+    count[impl] = checks._activation_bytes_per_example(model, params, shape)  # pylint: disable=protected-access
+  assert count["gemm"] - count["xla"] == patches * itemsize
+
+
+def test_the_memory_estimate_brackets_xla_s_plan_of_the_measured_gpu_rounds():
+  """`checks.round_memory` against XLA's own memory plan of every round measured on an H200
+  with clients in parallel (`vmap`, `chunked`; benchmarks/results/gpu_h200/, the round
+  program's `program_memory`): never below the plan's temporaries (the fallback must not
+  send a round that cannot fit), never above 2.5 times its whole size (nor so cautious that
+  it gives up fitting rounds; the factor the docstring states)."""
+  import glob
+  import importlib.util
+  import json
+  import os
+  from fedjax_dg import checks, default_config, plan
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  spec = importlib.util.spec_from_file_location("gpu_session", os.path.join(root, "benchmarks", "gpu_session.py"))
+  session = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(session)
+  checked = []
+  for path in sorted(glob.glob(os.path.join(root, "benchmarks", "results", "gpu_h200", "*.json"))):
+    doc = json.load(open(path))
+    for rec in doc.get("records", []):
+      if rec.get("strategy") not in ("vmap", "chunked") or "program_memory" not in rec:
+        continue
+      w = session.workload(doc["stage"], smoke=False)
+      v = session.parse_variant(rec["variant"])
+      model = build_model(ml_collections.ConfigDict(session.model_config(w, v)), tuple(w["shape"]), w["classes"])
+      config = default_config()
+      config.client.batch_size = w["batch"]
+      parallel = plan.parallel_clients(v["strategy"], w["cohort"], v["chunk_size"])
+      m = checks.round_memory(config, model, tuple(w["shape"]), parallel, w["steps"])
+      est, pm = m["state"] + m["activations"] + m["indices"], rec["program_memory"]
+      assert pm["temp"] <= est <= 2.5 * pm["total_bytes"], (path, rec["variant"], est, pm)
+      checked.append((doc["stage"], rec["variant"]))
+  assert {s for s, _ in checked} >= {"cnn", "pacs", "cifar", "femnist"} and len(checked) >= 7, checked
 
 
 def _gemm_cnn_run(config):
@@ -160,6 +207,7 @@ def test_prepare_on_an_accelerator_runs_the_strategy_that_fits(tiny_config, monk
   need = lambda p: m(p)["state"] + m(p)["activations"] + m(p)["indices"]
   assert need(1) < need(2) < need(8)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(plan, "memory_devices", lambda strategy, backend=None: 1)  # one GPU, as forced host devices are not
   monkeypatch.setattr(checks, "device_memory", lambda: need(parallel))
   p = plan.prepare(config, fold).plan
   assert (p.strategy, p.parallel, p.auto, p.model_family) == (room, parallel, True, "gemm_conv")
@@ -171,8 +219,10 @@ def test_run_bytes_counts_the_strategy_auto_falls_back_to(tiny_config, monkeypat
   """A batch's estimate of one run (`batch.run_bytes`) follows the same fallback: on a GPU
   too small for the cohort under vmap, "auto" costs what an explicit "chunked" costs."""
   from fedjax_dg import batch, checks
+  from fedjax_dg import plan
   config, _ = _gemm_cnn_run(tiny_config)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(plan, "memory_devices", lambda strategy, backend=None: 1)
   roomy = batch.run_bytes(config)
   config.engine.strategy = "chunked"
   chunked = batch.run_bytes(config)

@@ -60,12 +60,12 @@ def test_usage():
 
 
 def test_code_names_the_commit_the_grid_runs(tmp_path):
-  """CODE pins the worktree to a commit (the code the finished jobs ran); one that is not a
+  """GRID_CODE pins the worktree to a commit (the code the finished jobs ran); one that is not a
   commit is refused before anything is created."""
   p = subprocess.run(["bash", SCRIPT, "configs/sweeps/tiny.py", str(tmp_path / "runs"), str(tmp_path / "work")],
                      cwd=ROOT, capture_output=True, text=True, timeout=300,
-                     env=dict(os.environ, PYTHON=sys.executable, CODE="no-such-commit"))
-  assert p.returncode == 1 and p.stderr.strip() == f"error: CODE=no-such-commit: not a commit of {ROOT}"
+                     env=dict(os.environ, PYTHON=sys.executable, GRID_CODE="no-such-commit"))
+  assert p.returncode == 1 and p.stderr.strip() == f"error: GRID_CODE=no-such-commit: not a commit of {ROOT}"
   assert not (tmp_path / "work").exists()
   parent = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD~1"], capture_output=True, text=True).stdout.strip()
   if not parent:
@@ -79,7 +79,7 @@ def test_code_names_the_commit_the_grid_runs(tmp_path):
   try:
     p = subprocess.run(["bash", SCRIPT, "configs/sweeps/tiny.py", str(tmp_path / "runs"), str(work)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHON=sys.executable, CODE="HEAD~1"))
+                       env=dict(os.environ, PYTHON=sys.executable, GRID_CODE="HEAD~1"))
     assert p.returncode == 1, p.stdout + p.stderr
     head = subprocess.run(["git", "-C", str(work / "code"), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert head.stdout.strip() == parent  # the check ran the pinned commit's code

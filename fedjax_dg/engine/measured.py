@@ -33,7 +33,9 @@ ENGINE_DEFAULTS = {
     # the 1000-client MLP runs 22x faster under vmap than client by client.
     # Its local loop of 5 steps unrolled in full ran 1.21x faster than the scan (H200,
     # results/gpu_h200/cnn_unroll.json: 0.194 s against 0.234 s a round, compiling in 6.0 s
-    # against 5.0 s); longer loops were not measured, so they stay a scan.
+    # against 5.0 s; under `sequential`, the strategy "auto" runs for this family, and the
+    # table's unrolling holds for the family under any strategy); longer loops were not
+    # measured, so they stay a scan.
     ("accelerator", "conv"): EngineDefaults("sequential", 5, "round_speed_gpu.json (H100): cnn, sequential 0.51x vmap; "
                                                              "gpu_h200/cnn_unroll.json: 5 steps unrolled 0.83x scan"),
     ("accelerator", "dense"): EngineDefaults("vmap", 0, "round_speed_gpu.json (H100): mlp, vmap 0.05x sequential"),
