@@ -695,7 +695,9 @@ def selected_hyperparameters(data, grid: str, names: dict) -> str:
     return ""
   cells, runs = _winners(data, grid)
   folds = len({k[3] for k in cells}) > 1
-  order = {m: i for i, m in enumerate(dict.fromkeys(k[0] for k in cells))}
+  # The table's row order (its groups), then any other method: not the order the runs were read in.
+  listed = [m for _, m, _ in collect.table_rows(sweep, sweep.grids[grid])]
+  order = {m: i for i, m in enumerate(dict.fromkeys([*listed, *sorted(k[0] for k in cells)]))}
   rows = ["| method | column |" + (" test domains |" if folds else "") + " trial | values |",
           "|---|---|" + ("---|" if folds else "") + "---:|---|"]
   for (m, C, lam, test), (trial, over) in sorted(
