@@ -121,10 +121,8 @@ def run_bytes(config, input_shape=None) -> int:
   cohort = config_lib.cohort_size(config, num_clients)
   n_max = math.ceil(len(fold.train) / max(1, num_clients)) * 2
   steps = plan_lib.local_steps(config.client, n_max)
-  share = lambda s: plan_lib.parallel_clients(s, cohort, int(config.engine.chunk_size), plan_lib.memory_devices(s))
-  strategy = plan_lib.resolve_strategy(config, model_family(model, shape),
-                                       lambda s: checks.round_fits(config, model, shape, share(s), steps))
-  m = checks.round_memory(config, model, shape, share(strategy), steps)
+  _, parallel = plan_lib.strategy_and_share(config, model_family(model, shape), model, shape, cohort, steps)
+  m = checks.round_memory(config, model, shape, parallel, steps)
   clients_state = num_clients * m["params"] * 4 * 2  # persistent client states (e.g. SCAFFOLD's controls)
   data = fold.train.x.nbytes + fold.train.y.nbytes * 3
   return int(m["state"] + m["activations"] + m["indices"] + clients_state + data)

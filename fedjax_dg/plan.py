@@ -128,6 +128,16 @@ def _agreed(choices: tuple, mine: int):
   return choices[mine]
 
 
+def strategy_and_share(config, family: str, model, input_shape, cohort: int, num_steps: int) -> tuple:
+  """The strategy "auto" resolves to with the device's memory tested (`resolve_strategy`,
+  `checks.round_fits`), and the clients one device trains at once under it
+  (`parallel_clients`, `memory_devices`): what `prepare` and `batch.run_bytes` both use."""
+  share = lambda s: parallel_clients(s, cohort, int(config.engine.chunk_size), memory_devices(s))
+  strategy = resolve_strategy(config, family, lambda s: checks.round_fits(config, model, input_shape, share(s),
+                                                                          num_steps))
+  return strategy, share(strategy)
+
+
 def measured_text(family: str, default: str, strategy: str, backend: str | None = None) -> str:
   """Where "auto"'s choice comes from (`EngineDefaults.measured`), and why it differs from
   the measured default `default` when the memory test moved it to `strategy`."""
@@ -418,9 +428,7 @@ def prepare(config, fold: splits.Fold, family: str | None = None) -> PreparedRun
                           activity=records)
   steps = sched.num_steps
   e = config.engine
-  share = lambda s: parallel_clients(s, cohort, e.chunk_size, memory_devices(s))  # one device's clients
-  strategy = resolve_strategy(config, family, lambda s: checks.round_fits(config, model, input_shape, share(s), steps))
-  parallel = share(strategy)
+  strategy, parallel = strategy_and_share(config, family, model, input_shape, cohort, steps)
   checks.check_memory(config, model, input_shape, parallel, strategy, steps)  # before compiling
   ctx = algorithms.context(config, model, sched, num_clients, cohort, num_domains=len(fold.domain_names),
                            train_domains=fold.train_domains, store=packed, tune_store=tune_packed,
