@@ -121,6 +121,62 @@ def grid_cells(sweep, docs, grid, rule, with_marks=False):
   return (scores, asked, marks) if with_marks else (scores, asked)
 
 
+def control_cells(sweep, docs):
+  """(display name, column) -> {seed: score} of the held-out table's cells marked "ᵃ" (a run
+  computes the baseline's update by construction): the reading's negative controls."""
+  grid, display = sweep["table"]["grid"], sweep["table"]["display"]
+  scores, marks = {}, {}
+  for d in docs:
+    for e in d["entries"]:
+      if e["grid"] != grid or d["state"] != "done":
+        continue
+      k = (display.get(e["axes"]["method"], e["axes"]["method"]), column_of(e["axes"]))
+      scores.setdefault(k, {})[e["axes"]["seed"]] = score_at(d, "heldout_domain")
+      if run_mark_by_hand(d) == "ᵃ":
+        marks[k] = "ᵃ"
+  return {k: v for k, v in scores.items() if k in marks}
+
+
+CONTROL_WORDS = {"better": "above", "worse": "below", "equivalent": "equivalent", "inconclusive": "inconclusive"}
+
+
+def check_negative_controls(col, parts, base, controls, res, text, folder):
+  """A remark 4.1 column's negative controls (its -ᵃ cells against the baseline, paired, Holm
+  over them by hand) as its line cites them, and the paragraph that reads them: how far the
+  controls moved the baseline and which of the column's decided methods (`res`, by hand) lie
+  within that distance."""
+  ctrl = {lab: v for (lab, c), v in controls.items() if c == col}
+  prefix = "negative controls, the -ᵃ cells: the baseline's update at their own search's winner (paired, Holm over them): "
+  got = next((p[len(prefix):] for p in parts if p.startswith(prefix)), None)
+  if not ctrl:
+    assert got is None, (folder, col)
+    return
+  labs = list(ctrl)
+  fam = dict(zip(labs, family_by_hand([(ctrl[lab], base) for lab in labs])))
+  want = {}
+  for lab, (o, t, _, _) in fam.items():
+    if o == "cannot tell":
+      want[lab] = "untestable"
+      continue
+    m = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", t)
+    want[lab] = f"{m.group(1)} {CONTROL_WORDS[o]} (Holm {m.group(2)})"
+  cited = {m.group(1): m.group(2) for m in re.finditer(r"([\w+\-]+) ((?:[+-]\d\.\d{3} \w+ \(Holm p [<=] [\d.]+\))|untestable)", got)}
+  assert cited == want, (folder, col, cited, want)
+  for side, word in (("better", "above"), ("worse", "below")):
+    hit = [lab for lab, r in fam.items() if r[0] == side]
+    para = next((l for l in text.splitlines() if l.startswith(f"Negative controls, {col}: ")
+                 and f" significantly {word} " in l), None)
+    assert (para is not None) == bool(hit), (folder, col, side)
+    if hit:
+      far = max(abs(float(re.search(r" diff ([+-][\d.]+)", fam[lab][1]).group(1))) for lab in hit)
+      decided = {lab: float(re.search(r" diff ([+-][\d.]+)", r[1]).group(1)) for lab, r in res.items() if r[0] == side}
+      within = [f"{lab} {d:+.3f}" for lab, d in decided.items() if abs(d) <= far]
+      if within:
+        assert f"in this column, {', '.join(within)} li" in para, (folder, col, para)
+      else:
+        assert " lies within that distance" not in para and " lie within that distance" not in para, (folder, para)
+
+
 def parse_table(text, title):
   """{(method label, column label): cell text} of the markdown table under `title`."""
   block = text.split(title, 1)[1].split("\n\n", 2)[1]
@@ -370,7 +426,9 @@ def verdict_powered(outcomes, supports="better", labels=None, refuted_by=None):
   if not testable:
     return "cannot tell" + (f" ({untestable} comparison{'s' * (untestable > 1)}, none testable)" if untestable else "")
   k = sum(o == supports for o in testable)
-  word = ("does not hold" if refuted_by in testable else "holds" if k == len(testable) else "holds in part" if k else
+  opposite = {"better": "worse", "worse": "better"}.get(supports)  # support and the opposite direction: mixed
+  word = ("does not hold" if refuted_by in testable else "holds" if k == len(testable) else
+          "mixed" if k and opposite in testable else "holds in part" if k else
           "inconclusive" if all(o == "inconclusive" for o in testable) else
           "not supported" if "inconclusive" in testable else "does not hold")
   labels = labels or {"better": "better", "worse": "worse", "equivalent": f"equivalent within ±{MARGIN:g}",
@@ -570,7 +628,8 @@ def check_claim_other_winners(sweep, docs, scores, method, cols, lines, words, f
       res = family_by_hand([alt_cols[col][2][key][i] if c == col else (scores[(method, c)], scores[(baseline, c)])
                             for c in cols])
       out[key] = (res[cols.index(col)], verdict_powered([r[0] for r in res]))
-    want.append(head(col) + f", the claim's other columns as above: {words[out['table'][0][0]]} at {src_t} "
+    want.append(head(col) + ", this column on those seeds only (its line above: every seed the table ran), "
+                f"the claim's other columns as above: {words[out['table'][0][0]]} at {src_t} "
                 f"({out['table'][0][1]}), {words[out['other'][0][0]]} at {src_o} ({out['other'][0][1]}); the claim "
                 f"with this column on those seeds: {out['table'][1]} at {src_t}, {out['other'][1]} at {src_o}")
   assert lines == want, (folder, method, lines, want)
@@ -588,6 +647,8 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
   scores, _ = expected_cells(sweep, docs, "heldout_domain")
   baseline = sweep["table"]["display"].get("fedavg", "fedavg")
   sections = reading_sections(folder)
+  controls = control_cells(sweep, docs)
+  report_text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
   checked, claims, medians, spread = 0, 0, {}, {}
   for title, verdict, body in sections:
     if title.startswith("Remark 4.1"):
@@ -604,12 +665,14 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         parts = rest.split("; ")
         by = {k: {lab for lab in labs if res[lab][0] == k} for k in ("better", "worse", "equivalent", "inconclusive")}
         # Each method above or below: its paired difference and Holm p, as the by-hand text has them.
-        listed = {m.group(1): (m.group(2), m.group(3))
-                  for m in re.finditer(r"([\w+\-]+) ([+-]\d\.\d{3}) \(Holm (p [<=] [\d.]+)\)", line)}
+        listed = {m.group(1): (m.group(2), m.group(3), bool(m.group(4)))
+                  for m in re.finditer(r"([\w+\-]+) ([+-]\d\.\d{3}) \(Holm (p [<=] [\d.]+)(, Wilcoxon disagrees)?\)",
+                                       line)}
         assert set(listed) == by["better"] | by["worse"], (folder, line)
         for lab, got in listed.items():
           want = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", res[lab][1])
-          assert got == want.groups(), (folder, col, lab)
+          assert got == (*want.groups(), ", disagrees)" in res[lab][1]), (folder, col, lab)
+        check_negative_controls(col, parts, base, controls, res, report_text, folder)
         assert any(p.startswith("significantly above it: ") for p in parts) == bool(by["better"]), (folder, line)
         for key, prefix in (("equivalent", f"equivalent within ±{MARGIN:g}: "), ("inconclusive", "inconclusive: ")):
           got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])
@@ -679,6 +742,18 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         assert (word, text) == (words[o], want), (folder, method, c)
         checked += 1
       assert verdict == verdict_powered([o for o, _, _, _ in res]), (folder, title, verdict)
+      # The note on the columns where the claim is decided within the column's negative controls.
+      hits = []
+      for (c, _, _), (o, t, _, _) in zip(rows, res):
+        ctrl = {lab: v for (lab, c2), v in controls.items() if c2 == c}
+        fam = family_by_hand([(v, scores[(baseline, c)]) for v in ctrl.values()]) if ctrl else []
+        far = [float(re.search(r" diff ([+-][\d.]+)", r[1]).group(1)) for r in fam if r[0] == o]
+        d = float(re.search(r" diff ([+-][\d.]+)", t).group(1)) if o in ("better", "worse") else None
+        if d is not None and far and abs(d) <= max(abs(x) for x in far):
+          hits.append(f"{c} ({d:+.3f}, controls up to {max(far, key=abs):+.3f})")
+      after = report_text.split(f"**{title}: {verdict}.**", 1)[1].split("\n\n", 2)[2]
+      assert after.startswith(f"Negative controls: in {'; '.join(hits)}, {method}'s difference") if hits \
+          else not after.startswith("Negative controls"), (folder, title, after[:200])
       check_claim_other_winners(sweep, docs, scores, method, [c for c, _, _ in rows],
                                 [l for l in body.splitlines() if OTHER in l], words, folder)
       claims += 1
@@ -696,7 +771,8 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
 
   head = ("- the benchmark's target for the tests against the baseline is a detectable difference of 0.03 (80% power "
           "at Holm's first level); ")
-  want = head + ("comparisons above it in " f"{len(short)} of {len(medians)} columns: " + ", ".join(
+  want = head + ("not met at these seeds: comparisons whose detectable difference is above it in "
+                 f"{len(short)} of {len(medians)} columns: " + ", ".join(
       f"{c} {sum(x > 0.03 for x in d)} of {len(d)} (median {float(np.median(d)):.3f}, largest {d[-1]:.3f})"
       for c, d in short) if short else f"every comparison reaches it in all {len(medians)} columns")
   need = [f"{c} {seeds_by_hand(spread[c], len(d))} (sd {spread[c]:.3f}, {len(d)} comparison{'s' * (len(d) != 1)})"

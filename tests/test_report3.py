@@ -423,7 +423,8 @@ def test_the_reading_at_the_other_search_seeds_winners_recomputes_by_hand(tmp_pa
   assert len(lines) == 2 and all(l.startswith(head) for l in lines)
   assert lines[0].startswith(head + ": the column's verdict inconclusive → against the remark")  # remark 4.1
   assert "IRM better → worse" in lines[0]
-  assert lines[1].startswith(head + ", the claim's other columns as above: ")  # FedIIR's claim
+  assert lines[1].startswith(head + ", this column on those seeds only (its line above: every seed the table ran), "
+                             "the claim's other columns as above: ")  # FedIIR's claim
   # By hand: IRM's table cell at λ = 0 against FedAvg is decided on seeds 1-3, not on 1-4
   # (Holm over the column's two methods); its beyond-margin p is between 0.05 / 4 and 0.05 / 2.
   by = lambda k, n: dict(list(enumerate(test[k], start=1))[:n])  # noqa: E731

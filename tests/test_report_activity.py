@@ -10,6 +10,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from fedjax_dg.bench import collect, report, results as results_lib, stats, sweep as sweep_lib
 
@@ -68,7 +69,7 @@ def test_marked_cells_print_a_dash_with_a_footnote_and_leave_the_tests(tmp_path)
   row = next(l for l in md.splitlines() if l.startswith("|  | IRM |") or l.startswith("| DG adapted | IRM |"))
   cells = [c.strip() for c in row.split("|")[1:-1]]
   assert cells[2:] == ["0.720 ± 0.020 (n=3)", "-ᵇ", "0.410 ± 0.010 (n=3)", "-ᵃ"]
-  assert ("-ᵃ: the cell's runs compute the baseline's update exactly by construction" in md
+  assert ("-ᵃ: the cell's runs compute the baseline's update by construction" in md
           and "IRM (C=4, λ=0) 3 of 3 runs: `algorithm.irm.penalty_weight`: every client holds one domain" in md)
   assert "-ᵇ: the cell's runs ran a method whose own term could not act" in md and "IRM (C=4, λ=1) 3 of 3 runs" in md
   tex = collect.to_latex(t, caption="x")
@@ -82,7 +83,22 @@ def test_marked_cells_print_a_dash_with_a_footnote_and_leave_the_tests(tmp_path)
   assert "level 0.05/1" in line1  # a family of one: the marked cell is not counted
   line0 = next(l for l in lines if l.startswith("C=4, λ=0:"))
   left0 = "; left out, marked in the table: IRM (-ᵃ, its runs compute the baseline's update by construction); "
-  assert left0 in line0 and "IRM" not in line0.replace(left0, "") and "equivalent within ±0.02: FedIIR" in line0
+  # IRM at lambda = 0 is a negative control there: tested against the baseline alone (a family
+  # of one, so Holm p = p), apart from the column's methods; SciPy's paired t-test by hand.
+  irm, base = t.cells[("irm", (4, 0.0))], t.cells[("fedavg", (4, 0.0))]
+  seeds = sorted(set(irm.by_seed) & set(base.by_seed))
+  a, b = [irm.by_seed[k] for k in seeds], [base.by_seed[k] for k in seeds]
+  p = scipy_stats.ttest_rel(a, b).pvalue
+  word = "above" if p < 0.05 and np.mean(a) > np.mean(b) else "below" if p < 0.05 else None
+  control = ("; negative controls, the -ᵃ cells: the baseline's update at their own search's winner (paired, Holm "
+             f"over them): IRM {np.mean(np.subtract(a, b)):+.3f} {word} (Holm p = {p:.3f})")
+  assert word is not None and control in line0
+  assert left0 in line0 and "IRM" not in line0.replace(left0, "").replace(control, "")
+  assert "equivalent within ±0.02: FedIIR" in line0
+  # The controls' paragraph names how far the baseline's selection moved its cell.
+  paras = report.negative_control_lines(t, "fedavg", collect.display_names(s))
+  assert len(paras) == 1 and paras[0].startswith(f"Negative controls, C=4, λ=0: IRM {np.mean(np.subtract(a, b)):+.3f} "
+                                                 f"(1 of 1 cells that compute FedAvg-ERM's update by construction")
   # The paired test FedIIR would have had in a family of two is now alone (Holm p = p).
   res = stats.against_baseline([(t.cells[("fediir", (4, 1.0))].by_seed, t.cells[("fedavg", (4, 1.0))].by_seed)])
   assert f"Holm p = {res[0]['test']['p']:.3f}" in line1
@@ -116,7 +132,7 @@ def test_hyperparameters_mark_values_without_effect(tmp_path):
   fedavg, irm = hp.splitlines()[2:4]
   assert "no effect" not in fedavg
   assert irm.startswith("| IRM | C=4, λ=0 | 1 | `client.lr` ")
-  assert irm.endswith("— no effectᵃ: the runs compute the baseline's update exactly by construction (2 of 2 runs: "
+  assert irm.endswith("— no effectᵃ: the runs compute the baseline's update by construction (2 of 2 runs: "
                       "`algorithm.irm.penalty_weight`: every client holds one domain: the penalty is 0 and IRM "
                       "computes FedAvg's update) |")
 

@@ -218,6 +218,11 @@ def test_verdict_powered_words():
   assert stats.verdict_powered(["better", "worse", "inconclusive"], refuted_by="worse") == \
       "does not hold (1 better, 1 worse, 1 inconclusive of 3 testable)"
   assert stats.verdict_powered(["better", "inconclusive"], refuted_by="worse").startswith("holds in part")
+  # Support in one comparison and the opposite direction in another: mixed, not "in part".
+  assert stats.verdict_powered(["better", "worse", "inconclusive"]) == \
+      "mixed (1 better, 1 worse, 1 inconclusive of 3 testable)"
+  assert stats.verdict_powered(["worse", "better"], supports="worse").startswith("mixed")
+  assert stats.verdict_powered(["better", "equivalent"]).startswith("holds in part")  # equivalence is no opposite
   assert stats.verdict_powered(["cannot tell"]) == "cannot tell (1 comparison, none testable)"
 
 

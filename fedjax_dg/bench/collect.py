@@ -16,7 +16,7 @@ mean ± standard deviation and n, the number of seeds, as Bai et al. do; the tes
 share their seeds), which the reading names as SE. A column's best mean is in bold only
 where the test over seeds (paired on the seeds both cells ran, else Welch) puts it above the
 runner-up at p < 0.05; "-" = not applicable (no centralised counterpart at C = 1); "-ᵃ" =
-the cell's runs compute the baseline's update exactly by construction, "-ᵇ" = the method's
+the cell's runs compute the baseline's update by construction, "-ᵇ" = the method's
 own term could not act (both from the runs' preflight findings and activity records,
 `cell_mark`; footnoted, and left out of the reading's tests); "X" = no finished run;
 "n=k/m" = k of m seeds finished; "†" = a seed's run ran under other code than the current
@@ -45,7 +45,7 @@ from fedjax_dg.bench.runs import metric_of, load_run, read_records, rule_scores,
 RULES = ("heldout_domain", "in_domain", "oracle")
 RULE_TITLES = {"heldout_domain": "held-out-domain validation (Bai et al.'s protocol)",
                "in_domain": "in-domain validation (Bai et al. App. F)",
-               "oracle": "oracle: the round (and the trial, among the grid's own trials) chosen on the test "
+               "oracle": "oracle: the round (and the trial, where the grid holds several) chosen on the test "
                          "domain, an UPPER BOUND only, not a result"}
 
 
@@ -81,7 +81,7 @@ class Cell:
 EQUALS_BASELINE, INACTIVE = "equals_baseline", "inactive"
 MARKS = {EQUALS_BASELINE: "ᵃ", INACTIVE: "ᵇ"}
 LATEX_MARKS = {EQUALS_BASELINE: "a", INACTIVE: "b"}
-MARK_NOTES = {EQUALS_BASELINE: "compute the baseline's update exactly by construction",
+MARK_NOTES = {EQUALS_BASELINE: "compute the baseline's update by construction",
               INACTIVE: "ran a method whose own term could not act"}
 
 

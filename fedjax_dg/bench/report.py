@@ -140,6 +140,99 @@ def _column_family(table: collect.Table, baseline: str, col, margin: float):
   return base, others, stats.against_baseline([(c.by_seed, base.by_seed) for _, c in others], margin=margin)
 
 
+def negative_controls(table: collect.Table, baseline: str, col, margin: float = stats.MARGIN) -> list[tuple]:
+  """A column's negative controls: its cells marked -ᵃ (`collect.EQUALS_BASELINE`), whose runs
+  compute the baseline's update by construction (e.g. a domain penalty on clients that each
+  hold one domain) at the hyperparameters their own search selected. Each is a replicate of
+  the baseline's whole protocol (a search of its own draws, the selection, the seeds) with no
+  method term acting, so its difference from the baseline's cell is what the choice of the
+  baseline's hyperparameters alone moves. Compared as remark 4.1 compares a method
+  (`stats.against_baseline`: paired by seed, one Holm family over the column's controls).
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    col: the column.
+    margin: the equivalence margin.
+
+  Returns:
+    [(method, cell, result)] in the table's row order; [] where the column has no control
+    with scores or its baseline cell is unusable.
+  """
+  base = table.cells.get((baseline, col))
+  if not _usable(base):
+    return []
+  ctrl = [(m, c) for _, m, _ in table.rows for c in [table.cells.get((m, col))]
+          if m != baseline and c is not None and c.mark == collect.EQUALS_BASELINE and c.mean is not None]
+  res = stats.against_baseline([(c.by_seed, base.by_seed) for _, c in ctrl], margin=margin)
+  return [(m, c, r) for (m, c), r in zip(ctrl, res)]
+
+
+CONTROL_WORDS = {"better": "above", "worse": "below", "equivalent": "equivalent", "inconclusive": "inconclusive"}
+
+
+def _controls_part(controls, names: dict) -> str:
+  """"negative controls (...): IRM +0.059 above (Holm p = 0.001), MMD +0.022 inconclusive
+  (Holm p = 0.41)" for remark 4.1's column line, "" without controls."""
+  if not controls:
+    return ""
+  cited = [f"{names.get(m, m)} " + (f"{r['test']['diff']:+.3f} {CONTROL_WORDS[r['outcome']]} "
+                                    f"(Holm {stats.fmt_p({'p': r['holm_p']})})" if r["test"] else "untestable")
+           for m, _, r in controls]
+  return ("negative controls, the -ᵃ cells: the baseline's update at their own search's winner (paired, Holm over "
+          "them): " + ", ".join(cited))
+
+
+def negative_control_lines(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
+                           ) -> list[str]:
+  """Remark 4.1's negative controls read: per column where a control is significantly above
+  or below the baseline (`negative_controls`), how far the baseline's selection alone moved
+  it, and which methods decided in the same direction lie within that distance (a
+  description of sizes, not a test: such a method's difference is not shown to be its
+  term's rather than the baseline's selection's).
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    names: display names.
+    margin: the equivalence margin.
+
+  Returns:
+    One paragraph per such column; [] where no control is decided.
+  """
+  out, b = [], names.get(baseline, baseline)
+  fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
+  for col, (base, others, res) in fams.items():
+    ctrl = negative_controls(table, baseline, col, margin)
+    for side, word in (("better", "above"), ("worse", "below")):
+      hit = [(m, r) for m, _, r in ctrl if r["outcome"] == side]
+      if not hit:
+        continue
+      far = max(abs(r["test"]["diff"]) for _, r in hit)
+      decided = [(m, r["test"]["diff"]) for (m, _), r in zip(others, res) if r["outcome"] == side]
+      within = [f"{names.get(m, m)} {d:+.3f}" for m, d in decided if abs(d) <= far]
+      beyond = [f"{names.get(m, m)} {d:+.3f}" for m, d in decided if abs(d) > far]
+      cited = ", ".join(f"{names.get(m, m)} {r['test']['diff']:+.3f}" for m, r in hit)
+      text = (f"Negative controls, {collect.column_label(col)}: {cited} "
+              f"({len(hit)} of {len(ctrl)} cells that compute {b}'s update by construction, each at its own "
+              f"search's winner) {'is' if len(hit) == 1 else 'are'} significantly {word} {b}'s cell: the choice of "
+              f"{b}'s hyperparameters alone moves it that far here, with no method term acting. ")
+      if within:
+        text += (f"Of the methods significantly {word} it in this column, {', '.join(within)} "
+                 f"{'lies' if len(within) == 1 else 'lie'} within that distance, so the column does not show "
+                 f"{'its' if len(within) == 1 else 'their'} difference to be the method's rather than the "
+                 "baseline's selection's")
+        text += (f"; {', '.join(beyond)} {'lies' if len(beyond) == 1 else 'lie'} beyond it" if beyond else "")
+        text += " (sizes compared, not a test)."
+      elif beyond:
+        text += (f"The methods significantly {word} it in this column lie beyond that distance: {', '.join(beyond)} "
+                 "(sizes compared, not a test).")
+      else:
+        text += f"No method is significantly {word} it in this column."
+      out.append(text)
+  return out
+
+
 def _beyond_margin(fams: dict, margin: float) -> dict:
   """{column: [is the method shown more than `margin` above the baseline?, one per comparison
   of `fams[column]`]}: one-sided tests of H0: diff <= margin (`stats.superiority_by_margin`),
@@ -191,10 +284,11 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
   if not any(fams.values()):
     return ""
   beyond = _beyond_margin({col: fam for col, fam in fams.items() if fam is not None}, margin)
-  out = {}
+  out, ctrl = {}, {}
   for col, fam in fams.items():
     if fam is not None:
       out.update({(m, col): r for (m, _), r in zip(fam[1], fam[2])})
+      ctrl.update({(m, col): r for m, _, r in negative_controls(table, baseline, col, margin)})
   rows = ["| group | method | " + " | ".join(collect.column_label(c) for c in table.columns) + " |",
           "|---|---|" + "---:|" * len(table.columns)]
   last = None
@@ -204,12 +298,14 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
       c, r = table.cells.get((m, col)), out.get((m, col))
       if m == baseline:
         cells.append(f"{c.mean:.3f}" if _usable(c) else collect.format_cell(c, 3))
+      elif (k := ctrl.get((m, col))) is not None and k["test"] is not None:  # a negative control
+        cells.append(f"{collect.format_cell(c, 3)} ({k['test']['diff']:+.3f} {GLANCE_SYMBOLS[k['outcome']]})")
       elif r is None:  # not applicable, marked, no finished run, or the column's baseline unusable
         cells.append(collect.format_cell(c, 3) if c is None or c.mark or not _usable(c) else "-")
       elif r["test"] is None:
         cells.append(GLANCE_SYMBOLS["cannot tell"])
       else:
-        cells.append(f"{r['test']['diff']:+.3f} {GLANCE_SYMBOLS[r['outcome']]}")
+        cells.append(f"{r['test']['diff']:+.3f} {GLANCE_SYMBOLS[r['outcome']]}" + ("ʷ" * bool(r.get("check_disagrees"))))
     rows.append(f"| {group if group != last else ''} | {name} | " + " | ".join(cells) + " |")
     last = group
   mdd, verdict = [], []
@@ -225,7 +321,11 @@ def against_baseline_table(table: collect.Table, baseline: str, names: dict, mar
             f"(paired by seed), and the outcome in the column's family (Holm over the column's methods at "
             f"{stats.ALPHA:g}): ▲ better, ▼ worse, ≈ equivalent within ±{margin:g} (two one-sided tests), ? "
             "inconclusive (the data allow a difference larger than the margin), · untestable (fewer than two "
-            "seeds); -ᵃ / -ᵇ cells are marked in the table and left out; '-' where the method does not apply or "
+            "seeds); ʷ: Wilcoxon's signed-rank check, Holm-adjusted the same way, decides otherwise (the outcome "
+            "rests on a few seeds or on outliers); -ᵃ / -ᵇ cells are marked in the table and left out of the "
+            "column's family; a -ᵃ cell (the baseline's update by construction) gives in brackets its own paired "
+            "difference and outcome as a negative control (Holm over the column's controls: what the baseline's "
+            "selected hyperparameters alone move, Reading, remark 4.1); '-' where the method does not apply or "
             "the column's baseline cell cannot be tested. 'detectable (median)': the median over "
             f"the column's comparisons of the true difference found with {stats.POWER:.0%} power at Holm's first "
             "level. 'remark 4.1': the column's verdict in the Reading: 'none above' (every method shown less than "
@@ -316,7 +416,8 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
     beyond = [names.get(m, m) for (m, _), b in zip(others, flags[col]) if b]
     outcomes.append(_column_verdict(res, flags[col], margin))
     # A method's paired difference and its Holm p; its other statistics are in comparisons.csv.
-    cite = lambda m, c, r: f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})})"  # noqa: E731
+    cite = lambda m, c, r: (f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})}"  # noqa: E731
+                            + (", Wilcoxon disagrees" if r.get("check_disagrees") else "") + ")")
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
@@ -331,6 +432,8 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
              if by["inconclusive"] else "")
     text += (f"; untestable: {', '.join(f'{names.get(m, m)} {collect.format_cell(c, 3)}' for m, c, _ in by['cannot tell'])}"
              if by["cannot tell"] else "")
+    controls = _controls_part(negative_controls(table, baseline, col, margin), names)
+    text += f"; {controls}" if controls else ""
     mdds = sorted(r["mdd"] for _, _, r in sum(by.values(), []) if r["mdd"] is not None)
     if mdds:
       text += (f"; detectable (80% power at Holm's first level {stats.ALPHA:g}/{len(mdds)}): "
@@ -489,6 +592,38 @@ CLAIM_WORDS = {"better": "holds", "worse": "does not hold (below the baseline)",
                "cannot tell": "cannot tell"}
 
 
+def _claim_family(table: collect.Table, baseline: str, m: str, margin: float) -> tuple[list, list]:
+  """A method paper's claim's family: (its federated columns where both cells are usable,
+  `stats.against_baseline` over them, Holm over the columns)."""
+  cols = [c for c in table.columns if c[1] is not None
+          and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
+  return cols, stats.against_baseline([(table.cells[(m, c)].by_seed, table.cells[(baseline, c)].by_seed)
+                                       for c in cols], margin=margin)
+
+
+def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str, margin: float = stats.MARGIN) -> str:
+  """The columns where a method paper's claim is decided (better or worse) by no more than
+  the column's negative controls moved the baseline's cell in the same direction
+  (`negative_controls`): there the column does not separate the method's term from the
+  baseline's selection (sizes compared, not a test). "" where there is none."""
+  cols, res = _claim_family(table, baseline, m, margin)
+  hits = []
+  for col, r in zip(cols, res):
+    if r["outcome"] not in ("better", "worse"):
+      continue
+    far = [k["test"]["diff"] for _, _, k in negative_controls(table, baseline, col, margin) if k["outcome"] == r["outcome"]]
+    if far and abs(r["test"]["diff"]) <= max(abs(d) for d in far):
+      top = max(far, key=abs)
+      hits.append(f"{collect.column_label(col)} ({r['test']['diff']:+.3f}, controls up to {top:+.3f})")
+  if not hits:
+    return ""
+  n, b = names.get(m, m), names.get(baseline, baseline)
+  return (f"Negative controls: in {'; '.join(hits)}, {n}'s difference from {b} is within what the choice of {b}'s "
+          f"hyperparameters alone moves {b}'s cell there (cells that compute its update by construction, each at "
+          f"its own search's winner; remark 4.1): {'that column does' if len(hits) == 1 else 'those columns do'} "
+          f"not separate {n}'s term from the baseline's selection.")
+
+
 def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
                       ) -> list[tuple[str, str, str, list[str]]]:
   """Each method paper's headline claim, "our method beats FedAvg", in every federated
@@ -503,10 +638,7 @@ def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: 
     who = f"{names.get(m, m)} ({reference.claim_paper(spec.claim)})"
     if not any(r[1] == m for r in table.rows):
       continue
-    cols = [c for c in table.columns if c[1] is not None
-            and _usable(table.cells.get((m, c))) and _usable(table.cells.get((baseline, c)))]
-    res = stats.against_baseline([(table.cells[(m, c)].by_seed, table.cells[(baseline, c)].by_seed) for c in cols],
-                                 margin=margin)
+    cols, res = _claim_family(table, baseline, m, margin)
     lines = []
     for col, r in zip(cols, res):
       a, b = table.cells[(m, col)], table.cells[(baseline, col)]
@@ -897,6 +1029,10 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
   elif g:
     out.append("the in-domain table reuses the trial the held-out domain chose; only its round is chosen by in-domain "
                "validation (Bai et al. choose the trial in-domain too)")
+  if sweep.grids.get(st["table_grid"], {}).get("select_from", ""):
+    out.append("the oracle table chooses the round on the test domain among the table's runs, at the trial the "
+               "held-out validation selected: Bai et al.'s oracle (DomainBed's) chooses the hyperparameters on the "
+               "test domain too, so this upper bound sits below theirs")
   if g and st["table_grid"] in sweep.grids:
     held = table if table is not None else collect.tables(data, "heldout_domain")
     base_m = sweep.get("report", {}).get("baseline", "") or _baseline()
@@ -945,7 +1081,8 @@ def target_line(table: collect.Table, baseline: str, det: dict) -> str:
   short = [(c, d) for c, d in det.items() if d[-1] > stats.TARGET_MDD]
   text = (f"the benchmark's target for the tests against the baseline is a detectable difference of "
           f"{stats.TARGET_MDD:g} (80% power at Holm's first level); "
-          + (f"comparisons above it in {len(short)} of {len(det)} columns: "
+          + (f"not met at these seeds: comparisons whose detectable difference is above it in {len(short)} of "
+             f"{len(det)} columns: "
              + ", ".join(f"{collect.column_label(c)} {sum(x > stats.TARGET_MDD for x in d)} of {len(d)} "
                          f"(median {float(np.median(d)):.3f}, largest {d[-1]:.3f})" for c, d in short)
              if short else f"every comparison reaches it in all {len(det)} columns"))
@@ -968,13 +1105,14 @@ def _seed_range(seeds) -> str:
 
 
 def _job_counts(data, grid: str) -> str:
-  """"N `<grid>` jobs, M `<search>` jobs": the distinct jobs of a table grid and of the search it
-  selects from (a job both name counted once, with the table)."""
+  """"N `<grid>` jobs, M `<search>` jobs": the distinct finished jobs of a table grid and of the
+  search it selects from (a job both name counted once, with the table): the jobs
+  `round_times` can average (a pending, running or failed job has no result)."""
   src = data.sweep.grids.get(grid, {}).get("select_from", "")
   seen, parts = set(), []
   for name in (grid, src):
     if name in data.sweep.grids:
-      keys = {e.key for e in sweep_lib.grid_entries(data.exp, name)} - seen
+      keys = {e.key for e in sweep_lib.grid_entries(data.exp, name) if e.key in data.results} - seen
       seen |= keys
       parts.append(f"{len(keys)} `{name}` jobs")
   return ", ".join(parts)
@@ -1464,7 +1602,8 @@ def claim_other_winners(data, table: collect.Table, alt: str, st: dict, names: d
       res = stats.against_baseline(pairs, margin=margin)
       out[key] = (res[cols.index(col)], stats.verdict_powered([r["outcome"] for r in res], "better", margin))
     word = lambda r: CLAIM_WORDS.get(r["outcome"], f"equivalent within ±{margin:g}")  # noqa: E731
-    lines.append(_other_winner_head(data, col, alt, st) + ", the claim's other columns as above: "
+    lines.append(_other_winner_head(data, col, alt, st) + ", this column on those seeds only (its line above: every seed "
+                 "the table ran), the claim's other columns as above: "
                  f"{word(out['table'][0])} at {src_t} ({stats.fmt_powered(out['table'][0])}), "
                  f"{word(out['other'][0])} at {src_o} ({stats.fmt_powered(out['other'][0])}); the claim with this "
                  f"column on those seeds: {out['table'][1]} at {src_t}, {out['other'][1]} at {src_o}")
@@ -1594,7 +1733,9 @@ def write_report(sweep, out_dir: str, exp=None, data=None, allow_stale: bool = F
         f"Generated from {collect.RESULTS_FILE} in this folder (every job's metrics at every evaluation round, with "
         f"its config and provenance) by `{cmd}` run here, or from the runs by "
         f"`python -m fedjax_dg.bench report --sweep {data.sweep_arg or r.get('sweep_file', '<sweep config>')}`"
-        f" (the `--sweep` argument this report was made with). Nothing below is written by hand."
+        f" (the `--sweep` argument this report was made with). Nothing below is written by hand"
+        + (", but for the sweep config's own notes among the Deviations, quoted from it"
+           if r.get("deviations") else "") + "."
         + (f" {len(data.stale)} of the runs are stale (†: run under other code than the code that collected them)."
            if data.stale else ""), "",
         "## Setup", ""]
@@ -1761,7 +1902,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       "|diff| + t SE (Holm's later steps accept a little more); where t SE alone is above the margin, no "
       "difference the data could show would have made the comparison 'equivalent': more seeds, not the data, "
       "decide it. A comparison decided better or worse prints no TOST p and no equivalence bound.",
-      "Verdicts. A claim holds where every testable comparison supports it, holds in part where some do, does not "
+      "Verdicts. A claim holds where every testable comparison supports it, holds in part where some do and none "
+      "shows the opposite direction, is mixed where some support it and some show the opposite direction, does not "
       "hold where every one decides against it (for remark 4.1, where any column has a method shown more than the "
       "margin above the baseline), is not supported where none supports it, some decide against it and the rest "
       "are inconclusive, and is inconclusive where all are.",
@@ -1773,7 +1915,13 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
       f"more than {margin:g} above the baseline (one-sided paired tests, one Holm family over the remark's "
       "columns, since one column refutes it), and a method "
       "significantly above it by less refutes nothing at this margin; a column with a method it cannot test "
-      "reads 'cannot tell'.",
+      "reads 'cannot tell'. A 'Wilcoxon disagrees' beside a method's Holm p: the signed-rank check decides "
+      "otherwise. Negative controls: a column's -ᵃ cells compute the baseline's update by construction, each at "
+      "the winner of its own search, so they replicate the baseline's protocol with no method term acting; each is "
+      "compared with the baseline's cell as a method is (paired, Holm over the column's controls). A control "
+      "significantly away from the baseline measures how far the choice of the baseline's hyperparameters alone "
+      "moves its cell, and a method decided in the same direction by no more than that is named as not separated "
+      "from it (sizes compared, not a test); a method paper's claim in that column says so too.",
       "Remark 4.2 compares a method's cells across columns (C = 1 against a federated column, λ = 1 against 0.1): "
       "runs with the same seed share the split and the initial model there, not the partition or the cohorts, and "
       "are paired by seed the same way, the remark's comparisons one Holm family with the same four outcomes "
@@ -1817,6 +1965,8 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
                   "margin or more: one-sided paired tests, the intersection-union test; refuted by a method shown "
                   "more than the margin above it)",
                   (v41, lines41), reference.remark_4_1(bai, COLUMN_LABELS, margin))
+    controls = negative_control_lines(table, baseline, names, margin)
+    md += sum(([c, ""] for c in controls), [])
     if any(c[0] == 1 for c in table.columns):
       steps = local_steps_per_round(data, st["table_grid"])
       fewer = sorted(C for C in steps if C > 1 and 1 in steps and steps[C][1] < steps[1][1])
@@ -1851,5 +2001,7 @@ def reading(data, table, st, names: dict, baseline: str, with_figures: bool = Tr
   if table is not None:
     for m, claim, v, lines in claims:
       lines = lines + alt_claims.get(m, [])
-      md += [_headline(claim, v), "", _bullets(lines), "", reference.claim(bai, names.get(m, m)), ""]
+      note = claim_control_note(table, baseline, names, m, margin)
+      md += [_headline(claim, v), "", _bullets(lines), ""] + ([note, ""] if note else []) + [
+          reference.claim(bai, names.get(m, m)), ""]
   return md

@@ -469,11 +469,16 @@ def _counts(testable, untestable: int, labels: dict | None, margin: float) -> st
   return f" ({counts} of {len(testable)} testable" + (f"; {untestable} cannot tell)" if untestable else ")")
 
 
+OPPOSITE = {"better": "worse", "worse": "better"}
+
+
 def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, labels: dict | None = None,
                     refuted_by: str | None = None) -> str:
   """Verdict on a claim from `against_baseline` outcomes; `supports` names the outcome the
   claim predicts. "holds" when every testable comparison supports it, "holds in part" when
-  some do, "does not hold" when every testable comparison decides against it (the other
+  some do and none shows the opposite direction, "mixed" when some support it and some show
+  the opposite direction (a method above the baseline in one column and below it in
+  another), "does not hold" when every testable comparison decides against it (the other
   direction, or equivalence within the margin), "not supported" when none supports it, some
   decide against it and the rest are inconclusive, "inconclusive" when every testable
   comparison is inconclusive (the data allow the claim and its negation), "cannot tell"
@@ -491,6 +496,8 @@ def verdict_powered(outcomes, supports: str = "better", margin: float = MARGIN, 
     word = "does not hold"
   elif k == len(testable):
     word = "holds"
+  elif k and OPPOSITE.get(supports) in testable:
+    word = "mixed"
   elif k:
     word = "holds in part"
   elif all(o == "inconclusive" for o in testable):
