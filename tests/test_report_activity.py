@@ -284,3 +284,23 @@ def test_a_method_papers_claim_names_its_marked_columns_as_not_tested(tmp_path):
   tested = [l for l in lines if "not tested" not in l]
   assert [l.split(":", 1)[0] for l in tested] == ["C=4, λ=1", "C=4, λ=0.1"]
   assert v.endswith("of 2 testable)")
+
+
+def test_fig4_legend_names_the_lines_drawn_in_its_row(tmp_path, monkeypatch):
+  """A group's legend lists each method drawn in any of its row's panels once, and no method
+  drawn in none (a cell marked or not run has no line): here FedIIR only at λ = 1, FedProx
+  nowhere."""
+  from fedjax_dg.bench import figures
+  rows = [{"split": "test", "lam": lam, "method": m, "round": r, "mean": 0.5, "std": 0.01, "staged": False}
+          for lam in (1.0, 0.0) for m in ("fedavg", "fediir") for r in (1, 2)
+          if not (m == "fediir" and lam == 0.0)]
+  figs = []
+  monkeypatch.setattr(figures, "save", lambda fig, path, dpi=120: figs.append(fig))
+  plt = figures._plt()  # pylint: disable=protected-access
+  monkeypatch.setattr(plt, "close", lambda fig: None)
+  figures.plot_curves(rows, str(tmp_path / "fig4.png"), "accuracy", 4, "test",
+                      [("all", ["fedavg", "fediir", "fedprox"])], {"fediir": "FedIIR", "fedprox": "FedProx"}, {},
+                      "fedavg")
+  last = figs[0].axes[1]  # the row's last panel (λ = 0), where FedIIR has no line
+  assert [t.get_text() for t in last.get_legend().get_texts()] == ["fedavg", "FedIIR"]
+  assert [l.get_label() for l in last.get_lines()] == ["fedavg"]

@@ -308,6 +308,8 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
       others = [x for x in members if x != baseline]
       for m in members:
         pts = [r for r in rows if r["lam"] == lam and r["method"] == m]
+        if not pts:  # not run here (or marked): no line, and no legend entry from this panel
+          continue
         st = {"color": BASELINE_COLOUR, "linestyle": "--"} if m == baseline else style(others.index(m))
         staged = any(r.get("staged") for r in pts)  # its final stage's evaluations: marked
         _line(ax, [float(r["round"]) for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
@@ -318,7 +320,12 @@ def plot_curves(rows: list[dict], path: str, metric: str, num_clients: int, spli
       if i == len(groups) - 1:
         ax.set_xlabel("round")
     axes[i][0].set_ylabel(f"{metric}")
-    axes[i][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # one per group
+    drawn = {}  # the row's lines, from every panel, in drawing order: one legend per group
+    for ax in axes[i]:
+      for h, label in zip(*ax.get_legend_handles_labels()):
+        drawn.setdefault(label, h)
+    axes[i][-1].legend(list(drawn.values()), list(drawn), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5),
+                       frameon=False)
   fig.suptitle(f"{SPLIT_LABELS[split]} {metric} vs round (mean ± std over seeds at each cell's selected trial)",
                fontsize=9)
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # the title above the first row's titles
