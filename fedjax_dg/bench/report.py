@@ -215,8 +215,9 @@ def negative_control_lines(table: collect.Table, baseline: str, names: dict, mar
       cited = ", ".join(f"{names.get(m, m)} {r['test']['diff']:+.3f}" for m, r in hit)
       text = (f"Negative controls, {collect.column_label(col)}: {cited} "
               f"({len(hit)} of {len(ctrl)} cells that compute {b}'s update by construction, each at its own "
-              f"search's winner) {'is' if len(hit) == 1 else 'are'} significantly {word} {b}'s cell: the choice of "
-              f"{b}'s hyperparameters alone moves it that far here, with no method term acting. ")
+              f"search's winner) {'is' if len(hit) == 1 else 'are'} significantly {word} {b}'s cell: with no method "
+              f"term acting, another search's choice of hyperparameters alone moves the same update's cell by up to "
+              f"{max((r['test']['diff'] for _, r in hit), key=abs):+.3f} here. ")
       if within:
         text += (f"Of the methods significantly {word} it in this column, {', '.join(within)} "
                  f"{'lies' if len(within) == 1 else 'lie'} within that distance, so the column does not show "
@@ -981,7 +982,7 @@ def deviations(data, st: dict, table: collect.Table | None = None) -> list[str]:
   if not str(b.model.name).startswith("resnet"):
     out.append(f"model `{b.model.name}`" + (f" (hidden {tuple(b.model.hidden)})" if b.model.get("hidden", ()) else "")
                + " where Bai et al. train a ResNet-50 on image data (their App. D.1): absolute accuracies are not "
-               "comparable with theirs, only orderings and effects")
+               "comparable with theirs, only orderings and the direction of effects")
   g = sweep.grids.get(st["table_grid"], {})
   if g:
     n = len(tuple(g.get("seeds", ())))
