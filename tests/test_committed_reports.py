@@ -1019,3 +1019,38 @@ def test_every_comparison_in_comparisons_csv_from_the_results_file(folder):
       assert float(r["detectable"]) == num(mdd), (folder, col, lab)
       ns, _ = non_superiority_by_hand(scores[(lab, col)], base)
       assert float(r["non_superiority_p"]) == num(ns), (folder, col, lab)
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_glance_tables_differences_outcomes_and_controls_from_the_results_file(folder):
+  """The at-a-glance table against FedAvg-ERM: each method's paired difference and outcome in
+  its column's family (Holm over the column's methods, by hand), ʷ where the signed-rank check
+  decides otherwise, and each -ᵃ cell's bracketed difference and outcome as a negative control
+  (Holm over the column's controls)."""
+  sweep, docs = read_docs(folder)
+  scores, _ = expected_cells(sweep, docs, "heldout_domain")
+  controls = control_cells(sweep, docs)
+  baseline = sweep["table"]["display"].get("fedavg", "fedavg")
+  text = open(os.path.join(ROOT, "experiments", folder, "REPORT.md"), encoding="utf-8").read()
+  title = f"## Against {baseline}, at a glance (held-out-domain selection, paired by seed)"
+  if title not in text:
+    pytest.skip(f"{folder}: no at-a-glance table")
+  cells = parse_table(text, title)
+  symbols = {"better": "▲", "worse": "▼", "equivalent": "≈", "inconclusive": "?"}
+  diff_of = lambda t: float(re.search(r" diff ([+-][\d.]+)", t).group(1))  # noqa: E731
+  checked = 0
+  for col in {c for (lab, c) in scores if lab == baseline and scores[(lab, c)]}:
+    base = scores[(baseline, col)]
+    for fam_cells, bracket in ((scores, False), (controls, True)):
+      labs = [lab for (lab, c), v in fam_cells.items() if c == col and lab != baseline and v]
+      for lab, (o, t, _, _) in zip(labs, family_by_hand([(fam_cells[(lab, col)], base) for lab in labs])):
+        if o == "cannot tell":
+          continue
+        want = f"{diff_of(t):+.3f} {symbols[o]}"
+        if bracket:
+          want = f"-ᵃ ({want})"
+        elif ", disagrees)" in t:
+          want += "ʷ"
+        assert cells[(lab, col)] == want, (folder, lab, col, cells[(lab, col)], want)
+        checked += 1
+  assert checked
