@@ -606,7 +606,18 @@ def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str,
   """The columns where a method paper's claim is decided (better or worse) by no more than
   the column's negative controls moved the baseline's cell in the same direction
   (`negative_controls`): there the column does not separate the method's term from the
-  baseline's selection (sizes compared, not a test). "" where there is none."""
+  baseline's selection (sizes compared, not a test).
+
+  Args:
+    table: the held-out-domain table.
+    baseline: the baseline method.
+    names: display names.
+    m: the method whose paper makes the claim.
+    margin: the equivalence margin.
+
+  Returns:
+    One paragraph naming those columns, or "" where there is none.
+  """
   cols, res = _claim_family(table, baseline, m, margin)
   hits = []
   for col, r in zip(cols, res):
