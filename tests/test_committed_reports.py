@@ -177,6 +177,44 @@ def check_negative_controls(col, parts, base, controls, res, text, folder):
         assert " lies within that distance" not in para and " lie within that distance" not in para, (folder, para)
 
 
+def check_pooled_baseline(col, base, controls, others, text, folder):
+  """A remark 4.1 column's pooled baseline (the per-seed mean of the baseline's cell and its
+  -ᵃ cells, on the seeds all of them hold), by hand, and every method of the column against
+  it (paired by seed, Holm over the column's methods): its paragraph's mean ± sd, who is
+  significantly above or below it (difference and Holm p) and who is inconclusive."""
+  ctrl = {lab: v for (lab, c), v in controls.items() if c == col}
+  para = next((l for l in text.splitlines() if l.startswith(f"Pooled baseline, {col}: ")), None)
+  seeds = sorted(set(base).intersection(*(set(v) for v in ctrl.values()))) if ctrl else []
+  if not ctrl or len(seeds) < 2 or not others:
+    assert para is None, (folder, col)
+    return
+  assert para is not None, (folder, col)
+  pooled = {k: float(np.mean([base[k]] + [v[k] for v in ctrl.values()])) for k in seeds}
+  named = re.search(r" negative controls? \(([^;]+); (\d+) replicates", para)
+  assert set(named.group(1).split(", ")) == set(ctrl) and int(named.group(2)) == len(ctrl) + 1, (folder, para)
+  vals = list(pooled.values())
+  assert f"), {np.mean(vals):.3f} ± {np.std(vals, ddof=1):.3f} (n={len(vals)})," in para, (folder, para)
+  labs = list(others)
+  res = dict(zip(labs, family_by_hand([(others[lab], pooled) for lab in labs])))
+  body = para.split("; each method's cell still rests on one search of its own): ", 1)[1].rstrip(".")
+  parts = body.split("; ")
+  for side, prefix in (("better", "significantly above it: "), ("worse", "significantly below it: ")):
+    got = next((p[len(prefix):] for p in parts if p.startswith(prefix)), "")
+    cited = {m.group(1): (m.group(2), m.group(3), bool(m.group(4)))
+             for m in re.finditer(r"([\w+\-]+) ([+-]\d\.\d{3}) \(Holm (p [<=] [\d.]+)(, Wilcoxon disagrees)?\)", got)}
+    want = {}
+    for lab, r in res.items():
+      if r[0] == side:
+        m = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", r[1])
+        want[lab] = (*m.groups(), ", disagrees)" in r[1])
+    assert cited == want, (folder, col, side, cited, want)
+  for side, prefix in (("equivalent", f"equivalent within ±{MARGIN:g}: "), ("inconclusive", "inconclusive: ")):
+    got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])
+    assert set(got) == {lab for lab, r in res.items() if r[0] == side}, (folder, col, side)
+  mdds = [r[2] for r in res.values() if r[2] is not None]
+  assert f"detectable (80% power at Holm's first level 0.05/{len(mdds)}): median {np.median(mdds):.3f}" in para
+
+
 def parse_table(text, title):
   """{(method label, column label): cell text} of the markdown table under `title`."""
   block = text.split(title, 1)[1].split("\n\n", 2)[1]
@@ -673,6 +711,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
           want = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", res[lab][1])
           assert got == (*want.groups(), ", disagrees)" in res[lab][1]), (folder, col, lab)
         check_negative_controls(col, parts, base, controls, res, report_text, folder)
+        check_pooled_baseline(col, base, controls, others, report_text, folder)
         assert any(p.startswith("significantly above it: ") for p in parts) == bool(by["better"]), (folder, line)
         for key, prefix in (("equivalent", f"equivalent within ±{MARGIN:g}: "), ("inconclusive", "inconclusive: ")):
           got = next((p[len(prefix):].split(", ") for p in parts if p.startswith(prefix)), [])

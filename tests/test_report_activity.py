@@ -99,6 +99,21 @@ def test_marked_cells_print_a_dash_with_a_footnote_and_leave_the_tests(tmp_path)
   paras = report.negative_control_lines(t, "fedavg", collect.display_names(s))
   assert len(paras) == 1 and paras[0].startswith(f"Negative controls, C=4, λ=0: IRM {np.mean(np.subtract(a, b)):+.3f} "
                                                  f"(1 of 1 cells that compute FedAvg-ERM's update by construction")
+  # The pooled baseline: the per-seed mean of FedAvg-ERM and IRM (its control) at lambda = 0,
+  # and FedIIR, the column's one method, against it: SciPy's paired t-test (a family of one).
+  pooled = {k: (irm.by_seed[k] + base.by_seed[k]) / 2 for k in seeds}
+  fediir = t.cells[("fediir", (4, 0.0))].by_seed
+  common = sorted(set(fediir) & set(pooled))
+  d = [fediir[k] - pooled[k] for k in common]
+  p_pool = scipy_stats.ttest_rel([fediir[k] for k in common], [pooled[k] for k in common]).pvalue
+  pooled_paras = report.pooled_baseline_lines(t, "fedavg", collect.display_names(s))
+  assert len(pooled_paras) == 1 and pooled_paras[0].startswith(
+      "Pooled baseline, C=4, λ=0: the per-seed mean of FedAvg-ERM's cell and its 1 negative control (IRM; 2 "
+      f"replicates of FedAvg-ERM's protocol, each at its own search's winner), {np.mean(list(pooled.values())):.3f} ± "
+      f"{np.std(list(pooled.values()), ddof=1):.3f} (n={len(pooled)})")
+  word = ("significantly above it" if np.mean(d) > 0 else "significantly below it") if p_pool < 0.05 else None
+  assert word is not None and f"{word}: FedIIR {np.mean(d):+.3f} (Holm p = {p_pool:.3f})" in pooled_paras[0]
+  assert report.pooled_baseline(t, "fedavg", (4, 1.0)) is None  # no control at lambda = 1
   # The paired test FedIIR would have had in a family of two is now alone (Holm p = p).
   res = stats.against_baseline([(t.cells[("fediir", (4, 1.0))].by_seed, t.cells[("fedavg", (4, 1.0))].by_seed)])
   assert f"Holm p = {res[0]['test']['p']:.3f}" in line1
