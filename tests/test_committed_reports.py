@@ -782,7 +782,7 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         checked += 1
       assert verdict == verdict_powered([o for o, _, _, _ in res]), (folder, title, verdict)
       # The note on the columns where the claim is decided within the column's negative controls.
-      hits = []
+      hits, pooled_parts = [], []
       for (c, _, _), (o, t, _, _) in zip(rows, res):
         ctrl = {lab: v for (lab, c2), v in controls.items() if c2 == c}
         fam = family_by_hand([(v, scores[(baseline, c)]) for v in ctrl.values()]) if ctrl else []
@@ -790,9 +790,23 @@ def test_the_readings_p_values_and_verdicts_from_the_results_file(folder):
         d = float(re.search(r" diff ([+-][\d.]+)", t).group(1)) if o in ("better", "worse") else None
         if d is not None and far and abs(d) <= max(abs(x) for x in far):
           hits.append(f"{c} ({d:+.3f}, controls up to {max(far, key=abs):+.3f})")
+          # The method against the column's pooled baseline (the per-seed mean of the baseline
+          # and its controls), in the family of the column's methods, by hand.
+          base = scores[(baseline, c)]
+          seeds = sorted(set(base).intersection(*(set(v) for v in ctrl.values())))
+          pooled_c = {k: float(np.mean([base[k]] + [v[k] for v in ctrl.values()])) for k in seeds}
+          col_others = {lab: v for (lab, c2), v in scores.items() if c2 == c and lab != baseline and v}
+          fam_p = dict(zip(col_others, family_by_hand([(v, pooled_c) for v in col_others.values()])))
+          po, pt = fam_p[method][:2]
+          mp = re.search(r" diff ([+-]\d\.\d{3}) \(SE [\d.]+\), p [<=] [\d.]+, Holm (p [<=] [\d.]+)", pt)
+          word = {"better": "above it", "worse": "below it", "equivalent": f"equivalent within ±{MARGIN:g}"}.get(po, po)
+          pooled_parts.append(f"{c} {word} ({mp.group(1)}, Holm {mp.group(2)})")
       after = report_text.split(f"**{title}: {verdict}.**", 1)[1].split("\n\n", 2)[2]
       assert after.startswith(f"Negative controls: in {'; '.join(hits)}, {method}'s difference") if hits \
           else not after.startswith("Negative controls"), (folder, title, after[:200])
+      if pooled_parts:
+        note = after.split("\n\n", 1)[0]
+        assert note.endswith(f"Holm over the column's methods; remark 4.1): {'; '.join(pooled_parts)}."), (folder, note)
       check_claim_other_winners(sweep, docs, scores, method, [c for c, _, _ in rows],
                                 [l for l in body.splitlines() if OTHER in l], words, folder)
       claims += 1

@@ -263,6 +263,18 @@ def pooled_baseline(table: collect.Table, baseline: str, col) -> tuple[list, dic
   return [m for m, _ in members], {k: float(np.mean([c.by_seed[k] for _, c in members])) for k in seeds}
 
 
+def _against_pooled(table: collect.Table, baseline: str, col, margin: float):
+  """(members, {seed: pooled score}, [(method, cell)], `stats.against_baseline`'s results) of
+  a column's methods (remark 4.1's family) against its pooled baseline; None where it has no
+  pooled baseline or no method to test."""
+  fam = _column_family(table, baseline, col, margin)
+  pooled = pooled_baseline(table, baseline, col)
+  if fam is None or pooled is None or not fam[1]:
+    return None
+  others = fam[1]
+  return (*pooled, others, stats.against_baseline([(c.by_seed, pooled[1]) for _, c in others], margin=margin))
+
+
 def pooled_baseline_lines(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
                           ) -> list[str]:
   """Remark 4.1's methods tested against the pooled baseline (`pooled_baseline`) in each
@@ -282,13 +294,11 @@ def pooled_baseline_lines(table: collect.Table, baseline: str, names: dict, marg
     One paragraph per such column; [] where no column has a pooled baseline.
   """
   out, b = [], names.get(baseline, baseline)
-  fams = {col: fam for col in table.columns for fam in [_column_family(table, baseline, col, margin)] if fam}
-  for col, (_, others, _) in fams.items():
-    pooled = pooled_baseline(table, baseline, col)
-    if pooled is None or not others:
+  for col in table.columns:
+    tested = _against_pooled(table, baseline, col, margin)
+    if tested is None:
       continue
-    members, by_seed = pooled
-    res = stats.against_baseline([(c.by_seed, by_seed) for _, c in others], margin=margin)
+    members, by_seed, others, res = tested
     vals = list(by_seed.values())
     cite = lambda m, r: (f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})}"  # noqa: E731
                          + (", Wilcoxon disagrees" if r.get("check_disagrees") else "") + ")")
@@ -686,7 +696,9 @@ def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str,
   """The columns where a method paper's claim is decided (better or worse) by no more than
   the column's negative controls moved the baseline's cell in the same direction
   (`negative_controls`): there the column does not separate the method's term from the
-  baseline's selection (sizes compared, not a test).
+  baseline's selection (sizes compared, not a test). For each such column the note adds the
+  method's outcome against the column's pooled baseline (`pooled_baseline_lines`), the test
+  of what the sizes compare.
 
   Args:
     table: the held-out-domain table.
@@ -699,7 +711,7 @@ def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str,
     One paragraph naming those columns, or "" where there is none.
   """
   cols, res = _claim_family(table, baseline, m, margin)
-  hits = []
+  hits, pooled = [], []
   for col, r in zip(cols, res):
     if r["outcome"] not in ("better", "worse"):
       continue
@@ -707,13 +719,25 @@ def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str,
     if far and abs(r["test"]["diff"]) <= max(abs(d) for d in far):
       top = max(far, key=abs)
       hits.append(f"{collect.column_label(col)} ({r['test']['diff']:+.3f}, controls up to {top:+.3f})")
+      tested = _against_pooled(table, baseline, col, margin)
+      k = next((k for (o, _), k in zip(tested[2], tested[3]) if o == m), None) if tested else None
+      if k is not None and k["test"] is not None:
+        word = {"better": "above it", "worse": "below it", "equivalent": f"equivalent within ±{margin:g}"}.get(
+            k["outcome"], k["outcome"])
+        pooled.append(f"{collect.column_label(col)} {word} ({k['test']['diff']:+.3f}, Holm "
+                      f"{stats.fmt_p({'p': k['holm_p']})})")
   if not hits:
     return ""
   n, b = names.get(m, m), names.get(baseline, baseline)
-  return (f"Negative controls: in {'; '.join(hits)}, {n}'s difference from {b} is within what the choice of {b}'s "
+  text = (f"Negative controls: in {'; '.join(hits)}, {n}'s difference from {b} is within what the choice of {b}'s "
           f"hyperparameters alone moves {b}'s cell there (cells that compute its update by construction, each at "
           f"its own search's winner; remark 4.1): {'that column does' if len(hits) == 1 else 'those columns do'} "
           f"not separate {n}'s term from the baseline's selection.")
+  if pooled:
+    text += (f" Against the pooled baseline there (the per-seed mean of {b}'s cell and its controls, Holm over the "
+             f"column's methods; remark 4.1): {'; '.join(pooled)}.")
+  return text
+
 
 
 def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
