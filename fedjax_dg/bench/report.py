@@ -171,6 +171,14 @@ def negative_controls(table: collect.Table, baseline: str, col, margin: float = 
 CONTROL_WORDS = {"better": "above", "worse": "below", "equivalent": "equivalent", "inconclusive": "inconclusive"}
 
 
+def _cite(names: dict, m: str, r: dict) -> str:
+  """"FedGA +0.046 (Holm p = 0.003)": a method's paired difference and Holm p, with ", Wilcoxon
+  disagrees" where the signed-rank check decides otherwise; its other statistics are in
+  comparisons.csv."""
+  return (f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})}"
+          + (", Wilcoxon disagrees" if r.get("check_disagrees") else "") + ")")
+
+
 def _controls_part(controls, names: dict) -> str:
   """"negative controls (...): IRM +0.059 above (Holm p = 0.001), MMD +0.022 inconclusive
   (Holm p = 0.41)" for remark 4.1's column line, "" without controls."""
@@ -300,11 +308,9 @@ def pooled_baseline_lines(table: collect.Table, baseline: str, names: dict, marg
       continue
     members, by_seed, others, res = tested
     vals = list(by_seed.values())
-    cite = lambda m, r: (f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})}"  # noqa: E731
-                         + (", Wilcoxon disagrees" if r.get("check_disagrees") else "") + ")")
     parts = []
     for side, word in (("better", "significantly above it"), ("worse", "significantly below it")):
-      hit = [cite(m, r) for (m, _), r in zip(others, res) if r["outcome"] == side]
+      hit = [_cite(names, m, r) for (m, _), r in zip(others, res) if r["outcome"] == side]
       parts += [f"{word}: {', '.join(hit)}"] if hit else []
     for side, word in (("equivalent", f"equivalent within ±{margin:g}"), ("inconclusive", "inconclusive"),
                        ("cannot tell", "untestable")):
@@ -506,9 +512,7 @@ def remark_4_1(table: collect.Table, baseline: str, names: dict, margin: float =
     below = [stats.non_superiority(r["test"], margin) < stats.ALPHA for r in tested]
     beyond = [names.get(m, m) for (m, _), b in zip(others, flags[col]) if b]
     outcomes.append(_column_verdict(res, flags[col], margin))
-    # A method's paired difference and its Holm p; its other statistics are in comparisons.csv.
-    cite = lambda m, c, r: (f"{names.get(m, m)} {r['test']['diff']:+.3f} (Holm {stats.fmt_p({'p': r['holm_p']})}"  # noqa: E731
-                            + (", Wilcoxon disagrees" if r.get("check_disagrees") else "") + ")")
+    cite = lambda m, c, r: _cite(names, m, r)  # noqa: E731
     text = f"{collect.column_label(col)}: {names.get(baseline, baseline)} {collect.format_cell(base, 3)}"
     text += _left_out([(m, table.cells.get((m, col))) for _, m, _ in table.rows if m != baseline], names) + "; "
     text += (f"significantly above it: {', '.join(cite(*x) for x in by['better'])}" if by["better"]
@@ -737,7 +741,6 @@ def claim_control_note(table: collect.Table, baseline: str, names: dict, m: str,
     text += (f" Against the pooled baseline there (the per-seed mean of {b}'s cell and its controls, Holm over the "
              f"column's methods; remark 4.1): {'; '.join(pooled)}.")
   return text
-
 
 
 def seed_paper_claims(table: collect.Table, baseline: str, names: dict, margin: float = stats.MARGIN
